@@ -1,0 +1,183 @@
+"""One experiment = a config -> a results dict (config, hardware, requests, summary) -> JSON.
+
+    res = run(RunConfig(mode="sd", k=3, prompts="sharegpt:8"))
+    save(res, "out.json")
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from . import costmodel, hardware, metrics
+from . import prompts as P
+from .engine import Engine, decode_one_token, prefill
+from .loop import generate_sd, generate_target_only
+from .verify import Sampling
+
+MODES = ("target-only", "sd")
+SCHEMA = "sdeth.results/1"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    pair: str = "embedded"
+    target: str | None = None       # override the preset's target id
+    draft: str | None = None        # override the preset's draft id
+    mode: str = "sd"                # target-only | sd
+    k: int = 3                      # speculative tokens per round
+    temperature: float = 0.0        # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0
+    draft_sampled: bool = False     # draft samples from q (else greedy draft, q one-hot)
+    prompts: str = "sharegpt:8"
+    max_tokens: int = 64
+    chat: bool = True               # apply the chat template (False: raw prompt text)
+    thinking: bool | None = None    # Qwen3's enable_thinking; None = template default
+    seed: int = 0
+    device: str = "cpu"
+    placement: str = "colocated"
+    max_len: int = 2048             # longest prompt + max_tokens accepted
+
+    def check(self) -> "RunConfig":
+        if self.mode not in MODES:
+            raise ConfigError(f"mode {self.mode!r}: use one of {MODES}")
+        if self.k < 1:
+            raise ConfigError(f"k={self.k}: speculative tokens per round must be >= 1")
+        if self.max_tokens < 1:
+            raise ConfigError(f"max_tokens={self.max_tokens}: must be >= 1")
+        if self.placement != "colocated":
+            raise ConfigError(f"placement {self.placement!r}: this version runs 'colocated' only")
+        self.sampling()                 # raises on bad temperature / top-p / top-k
+        P.parse_spec(self.prompts)      # raises on a bad prompt spec
+        return self
+
+    def sampling(self) -> Sampling:
+        try:
+            return Sampling(self.temperature, self.top_p, self.top_k, self.draft_sampled)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
+def encode_prompts(cfg: RunConfig, tokenizer) -> list[tuple[str, list[int]]]:
+    out = []
+    for p in P.load(cfg.prompts):
+        ids = P.encode(p, tokenizer, chat=cfg.chat, thinking=cfg.thinking)
+        if len(ids) + cfg.max_tokens > cfg.max_len:
+            raise ConfigError(
+                f"prompt {p.id} has {len(ids)} tokens; with max_tokens={cfg.max_tokens} it exceeds the cache of "
+                f"max_len={cfg.max_len}: raise max_len (--max-len) or lower max_tokens")
+        out.append((p.id, ids))
+    return out
+
+
+def run(cfg: RunConfig, pair=None, progress: bool = True) -> dict:
+    """Run every prompt of cfg.prompts through cfg.mode; returns the results dict."""
+    from tqdm.auto import tqdm
+    from .models import load_pair
+    cfg = cfg.check()
+    pair = pair or load_pair(cfg.pair, cfg.target, cfg.draft, device=cfg.device)
+    s = cfg.sampling()
+    torch.manual_seed(cfg.seed)
+    gen = torch.Generator(device=cfg.device).manual_seed(cfg.seed)
+    target, draft = Engine(pair.target, "target"), Engine(pair.draft, "draft")
+    eos = pair.tokenizer.eos_token_id
+    reqs = []
+    for pid, ids in tqdm(encode_prompts(cfg, pair.tokenizer), desc=f"{cfg.mode} k={cfg.k}", disable=not progress):
+        if cfg.mode == "target-only":
+            r = generate_target_only(target, ids, cfg.max_tokens, s, eos, gen, pid)
+        else:
+            r = generate_sd(target, draft, ids, cfg.max_tokens, cfg.k, s, eos, gen, pid)
+        reqs.append(asdict(r))
+    return {"schema": SCHEMA, "config": {**asdict(cfg), "pair_resolved": pair.describe()},
+            "hardware": hardware.describe(cfg.device), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "requests": reqs, "summary": summarize(reqs, cfg)}
+
+
+def summarize(reqs: list[dict], cfg: RunConfig) -> dict:
+    """Run summary: timing, acceptance (vLLM's definitions), where the time went, and the cost
+    model's prediction from this run's own alpha and component costs."""
+    out = {"mode": cfg.mode, "k": cfg.k if cfg.mode == "sd" else None, "placement": cfg.placement,
+           **metrics.timing(reqs)}
+    drafts = sum(r["drafts"] for r in reqs)
+    per_pos = [sum(r["accepted_per_pos"][i] for r in reqs) for i in range(cfg.k)] if cfg.mode == "sd" else []
+    out.update(metrics.acceptance(drafts, sum(r["draft_tokens"] for r in reqs),
+                                  sum(r["accepted_tokens"] for r in reqs), per_pos))
+    decode_s = sum(r["e2e_s"] - r["ttft_ms"] / 1e3 for r in reqs)
+    draft_s = sum(r["draft_s"] + r["draft_prefill_s"] for r in reqs)
+    verify_s = sum(r["verify_s"] for r in reqs)
+    out["time_breakdown_s"] = {"prefill": sum(r["ttft_ms"] for r in reqs) / 1e3, "draft": draft_s,
+                               "verify" if cfg.mode == "sd" else "decode": verify_s,
+                               "other": decode_s - draft_s - verify_s}
+    n_tokens = [len(r["output_ids"]) for r in reqs]
+    ttft = out["ttft_ms"] / 1e3
+    if cfg.mode == "target-only":
+        steps = sum(max(n - 1, 0) for n in n_tokens)
+        step = decode_s / steps if steps else 0.0
+        out["costs"] = costmodel.Costs(target_step=step, draft_step=0.0).to_dict()
+        total = sum(ttft + max(n - 1, 0) * step for n in n_tokens)
+        out["predicted_tokens_per_s"] = sum(n_tokens) / total if total else None
+        return out
+    rounds = sum(r["rounds"] for r in reqs)
+    if not rounds:
+        out["predicted_tokens_per_s"] = None
+        return out
+    draft_prefill = statistics.mean(r["draft_prefill_s"] for r in reqs)
+    c = costmodel.Costs(
+        target_step=float("nan"),   # not measured in an SD run; 10_colocated pairs it with target-only
+        draft_step=sum(r["draft_s"] for r in reqs) / sum(r["draft_tokens"] for r in reqs),
+        verify_s={cfg.k + 1: verify_s / rounds},
+        overhead=(decode_s - draft_s - verify_s) / rounds + draft_prefill * len(reqs) / rounds)
+    out["costs"] = c.to_dict()
+    out["predicted_tokens_per_s"] = costmodel.predicted_run_tokens_per_s(
+        n_tokens, ttft, out["alpha"], cfg.k, c)
+    out["predicted_over_measured"] = out["predicted_tokens_per_s"] / out["tokens_per_s"]
+    return out
+
+
+@torch.inference_mode()
+def calibrate(pair, context: int = 256, widths=(1, 2, 3, 4, 5, 6, 8), reps: int = 5) -> dict:
+    """Median cost (s) of a target step, a draft step, and a target forward of m tokens, at a
+    given context length: the inputs of the cost model, measured on the hardware at hand."""
+    ids = list(range(100, 100 + context))
+    out = {"context": context, "verify_s": {}}
+    for role, model in (("target", pair.target), ("draft", pair.draft)):
+        eng = Engine(model, role)
+        eng.start(context + max(widths) + 2)
+        prefill(eng, ids)
+        times = []
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            decode_one_token(eng, 7)
+            times.append(time.perf_counter() - t0)
+            eng.rollback(context)
+        out[f"{role}_step"] = statistics.median(times[1:])
+        if role == "target":
+            for m in widths:
+                ts = []
+                for _ in range(reps + 1):
+                    t0 = time.perf_counter()
+                    eng.forward(ids[:m])
+                    ts.append(time.perf_counter() - t0)
+                    eng.rollback(context)
+                out["verify_s"][m] = statistics.median(ts[1:])
+    return out
+
+
+def save(res: dict, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=1, default=str) + "\n")
+    return path
+
+
+def with_overrides(cfg: RunConfig, **kw) -> RunConfig:
+    return replace(cfg, **kw)

@@ -1,0 +1,80 @@
+"""Acceptance and timing metrics, with vLLM's definitions so numbers compare one to one.
+
+vLLM counters (per engine): num_drafts, num_draft_tokens, num_accepted_tokens,
+num_accepted_tokens_per_pos[i] (drafts whose position i was accepted). From them:
+  draft_acceptance_rate     = accepted / draft_tokens
+  mean_acceptance_length    = 1 + accepted / drafts          (the +1 is the target's own token)
+  per_position_acceptance[i]= accepted_per_pos[i] / drafts
+and the per-token alpha that explains the rate, if each draft token is accepted independently with
+probability alpha (a draft of k stops at the first rejection):
+  accepted per draft = alpha + alpha^2 + ... + alpha^k,  so  rate(alpha, k) = that / k.
+"""
+from __future__ import annotations
+
+import statistics
+
+
+def expected_accepted(alpha: float, k: int) -> float:
+    """E[accepted draft tokens in one draft of k] = sum_{i=1..k} alpha^i."""
+    return sum(alpha ** i for i in range(1, k + 1))
+
+
+def rate_from_alpha(alpha: float, k: int) -> float:
+    """vLLM's draft_acceptance_rate for per-token alpha at k speculative tokens."""
+    return expected_accepted(alpha, k) / k
+
+
+def alpha_from_rate(rate: float, k: int, tol: float = 1e-9) -> float:
+    """Invert rate_from_alpha by bisection (it increases with alpha). 0.238 at k=5 -> 0.56."""
+    if not 0 <= rate <= 1:
+        raise ValueError(f"acceptance rate {rate}: must be in [0, 1]")
+    if k < 1:
+        raise ValueError(f"k {k}: must be >= 1")
+    lo, hi = 0.0, 1.0
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if rate_from_alpha(mid, k) < rate else (lo, mid)
+    return (lo + hi) / 2
+
+
+def alpha_from_positions(per_position: list[float]) -> float:
+    """alpha from per-position acceptance (P(position i accepted) = alpha^(i+1)): the maximum-
+    likelihood estimate for i.i.d. acceptance is accepted tokens / positions tried, where position i
+    is tried only when position i-1 was accepted."""
+    tried = [1.0] + per_position[:-1]          # P(position i was reached)
+    reached = sum(tried)
+    return sum(per_position) / reached if reached else 0.0
+
+
+def acceptance(drafts: int, draft_tokens: int, accepted: int, accepted_per_pos: list[int]) -> dict:
+    """Summary acceptance figures from the four counters."""
+    if drafts == 0:
+        return {"draft_acceptance_rate": None, "mean_acceptance_length": None,
+                "per_position_acceptance": [], "alpha": None}
+    rate = accepted / draft_tokens
+    pos = [a / drafts for a in accepted_per_pos]
+    k = round(draft_tokens / drafts)
+    uniform_k = draft_tokens == k * drafts
+    return {
+        "draft_acceptance_rate": rate,
+        "mean_acceptance_length": 1 + accepted / drafts,
+        "per_position_acceptance": pos,
+        # with a fixed k the rate inverts exactly; with varying k use the positions
+        "alpha": alpha_from_rate(rate, k) if uniform_k else alpha_from_positions(pos),
+    }
+
+
+def timing(requests: list[dict]) -> dict:
+    """Run-level timing from per-request records (sequential requests, batch 1)."""
+    out_tokens = sum(len(r["output_ids"]) for r in requests)
+    e2e = sum(r["e2e_s"] for r in requests)
+    tpots = [r["tpot_ms"] for r in requests if r["tpot_ms"] is not None]
+    return {
+        "requests": len(requests),
+        "output_tokens": out_tokens,
+        "tokens_per_s": out_tokens / e2e if e2e else None,
+        "ttft_ms": statistics.mean(r["ttft_ms"] for r in requests),
+        "tpot_ms": statistics.mean(tpots) if tpots else None,
+        "e2e_s": statistics.mean(r["e2e_s"] for r in requests),
+        "e2e_total_s": e2e,
+    }
