@@ -1,0 +1,93 @@
+"""Command line: `python -m sdeth run|prepare|calibrate` (also installed as `sdeth`)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _bool_switch(v: str) -> bool:
+    if v.lower() in ("on", "true", "1", "yes"):
+        return True
+    if v.lower() in ("off", "false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"{v!r}: use on or off")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="sdeth", description="Speculative decoding over Ethernet: runtime and study")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="decode a prompt set, target-only or speculative, and write a results JSON")
+    r.add_argument("--pair", default="embedded", help="model pair preset (sdeth.models.PAIRS)")
+    r.add_argument("--target", help="override the preset's target (hub id or local dir)")
+    r.add_argument("--draft", help="override the preset's draft (hub id or local dir)")
+    r.add_argument("--mode", default="sd", choices=["target-only", "sd"])
+    r.add_argument("--k", type=int, default=3, help="speculative tokens per round")
+    r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    r.add_argument("--top-p", type=float, default=1.0)
+    r.add_argument("--top-k", type=int, default=0)
+    r.add_argument("--draft-sampled", action="store_true", help="draft samples from q (default: greedy draft)")
+    r.add_argument("--prompts", default="sharegpt:8", help="sharegpt:N[:seed] or humaneval:N[:seed]")
+    r.add_argument("--max-tokens", type=int, default=64)
+    r.add_argument("--raw-prompts", action="store_true", help="skip the chat template")
+    r.add_argument("--thinking", type=_bool_switch, help="Qwen3 thinking mode on|off (default: template's)")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--device", default="cpu")
+    r.add_argument("--placement", default="colocated", help="colocated (this version)")
+    r.add_argument("--max-len", type=int, default=2048, help="longest prompt + max_tokens accepted")
+    r.add_argument("--json", help="write the results JSON here")
+    r.add_argument("--engine", default="sdeth", choices=["sdeth"], help="decoding engine")
+    sub.add_parser("prepare", help="prepare the embedded pair (dequantize the target, assemble the draft)")
+    c = sub.add_parser("calibrate", help="time a target step, a draft step and target forwards of m tokens")
+    c.add_argument("--pair", default="embedded")
+    c.add_argument("--context", type=int, default=256)
+    c.add_argument("--device", default="cpu")
+    return ap
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    from .experiment import ConfigError
+    from .models import ModelError
+    from .prompts import PromptError
+    try:
+        if a.cmd == "prepare":
+            from .models import load_pair
+            pair = load_pair("embedded")
+            print(json.dumps({k: v for k, v in pair.describe().items() if k != "draft_card"}, indent=1))
+            print("draft greedy agreement (card):", pair.card.get("eval", {}).get("greedy_agreement"))
+            return 0
+        if a.cmd == "calibrate":
+            from .experiment import calibrate
+            from .models import load_pair
+            print(json.dumps(calibrate(load_pair(a.pair, device=a.device), a.context), indent=1))
+            return 0
+        return _run(a)
+    except (ConfigError, ModelError, PromptError) as e:
+        print(f"sdeth: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(a) -> int:
+    from .experiment import RunConfig, run, save
+    cfg = RunConfig(pair=a.pair, target=a.target, draft=a.draft, mode=a.mode, k=a.k, temperature=a.temperature,
+                    top_p=a.top_p, top_k=a.top_k, draft_sampled=a.draft_sampled, prompts=a.prompts,
+                    max_tokens=a.max_tokens, chat=not a.raw_prompts, thinking=a.thinking, seed=a.seed,
+                    device=a.device, placement=a.placement, max_len=a.max_len).check()
+    res = run(cfg)
+    s = res["summary"]
+    fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
+    keys = ["tokens_per_s", "predicted_tokens_per_s", "ttft_ms", "tpot_ms", "e2e_s", "draft_acceptance_rate",
+            "mean_acceptance_length", "alpha"]
+    print(f"{cfg.mode} on {res['hardware']['label']}, pair {cfg.pair}, {cfg.prompts}, max_tokens {cfg.max_tokens}"
+          + (f", k {cfg.k}" if cfg.mode == "sd" else ""))
+    for k in keys:
+        print(f"  {k:24s} {fmt(s.get(k))}")
+    print("  time (s)                 " + ", ".join(f"{k} {v:.2f}" for k, v in s["time_breakdown_s"].items()))
+    if a.json:
+        print(f"  wrote {save(res, a.json)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

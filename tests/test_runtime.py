@@ -1,0 +1,73 @@
+"""The runtime on the real embedded pair (CPU): losslessness, rollback, results JSON."""
+import json
+
+import pytest
+import torch
+
+from sdeth import experiment
+from sdeth.engine import CacheFull, Engine, prefill
+from sdeth.experiment import ConfigError, RunConfig
+
+pytestmark = pytest.mark.slow
+N_PROMPTS, MAX_TOKENS = 16, 32
+
+
+@pytest.fixture(scope="module")
+def baseline(pair):
+    return experiment.run(RunConfig(mode="target-only", prompts=f"sharegpt:{N_PROMPTS}", max_tokens=MAX_TOKENS),
+                          pair, progress=False)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_sd_is_identical_to_target_only(pair, baseline, k):
+    sd = experiment.run(RunConfig(mode="sd", k=k, prompts=f"sharegpt:{N_PROMPTS}", max_tokens=MAX_TOKENS),
+                        pair, progress=False)
+    for a, b in zip(baseline["requests"], sd["requests"]):
+        assert a["prompt_id"] == b["prompt_id"]
+        assert a["output_ids"] == b["output_ids"], a["prompt_id"]
+    s = sd["summary"]
+    assert s["draft_acceptance_rate"] > 0.05      # the draft is doing something
+    assert len(s["per_position_acceptance"]) == k
+
+
+def test_rollback_then_reforward_gives_the_same_logits(pair):
+    eng = Engine(pair.target)
+    eng.start(64)
+    ids = list(range(200, 220))
+    prefill(eng, ids[:10])
+    ref = eng.forward(ids[10:15]).clone()
+    eng.forward([1, 2, 3])           # rejected speculation
+    eng.rollback(10)
+    assert torch.allclose(eng.forward(ids[10:15]), ref, atol=1e-5)
+    with pytest.raises(CacheFull):
+        eng.forward(list(range(60)))
+
+
+def test_prompt_longer_than_cache_is_refused(pair):
+    with pytest.raises(ConfigError, match="max_len"):
+        experiment.run(RunConfig(prompts="sharegpt:4", max_len=16), pair, progress=False)
+
+
+def test_cli_run_writes_results_json_and_prediction_is_close(tmp_path):
+    from sdeth.cli import main
+    out = tmp_path / "out.json"
+    assert main(["run", "--pair", "embedded", "--mode", "sd", "--k", "3", "--prompts", "sharegpt:8",
+                 "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert {"config", "hardware", "requests", "summary"} <= res.keys()
+    r = res["requests"][0]
+    assert {"prompt_id", "output_ids", "ttft_ms", "tpot_ms", "e2e_s", "drafts", "draft_tokens",
+            "accepted_tokens"} <= r.keys()
+    s = res["summary"]
+    for key in ("tokens_per_s", "tpot_ms", "ttft_ms", "e2e_s", "draft_acceptance_rate", "mean_acceptance_length",
+                "per_position_acceptance", "alpha", "predicted_tokens_per_s"):
+        assert s[key] is not None, key
+    assert abs(s["predicted_tokens_per_s"] / s["tokens_per_s"] - 1) < 0.2
+
+
+@pytest.mark.parametrize("args,msg", [(["--k", "0"], "k=0"), (["--temperature", "-1"], "temperature -1"),
+                                      (["--prompts", "nope:3"], "unknown prompt set")])
+def test_cli_bad_input_exits_2_with_message(capsys, args, msg):
+    from sdeth.cli import main
+    assert main(["run", *args]) == 2
+    assert msg in capsys.readouterr().err
