@@ -144,7 +144,7 @@ def summarize(reqs: list[dict], cfg: RunConfig) -> dict:
 
 
 @torch.inference_mode()
-def calibrate(pair, context: int = 256, widths=(1, 2, 3, 4, 5, 6, 8), reps: int = 5) -> dict:
+def calibrate(pair, context: int = 256, widths=(1, 2, 3, 4, 5, 6, 8), reps: int = 9) -> dict:
     """Median cost (s) of a target step, a draft step, and a target forward of m tokens, at a
     given context length: the inputs of the cost model, measured on the hardware at hand."""
     ids = list(range(100, 100 + context))

@@ -1,0 +1,118 @@
+"""Results JSON -> tables, plots, HTML.
+
+    python -m sdeth.report              # run every notebooks/NN_*.ipynb with papermill, render reports/
+    python -m sdeth.report 00_provision # just one
+
+Each notebook writes its results JSON to reports/<name>.json through `write_results`, with a
+one-line `status`; the index links each rendered notebook and its JSON with that line.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from .paths import REPO
+
+NOTEBOOKS = REPO / "notebooks"
+REPORTS = REPO / "reports"
+
+
+def results_path(name: str, override: str = "") -> Path:
+    """reports/<name>.json; $SDETH_REPORTS redirects it (tests use it to leave reports/ alone)."""
+    if override:
+        return Path(override)
+    return Path(os.environ.get("SDETH_REPORTS") or REPORTS) / f"{name}.json"
+
+
+def write_results(name: str, status: str, payload: dict, override: str = "") -> Path:
+    """The last cell of every notebook: {status, created, ...payload} -> reports/<name>.json."""
+    path = results_path(name, override)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"notebook": name, "status": status, "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"), **payload}
+    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    return path
+
+
+def caption(hw: dict, what: str) -> str:
+    """The line under every figure: what it shows, on which hardware."""
+    return f"{what} | {hw.get('label', '?')}, torch {hw.get('torch', '?')}"
+
+
+def render(name: str, parameters: dict | None = None) -> tuple[bool, str]:
+    """Execute notebooks/<name>.ipynb headless and render reports/<name>.html. Returns (ok, status)."""
+    import nbformat
+    import papermill as pm
+    from nbconvert import HTMLExporter
+    src = NOTEBOOKS / f"{name}.ipynb"
+    executed = REPORTS / f"{name}.ipynb"
+    REPORTS.mkdir(exist_ok=True)
+    ok, err = True, ""
+    try:
+        pm.execute_notebook(str(src), str(executed), parameters=parameters or {}, cwd=str(NOTEBOOKS),
+                            progress_bar=False, kernel_name="python3")
+    except Exception as e:  # a failed notebook is still rendered, with its error
+        ok, err = False, f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+    if executed.exists():
+        body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(executed), as_version=4))
+        (REPORTS / f"{name}.html").write_text(body)
+    status = err
+    if ok:
+        res = results_path(name)
+        status = json.loads(res.read_text()).get("status", "ran") if res.exists() else "ran (no results JSON)"
+    return ok, status
+
+
+def write_index(rows: list[tuple[str, bool, str]]) -> Path:
+    items = []
+    for name, ok, status in rows:
+        js = f' · <a href="{name}.json">results JSON</a>' if (REPORTS / f"{name}.json").exists() else ""
+        mark = "✓" if ok else "✗ failed:"
+        items.append(f'<li><a href="{name}.html">{name}</a>{js}<br><small>{mark} {html.escape(status)}</small></li>')
+    page = f"""<!doctype html><meta charset="utf-8"><title>sd-ethernet reports</title>
+<style>body{{font-family:sans-serif;max-width:52em;margin:2em auto}} li{{margin:.8em 0}}</style>
+<h1>sd-ethernet: speculative decoding with the draft and the target on different machines</h1>
+<p>Rendered by <code>make report</code> on {html.escape(time.strftime('%Y-%m-%d %H:%M %Z'))}. Each report states
+the hardware, models and settings behind its numbers; synthetic or emulated figures are labelled so.</p>
+<ul>{''.join(items)}</ul>"""
+    path = REPORTS / "index.html"
+    path.write_text(page)
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sdeth.report", description=__doc__.split("\n\n")[0])
+    ap.add_argument("names", nargs="*", help="notebook names (default: all notebooks/NN_*.ipynb)")
+    a = ap.parse_args(argv)
+    names = a.names or sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    rows = []
+    for name in names:
+        if not (NOTEBOOKS / f"{name}.ipynb").exists():
+            print(f"report: no notebook {name!r} in {NOTEBOOKS}", file=sys.stderr)
+            return 2
+        print(f"report: running {name} ...", flush=True)
+        t0 = time.time()
+        try:
+            ok, status = render(name)
+        except Exception:
+            ok, status = False, traceback.format_exc().strip().splitlines()[-1]
+        print(f"report: {name}: {'ok' if ok else 'FAILED'} in {time.time() - t0:.0f} s: {status}", flush=True)
+        rows.append((name, ok, status))
+    # keep the index complete when only some notebooks were re-run
+    done = {r[0] for r in rows}
+    for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
+        if p.stem not in done and (REPORTS / f"{p.stem}.html").exists():
+            res = results_path(p.stem)
+            rows.append((p.stem, True, json.loads(res.read_text()).get("status", "ran") if res.exists() else "ran"))
+    rows.sort()
+    print(f"report: wrote {write_index(rows)}")
+    return 0 if all(ok for _, ok, _ in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
