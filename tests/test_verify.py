@@ -32,8 +32,13 @@ def test_top_k_top_p_filtering():
 
 class BigramEngine:
     """Stands in for Engine: the next-token logits depend on the current token only."""
+    device = torch.device("cpu")
+
     def __init__(self, table):
         self.table, self.pos, self.forward_s = table, 0, 0.0
+
+    def start(self, size):
+        self.pos = 0
 
     def forward(self, ids):
         self.pos += len(ids)
@@ -50,13 +55,15 @@ TARGET = torch.randn(V, V, generator=_g) * 1.5
 DRAFT = torch.randn(V, V, generator=_g) * 1.5      # deliberately a different model
 
 
-def _two_tokens(k, s, gen, start=0):
-    """First two tokens after `start` from SD (target and draft bigram models)."""
-    t, d = BigramEngine(TARGET), BigramEngine(DRAFT)
-    t.pos = d.pos = 1          # `start` is the prompt's last token, in neither cache yet
-    out, last, pending = [], start, [start]
+def _two_tokens(k, s, gen, drafter, start=0):
+    """First two tokens after `start` from SD (target and draft bigram models), through the real
+    round logic: Drafter's verdict bookkeeping and both rollbacks."""
+    t = BigramEngine(TARGET)
+    t.pos = 1                  # `start` is the prompt's last token, in neither cache yet
+    drafter.start([0], 8)      # a one-token "prompt": only its length matters to a bigram
+    out, last, n_prev = [], start, 0
     while len(out) < 2:
-        new, n, pending = loop.speculative_step(t, d, last, pending, k, s, gen)
+        new, n_prev, _ = loop.speculative_step(t, drafter, last, n_prev, k, s, gen)
         out += new
         last = new[-1]
     return out[:2]
@@ -64,9 +71,10 @@ def _two_tokens(k, s, gen, start=0):
 
 def _chi2_pvalue(k, s, n=12000, seed=0):
     gen = torch.Generator().manual_seed(seed)
+    drafter = loop.Drafter(BigramEngine(DRAFT), s, seed=seed + 1)
     counts = torch.zeros(V * V)
     for _ in range(n):
-        a, b = _two_tokens(k, s, gen)
+        a, b = _two_tokens(k, s, gen, drafter)
         counts[a * V + b] += 1
     p = verify.probs(TARGET, s)
     expected = (p[0][:, None] * p).reshape(-1) * n     # P(a | start=0) * P(b | a)

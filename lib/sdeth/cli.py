@@ -33,10 +33,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--thinking", type=_bool_switch, help="Qwen3 thinking mode on|off (default: template's)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--device", default="cpu")
-    r.add_argument("--placement", default="colocated", help="colocated (this version)")
+    r.add_argument("--placement", default="colocated", choices=["colocated", "ethernet"],
+                   help="colocated: one process; ethernet: draft and target workers on two (namespace) nodes")
+    r.add_argument("--rtt-ms", type=float, default=0.0, help="ethernet: injected round trip (ms), half each way")
     r.add_argument("--max-len", type=int, default=2048, help="longest prompt + max_tokens accepted")
     r.add_argument("--json", help="write the results JSON here")
     r.add_argument("--engine", default="sdeth", choices=["sdeth"], help="decoding engine")
+    sub.add_parser("worker", help="a draft or target worker process (see `python -m sdeth worker -h`)",
+                   add_help=False)
     sub.add_parser("prepare", help="prepare the embedded pair (dequantize the target, assemble the draft)")
     c = sub.add_parser("calibrate", help="time a target step, a draft step and target forwards of m tokens")
     c.add_argument("--pair", default="embedded")
@@ -46,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["worker"]:
+        from .worker import main as worker_main
+        return worker_main(argv[1:])
     a = build_parser().parse_args(argv)
     from .experiment import ConfigError
     from .models import ModelError
@@ -73,12 +81,12 @@ def _run(a) -> int:
     cfg = RunConfig(pair=a.pair, target=a.target, draft=a.draft, mode=a.mode, k=a.k, temperature=a.temperature,
                     top_p=a.top_p, top_k=a.top_k, draft_sampled=a.draft_sampled, prompts=a.prompts,
                     max_tokens=a.max_tokens, chat=not a.raw_prompts, thinking=a.thinking, seed=a.seed,
-                    device=a.device, placement=a.placement, max_len=a.max_len).check()
+                    device=a.device, placement=a.placement, rtt_ms=a.rtt_ms, max_len=a.max_len).check()
     res = run(cfg)
     s = res["summary"]
     fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
     keys = ["tokens_per_s", "predicted_tokens_per_s", "ttft_ms", "tpot_ms", "e2e_s", "draft_acceptance_rate",
-            "mean_acceptance_length", "alpha"]
+            "mean_acceptance_length", "alpha", "wire_ms_per_round", "bytes_per_round", "tokens_without_draft"]
     print(f"{cfg.mode} on {res['hardware']['label']}, pair {cfg.pair}, {cfg.prompts}, max_tokens {cfg.max_tokens}"
           + (f", k {cfg.k}" if cfg.mode == "sd" else ""))
     for k in keys:

@@ -16,10 +16,11 @@ import torch
 from . import costmodel, hardware, metrics
 from . import prompts as P
 from .engine import Engine, decode_one_token, prefill
-from .loop import generate_sd, generate_target_only
+from .loop import Drafter, generate_sd, generate_target_only
 from .verify import Sampling
 
 MODES = ("target-only", "sd")
+PLACEMENTS = ("colocated", "ethernet")
 SCHEMA = "sdeth.results/1"
 
 
@@ -44,7 +45,9 @@ class RunConfig:
     thinking: bool | None = None    # Qwen3's enable_thinking; None = template default
     seed: int = 0
     device: str = "cpu"
-    placement: str = "colocated"
+    placement: str = "colocated"    # colocated: one process | ethernet: draft and target workers on two nodes
+    rtt_ms: float = 0.0             # ethernet: injected round trip, split evenly between the directions
+    netns: bool | None = None       # ethernet: namespaces + veth (None: when root), else loopback
     max_len: int = 2048             # longest prompt + max_tokens accepted
 
     def check(self) -> "RunConfig":
@@ -54,8 +57,10 @@ class RunConfig:
             raise ConfigError(f"k={self.k}: speculative tokens per round must be >= 1")
         if self.max_tokens < 1:
             raise ConfigError(f"max_tokens={self.max_tokens}: must be >= 1")
-        if self.placement != "colocated":
-            raise ConfigError(f"placement {self.placement!r}: this version runs 'colocated' only")
+        if self.placement not in PLACEMENTS:
+            raise ConfigError(f"placement {self.placement!r}: use one of {PLACEMENTS}")
+        if self.rtt_ms < 0:
+            raise ConfigError(f"rtt_ms={self.rtt_ms}: must be >= 0")
         self.sampling()                 # raises on bad temperature / top-p / top-k
         P.parse_spec(self.prompts)      # raises on a bad prompt spec
         return self
@@ -88,25 +93,54 @@ def run(cfg: RunConfig, pair=None, progress: bool = True) -> dict:
     s = cfg.sampling()
     torch.manual_seed(cfg.seed)
     gen = torch.Generator(device=cfg.device).manual_seed(cfg.seed)
-    target, draft = Engine(pair.target, "target"), Engine(pair.draft, "draft")
-    eos = pair.tokenizer.eos_token_id
-    reqs = []
-    for pid, ids in tqdm(encode_prompts(cfg, pair.tokenizer), desc=f"{cfg.mode} k={cfg.k}", disable=not progress):
-        if cfg.mode == "target-only":
-            r = generate_target_only(target, ids, cfg.max_tokens, s, eos, gen, pid)
-        else:
-            r = generate_sd(target, draft, ids, cfg.max_tokens, cfg.k, s, eos, gen, pid)
-        reqs.append(asdict(r))
+    encoded = encode_prompts(cfg, pair.tokenizer)
+    bar = tqdm(encoded, desc=f"{cfg.mode} k={cfg.k} {cfg.placement}", disable=not progress)
+    testbed = None
+    if cfg.placement == "ethernet":
+        reqs, testbed = _run_ethernet(cfg, bar)
+    else:
+        target = Engine(pair.target, "target")
+        drafter = Drafter(Engine(pair.draft, "draft"), s, seed=cfg.seed + 1)
+        eos = pair.tokenizer.eos_token_id
+        reqs = []
+        for pid, ids in bar:
+            if cfg.mode == "target-only":
+                r = generate_target_only(target, ids, cfg.max_tokens, s, eos, gen, pid)
+            else:
+                r = generate_sd(target, drafter, ids, cfg.max_tokens, cfg.k, s, eos, gen, pid)
+            reqs.append(asdict(r))
     return {"schema": SCHEMA, "config": {**asdict(cfg), "pair_resolved": pair.describe()},
-            "hardware": hardware.describe(cfg.device), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "requests": reqs, "summary": summarize(reqs, cfg)}
+            "hardware": hardware.describe(cfg.device), "testbed": testbed,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "requests": reqs, "summary": summarize(reqs, cfg)}
+
+
+def _run_ethernet(cfg: RunConfig, prompts, **testbed_kw) -> tuple[list[dict], dict]:
+    """Start the two-node testbed, send each request to the target worker, tear it all down."""
+    from . import protocol as W
+    from .testbed import Testbed
+    from .worker import Client
+    reqs = []
+    with Testbed(cfg.pair, up_ms=cfg.rtt_ms / 2, down_ms=cfg.rtt_ms / 2, netns=cfg.netns, device=cfg.device,
+                 **testbed_kw) as tb:
+        client = Client(tb.target_addr, timeout_s=60 + 5 * cfg.max_tokens)
+        try:
+            for i, (pid, ids) in enumerate(prompts):
+                reply = client.call(W.Generate(pid, ids, cfg.max_tokens, cfg.mode, cfg.k, cfg.temperature, cfg.top_p,
+                                               cfg.top_k, cfg.draft_sampled, cfg.seed + i))
+                if isinstance(reply, W.Error):
+                    raise ConfigError(f"target worker failed on {pid}: {reply.message}\n{tb.log('target')[-1500:]}")
+                reqs.append(reply.record)
+        finally:
+            client.close()
+        return reqs, tb.describe()
 
 
 def summarize(reqs: list[dict], cfg: RunConfig) -> dict:
     """Run summary: timing, acceptance (vLLM's definitions), where the time went, and the cost
     model's prediction from this run's own alpha and component costs."""
     out = {"mode": cfg.mode, "k": cfg.k if cfg.mode == "sd" else None, "placement": cfg.placement,
-           **metrics.timing(reqs)}
+           "rtt_ms": cfg.rtt_ms, **metrics.timing(reqs),
+           "tokens_without_draft": sum(r.get("tokens_without_draft", 0) for r in reqs)}
     drafts = sum(r["drafts"] for r in reqs)
     per_pos = [sum(r["accepted_per_pos"][i] for r in reqs) for i in range(cfg.k)] if cfg.mode == "sd" else []
     out.update(metrics.acceptance(drafts, sum(r["draft_tokens"] for r in reqs),
@@ -114,9 +148,10 @@ def summarize(reqs: list[dict], cfg: RunConfig) -> dict:
     decode_s = sum(r["e2e_s"] - r["ttft_ms"] / 1e3 for r in reqs)
     draft_s = sum(r["draft_s"] + r["draft_prefill_s"] for r in reqs)
     verify_s = sum(r["verify_s"] for r in reqs)
-    out["time_breakdown_s"] = {"prefill": sum(r["ttft_ms"] for r in reqs) / 1e3, "draft": draft_s,
+    wire_s = sum(r["wire_s"] for r in reqs)
+    out["time_breakdown_s"] = {"prefill": sum(r["ttft_ms"] for r in reqs) / 1e3, "draft": draft_s, "wire": wire_s,
                                "verify" if cfg.mode == "sd" else "decode": verify_s,
-                               "other": decode_s - draft_s - verify_s}
+                               "other": decode_s - draft_s - verify_s - wire_s}
     n_tokens = [len(r["output_ids"]) for r in reqs]
     ttft = out["ttft_ms"] / 1e3
     if cfg.mode == "target-only":
@@ -134,8 +169,11 @@ def summarize(reqs: list[dict], cfg: RunConfig) -> dict:
     c = costmodel.Costs(
         target_step=float("nan"),   # not measured in an SD run; 10_colocated pairs it with target-only
         draft_step=sum(r["draft_s"] for r in reqs) / sum(r["draft_tokens"] for r in reqs),
-        verify_s={cfg.k + 1: verify_s / rounds},
-        overhead=(decode_s - draft_s - verify_s) / rounds + draft_prefill * len(reqs) / rounds)
+        verify_s={cfg.k + 1: verify_s / rounds}, rtt=wire_s / rounds,
+        overhead=(decode_s - draft_s - verify_s - wire_s) / rounds + draft_prefill * len(reqs) / rounds)
+    out["wire_ms_per_round"] = wire_s / rounds * 1e3
+    if cfg.placement == "ethernet":
+        out["bytes_per_round"] = sum(r["bytes_sent"] + r["bytes_received"] for r in reqs) / rounds
     out["costs"] = c.to_dict()
     out["predicted_tokens_per_s"] = costmodel.predicted_run_tokens_per_s(
         n_tokens, ttft, out["alpha"], cfg.k, c)

@@ -31,9 +31,11 @@ class Request:
     accepted_per_pos: list[int] = field(default_factory=list)
     rounds: int = 0
     draft_prefill_s: float = 0.0
-    draft_s: float = 0.0        # draft forwards during rounds
+    draft_s: float = 0.0        # draft model compute during rounds
+    wire_s: float = 0.0         # waiting for proposals beyond the draft's compute (the link; ~0 colocated)
     verify_s: float = 0.0       # target forwards during rounds (or decode steps, target-only)
-    tokens_without_draft: int = 0
+    tokens_without_draft: int = 0   # decoded by the target alone because the draft was unavailable
+    tail_steps: int = 0             # target-only steps at the end, with no room left to draft
 
 
 def pick(logits: torch.Tensor, s: Sampling, gen) -> int:
@@ -74,9 +76,11 @@ def generate_target_only(target: Engine, prompt_ids: list[int], max_tokens: int,
     return _finish(req, t0, t_first, eos, max_tokens)
 
 
-def draft_n_tokens(draft: Engine, pending: list[int], n: int, s: Sampling, gen):
+def draft_n_tokens(draft: Engine, pending: list[int], n: int, s: Sampling, gen, q_top: int = 0):
     """Feed `pending` to the draft and propose n tokens. Returns (tokens [n], q [n, V] or None);
-    the draft's cache then holds pending + tokens[:-1]."""
+    the draft's cache then holds pending + tokens[:-1]. A sampled draft samples from q; with
+    q_top > 0, q is its top-q_top tokens renormalised (still exact: acceptance uses that same q,
+    and it crosses a wire as q_top pairs instead of a full vocabulary)."""
     logits = draft.forward(pending)[-1]
     toks, qs = [], []
     for i in range(n):
@@ -84,6 +88,9 @@ def draft_n_tokens(draft: Engine, pending: list[int], n: int, s: Sampling, gen):
             t = int(logits.argmax())
         else:
             q = probs(logits, s)
+            if q_top:
+                top = torch.topk(q, min(q_top, q.numel()))
+                q = torch.zeros_like(q).scatter_(0, top.indices, top.values / top.values.sum())
             t = sample(q, gen)
             qs.append(q)
         toks.append(t)
@@ -92,21 +99,63 @@ def draft_n_tokens(draft: Engine, pending: list[int], n: int, s: Sampling, gen):
     return toks, (torch.stack(qs) if qs else None)
 
 
-def speculative_step(target: Engine, draft: Engine, last: int, pending: list[int], k: int, s: Sampling, gen):
-    """One round. Returns (new tokens: accepted drafts + the target's token, n accepted, next pending)."""
-    d_base = draft.pos + len(pending)            # draft cache length once pending is in
+class DraftUnavailable(RuntimeError):
+    """The draft cannot propose (its worker died or timed out): decode on the target alone."""
+
+
+class Drafter:
+    """The draft's side of SD, the same code in-process and inside the draft worker.
+
+    start() prefills the prompt; propose(n_prev, nxt, k) first applies the verdict on the previous
+    proposal (n_prev of its tokens accepted, then the target's token nxt), then proposes k tokens.
+    """
+    def __init__(self, engine: Engine, s: Sampling = Sampling(), seed: int = 0, q_top: int = 0):
+        self.engine, self.s, self.q_top = engine, s, q_top
+        self.gen = torch.Generator(device=engine.device).manual_seed(seed)
+        self.prev: list[int] = []
+
+    def start(self, prompt_ids: list[int], size: int, s: Sampling | None = None, seed: int | None = None) -> None:
+        if s is not None:
+            self.s = s
+        if seed is not None:
+            self.gen.manual_seed(seed)
+        self.engine.start(size)
+        self.engine.forward(prompt_ids)          # prefill (its logits are not needed)
+        self.prefill_s, self.engine.forward_s = self.engine.forward_s, 0.0
+        self.prev = []
+
+    @property
+    def compute_s(self) -> float:
+        """Draft model time in propose() since start()."""
+        return self.engine.forward_s
+
+    def propose(self, n_prev: int, nxt: int, k: int):
+        eng, prev = self.engine, self.prev
+        if prev:  # the draft ate prev[:-1]: keep the accepted ones; its own last proposal is pending if accepted
+            eng.rollback(eng.pos - (len(prev) - 1) + min(n_prev, len(prev) - 1))
+        pending = ([prev[-1]] if prev and n_prev == len(prev) else []) + [nxt]
+        toks, q = draft_n_tokens(eng, pending, k, self.s, self.gen, self.q_top)
+        self.prev = toks
+        return toks, q
+
+
+def speculative_step(target: Engine, drafter, last: int, n_prev: int, k: int, s: Sampling, gen):
+    """One round. Returns (new tokens: accepted drafts + the target's token, n accepted, seconds
+    spent waiting for the proposal)."""
     t_base = target.pos
-    toks, q = draft_n_tokens(draft, pending, k, s, gen)
+    t0 = time.perf_counter()
+    toks, q = drafter.propose(n_prev, last, k)
+    wait = time.perf_counter() - t0
     logits = target.forward([last] + toks)       # [k+1, V]: position i predicts the token after toks[i-1]
     n, nxt = accept(torch.tensor(toks, device=logits.device), q, logits, s, gen)
     target.rollback(t_base + 1 + n)              # keep last + n accepted
-    draft.rollback(d_base + min(n, k - 1))       # the draft never ate its own last proposal
-    new_pending = ([toks[-1]] if n == k else []) + [nxt]
-    return toks[:n] + [nxt], n, new_pending
+    return toks[:n] + [nxt], n, wait
 
 
-def generate_sd(target: Engine, draft: Engine, prompt_ids: list[int], max_tokens: int, k: int, s: Sampling,
+def generate_sd(target: Engine, drafter, prompt_ids: list[int], max_tokens: int, k: int, s: Sampling,
                 eos: int | None, gen=None, prompt_id: str = "") -> Request:
+    """SD for one request. `drafter` is a Drafter, or a remote one with the same two methods; if it
+    becomes unavailable, the request finishes on the target alone (same output, greedy)."""
     req = Request(prompt_id, len(prompt_ids), accepted_per_pos=[0] * k)
     t0 = time.perf_counter()
     size = len(prompt_ids) + max_tokens + k + 2
@@ -115,28 +164,39 @@ def generate_sd(target: Engine, draft: Engine, prompt_ids: list[int], max_tokens
     t_first = time.perf_counter()
     target.forward_s = 0.0                       # from here on: verify time
     req.output_ids.append(tok)
-    draft.start(size)
-    t_d = time.perf_counter()
-    draft.forward(prompt_ids)                    # draft prefill (its logits are not needed)
-    req.draft_prefill_s = time.perf_counter() - t_d
-    draft.forward_s = 0.0
-    last, pending = tok, [tok]
+    alive = True
+    try:
+        t_d = time.perf_counter()
+        drafter.start(prompt_ids, size)
+        req.draft_prefill_s = time.perf_counter() - t_d
+    except DraftUnavailable:
+        alive = False
+    last, n_prev, wait_s = tok, 0, 0.0
     while not _done(req.output_ids, eos, max_tokens):
         k_eff = min(k, max_tokens - len(req.output_ids) - 1)   # no drafting past max_tokens
-        if k_eff < 1:
-            last = pick(decode_one_token(target, last), s, gen)
-            req.output_ids.append(last)
-            req.tokens_without_draft += 1
+        if alive and k_eff >= 1:
+            try:
+                new, n, wait = speculative_step(target, drafter, last, n_prev, k_eff, s, gen)
+            except DraftUnavailable:
+                alive = False
+                continue
+            wait_s += wait
+            req.output_ids.extend(new)
+            last, n_prev = new[-1], n
+            req.rounds += 1
+            req.drafts += 1
+            req.draft_tokens += k_eff
+            req.accepted_tokens += n
+            for i in range(n):
+                req.accepted_per_pos[i] += 1
             continue
-        new, n, pending = speculative_step(target, draft, last, pending, k_eff, s, gen)
-        req.output_ids.extend(new)
-        last = new[-1]
-        req.rounds += 1
-        req.drafts += 1
-        req.draft_tokens += k_eff
-        req.accepted_tokens += n
-        for i in range(n):
-            req.accepted_per_pos[i] += 1
-    req.draft_s = draft.forward_s
+        last = pick(decode_one_token(target, last), s, gen)
+        req.output_ids.append(last)
+        if alive:
+            req.tail_steps += 1
+        else:
+            req.tokens_without_draft += 1
     req.verify_s = target.forward_s
+    req.draft_s = drafter.compute_s if req.rounds else 0.0
+    req.wire_s = max(wait_s - req.draft_s, 0.0)
     return _finish(req, t0, t_first, eos, max_tokens)

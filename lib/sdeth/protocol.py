@@ -1,0 +1,153 @@
+"""The wire: typed messages (msgspec structs, msgpack-encoded), plain data only (no torch, no pickle).
+
+Who drives: the TARGET. It owns the request (the client talks to it) and asks the draft worker for
+proposals, as in vLLM's draft-server proposal; a dead or slow draft is then just a missing proposal,
+and the target finishes the request alone. Per round, target -> draft: the verdict on the previous
+proposal (n accepted, the target's token) and k; draft -> target: k token ids, plus in sampled-draft
+mode the draft's distributions as q_top (index, prob) pairs per token.
+
+    target                                   draft
+    Hello(proto, model, vocab, tok sha) ->   <- Welcome | Error
+    Start(req, prompt ids, sampling)   ->    <- Started            (draft prefill)
+    Propose(req, n_prev, nxt, k)       ->    <- Proposal(tokens, q) (one per round)
+    End(req)                           ->    <- Ended
+    Ping(t0)                           ->    <- Pong(t0, t1, t2)   (link probe: four timestamps)
+
+and controller -> target worker: Generate(req, prompt ids, mode, k, sampling) -> Generated(record).
+"""
+from __future__ import annotations
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+MAX_MESSAGE_BYTES = 8 << 20     # a prompt of 2048 ids is ~10 KB; anything near this is an error
+
+
+class ProtocolError(ValueError):
+    pass
+
+
+class Hello(msgspec.Struct, tag="hello"):
+    proto: int
+    role: str
+    model_id: str
+    vocab_size: int
+    tokenizer_sha: str
+    dtype: str
+
+
+class Welcome(msgspec.Struct, tag="welcome"):
+    proto: int
+    model_id: str
+    vocab_size: int
+    tokenizer_sha: str
+    dtype: str
+
+
+class Start(msgspec.Struct, tag="start"):
+    req: str
+    prompt_ids: list[int]
+    size: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    draft_sampled: bool = False
+    q_top: int = 64
+    seed: int = 0
+
+
+class Started(msgspec.Struct, tag="started"):
+    req: str
+    prefill_ms: float
+
+
+class Propose(msgspec.Struct, tag="propose"):
+    req: str
+    n_prev: int      # tokens of the previous proposal the target accepted
+    nxt: int         # the target's token after them
+    k: int
+
+
+class Proposal(msgspec.Struct, tag="proposal"):
+    req: str
+    tokens: list[int]
+    draft_ms: float                          # the draft model's compute for this proposal
+    q_idx: list[list[int]] | None = None     # sampled draft: [k][q_top] token ids
+    q_val: list[list[float]] | None = None   # and their probabilities
+
+
+class End(msgspec.Struct, tag="end"):
+    req: str
+
+
+class Ended(msgspec.Struct, tag="ended"):
+    req: str
+
+
+class Ping(msgspec.Struct, tag="ping"):
+    t0: float
+    pad: bytes = b""
+
+
+class Pong(msgspec.Struct, tag="pong"):
+    t0: float
+    t1: float        # server clock at receive
+    t2: float        # server clock at send
+
+
+class Generate(msgspec.Struct, tag="generate"):
+    """controller -> target worker: decode one request."""
+    req: str
+    prompt_ids: list[int]
+    max_tokens: int
+    mode: str = "sd"               # sd | target-only
+    k: int = 3
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    draft_sampled: bool = False
+    seed: int = 0
+
+
+class Generated(msgspec.Struct, tag="generated"):
+    req: str
+    record: dict                   # loop.Request as a dict, plus link counters
+
+
+class Error(msgspec.Struct, tag="error"):
+    code: str        # bad-message | too-large | version | mismatch | unknown-request | internal
+    message: str
+
+
+Message = (Hello | Welcome | Start | Started | Propose | Proposal | End | Ended | Ping | Pong | Generate | Generated
+           | Error)
+_enc = msgspec.msgpack.Encoder()
+_dec = msgspec.msgpack.Decoder(Message)
+
+
+def encode(msg: Message) -> bytes:
+    return _enc.encode(msg)
+
+
+def decode(data: bytes) -> Message:
+    """bytes -> a typed message; ProtocolError (with the reason) for anything else."""
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"message of {len(data)} bytes exceeds the limit of {MAX_MESSAGE_BYTES}")
+    try:
+        return _dec.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise ProtocolError(f"malformed message ({len(data)} bytes): {e}") from None
+
+
+def check_hello(h: Hello, mine: Welcome) -> Error | None:
+    """The draft's answer to a target's Hello: None when the two can work together."""
+    if h.proto != PROTOCOL_VERSION:
+        return Error("version", f"protocol version {h.proto} from the target, this draft speaks "
+                                f"{PROTOCOL_VERSION}: run the same sdeth version on both nodes")
+    if h.vocab_size != mine.vocab_size or h.tokenizer_sha != mine.tokenizer_sha:
+        return Error("mismatch", f"target {h.model_id!r} has vocab {h.vocab_size} (tokenizer {h.tokenizer_sha}), "
+                                 f"draft {mine.model_id!r} has vocab {mine.vocab_size} (tokenizer "
+                                 f"{mine.tokenizer_sha}): the pair must share one tokenizer")
+    if h.dtype != mine.dtype:
+        return Error("mismatch", f"target runs {h.dtype}, draft {mine.dtype}: start both with the same --dtype")
+    return None

@@ -1,0 +1,265 @@
+"""The embedded two-node testbed: draft and target workers in two network namespaces joined by a
+veth pair (root), or two processes on loopback (no root: results say so).
+
+    with Testbed(up_ms=5, down_ms=20) as tb:     # up = target -> draft, down = draft -> target
+        tb.target_addr                           # the controller talks to the target here (ipc://)
+
+One-way delay is added in user space by `DelayProxy` (this kernel has no netem): a TCP relay in
+front of the draft worker, on the target's node, holding each chunk for the set delay per
+direction. `rate_mbit` caps the veth with `tc tbf`. Everything started is torn down on exit,
+also on error or Ctrl-C: processes (their process groups), namespaces (the veth goes with them),
+the ipc directory.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+DRAFT_PORT = 5601
+NS_PREFIX = "sdeth"
+
+
+class TestbedError(RuntimeError):
+    pass
+
+
+def can_use_netns() -> bool:
+    return os.geteuid() == 0 and shutil.which("ip") is not None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if check and p.returncode:
+        raise TestbedError(f"`{' '.join(cmd)}` failed: {p.stderr.strip()}")
+    return p
+
+
+class Testbed:
+    __test__ = False   # not a pytest class
+    def __init__(self, pair: str = "embedded", up_ms: float = 0.0, down_ms: float = 0.0, rate_mbit: float = 0,
+                 netns: bool | None = None, device: str = "cpu", draft_timeout_s: float = 5.0,
+                 draft_die_after: int = 0, threads: int = 1, start_workers: bool = True):
+        self.pair, self.up_ms, self.down_ms, self.rate_mbit = pair, up_ms, down_ms, rate_mbit
+        self.netns = can_use_netns() if netns is None else netns
+        if self.netns and not can_use_netns():
+            raise TestbedError("network namespaces need root and iproute2 (`ip`); run as root or pass netns=False "
+                               "for two processes on loopback")
+        self.device, self.draft_timeout_s, self.die_after, self.threads = device, draft_timeout_s, draft_die_after, threads
+        self.start_workers = start_workers
+        tag = f"{os.getpid() % 100000}"
+        self.ns_draft, self.ns_target = f"{NS_PREFIX}-{tag}-d", f"{NS_PREFIX}-{tag}-t"
+        self.veth_d, self.veth_t = f"sd{tag}d", f"sd{tag}t"
+        octet = os.getpid() % 250 + 1
+        self.ip_draft, self.ip_target = f"10.77.{octet}.1", f"10.77.{octet}.2"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.tmp = tempfile.mkdtemp(prefix="sdeth-")
+        self.target_addr = f"ipc://{self.tmp}/target.sock"
+        self._namespaces: list[str] = []
+
+    # ------------------------------------------------------------ description
+    def describe(self) -> dict:
+        return {"kind": "netns+veth" if self.netns else "loopback (no root: both workers on 127.0.0.1)",
+                "draft_node": self.ns_draft if self.netns else "localhost",
+                "target_node": self.ns_target if self.netns else "localhost",
+                "link": f"veth {self.ip_target} <-> {self.ip_draft}" if self.netns else "loopback",
+                "one_way_delay_ms": {"target->draft": self.up_ms, "draft->target": self.down_ms},
+                "delay": "user-space TCP relay (sdeth.testbed.DelayProxy); no netem in this kernel",
+                "rate_mbit": self.rate_mbit or None, "shared_cpu": True}
+
+    # ------------------------------------------------------------ set-up / tear-down
+    def __enter__(self) -> "Testbed":
+        self._old_int = signal.getsignal(signal.SIGINT)
+        try:
+            if self.netns:
+                self._make_namespaces()
+            if self.start_workers:
+                self._start_workers()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _make_namespaces(self) -> None:
+        for ns in (self.ns_draft, self.ns_target):
+            _sh("ip", "netns", "add", ns)
+            self._namespaces.append(ns)
+            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+        _sh("ip", "link", "add", self.veth_d, "type", "veth", "peer", "name", self.veth_t)
+        for dev, ns, ip in ((self.veth_d, self.ns_draft, self.ip_draft), (self.veth_t, self.ns_target, self.ip_target)):
+            _sh("ip", "link", "set", dev, "netns", ns)
+            _sh("ip", "-n", ns, "addr", "add", f"{ip}/30", "dev", dev)
+            _sh("ip", "-n", ns, "link", "set", dev, "up")
+            if self.rate_mbit:
+                _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate",
+                    f"{self.rate_mbit}mbit", "burst", "32kbit", "latency", "50ms")
+
+    def run_in(self, node: str, args: list[str], name: str, log: bool = True) -> subprocess.Popen:
+        """Start `python -m ...args` on a node ('draft' or 'target'), in its own process group."""
+        cmd = [sys.executable, *args]
+        if self.netns:
+            cmd = ["ip", "netns", "exec", self.ns_draft if node == "draft" else self.ns_target, *cmd]
+        out = open(os.path.join(self.tmp, f"{name}.log"), "w") if log else subprocess.DEVNULL
+        env = {**os.environ, "SDETH_THREADS": str(self.threads), "PYTHONUNBUFFERED": "1"}
+        p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        self.procs[name] = p
+        return p
+
+    def draft_bind(self) -> str:
+        return f"tcp://{self.ip_draft}:{DRAFT_PORT}" if self.netns else f"tcp://127.0.0.1:{self._draft_port}"
+
+    def draft_addr_for_target(self) -> str:
+        """Where the target reaches the draft: directly, or through the delay relay on its own node."""
+        return self._relay_addr or self.draft_bind()
+
+    def _start_workers(self) -> None:
+        self._draft_port = free_port()
+        self._relay_addr = ""
+        self.run_in("draft", ["-m", "sdeth", "worker", "--role", "draft", "--bind", self.draft_bind(),
+                              "--pair", self.pair, "--device", self.device,
+                              *(["--die-after", str(self.die_after)] if self.die_after else [])], "draft")
+        if self.up_ms or self.down_ms:
+            relay_port = free_port()
+            upstream = self.draft_bind().removeprefix("tcp://")
+            self.run_in("target", ["-m", "sdeth.testbed", "relay", "--listen", f"127.0.0.1:{relay_port}",
+                                   "--to", upstream, "--up-ms", str(self.up_ms), "--down-ms", str(self.down_ms)], "relay")
+            self._relay_addr = f"tcp://127.0.0.1:{relay_port}"
+        self.run_in("target", ["-m", "sdeth", "worker", "--role", "target", "--bind", self.target_addr,
+                               "--pair", self.pair, "--device", self.device, "--draft-addr", self.draft_addr_for_target(),
+                               "--draft-timeout", str(self.draft_timeout_s)], "target")
+        self.wait_ready()
+
+    def wait_ready(self, timeout_s: float = 180.0) -> None:
+        """Until both workers print their banner (they load the pair first)."""
+        t_end = time.time() + timeout_s
+        for name in ("draft", "target"):
+            while True:
+                p = self.procs[name]
+                text = open(os.path.join(self.tmp, f"{name}.log")).read()
+                if f"sdeth {name} worker:" in text:
+                    break
+                if p.poll() is not None:
+                    raise TestbedError(f"{name} worker exited with {p.returncode} before serving:\n{text[-2000:]}")
+                if time.time() > t_end:
+                    raise TestbedError(f"{name} worker not ready after {timeout_s:.0f} s; its log:\n{text[-2000:]}")
+                time.sleep(0.2)
+
+    def log(self, name: str) -> str:
+        try:
+            return open(os.path.join(self.tmp, f"{name}.log")).read()
+        except OSError:
+            return ""
+
+    def kill(self, name: str) -> None:
+        p = self.procs.get(name)
+        if p and p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(timeout=10)
+
+    def close(self) -> None:
+        for name in list(self.procs):
+            self.kill(name)
+        self.procs.clear()
+        for ns in self._namespaces:
+            _sh("ip", "netns", "del", ns, check=False)
+        self._namespaces.clear()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def leftovers() -> list[str]:
+    """This project's namespaces still present (for tests and `down`)."""
+    if not shutil.which("ip"):
+        return []
+    out = _sh("ip", "netns", "list", check=False).stdout.split("\n")
+    return [line.split()[0] for line in out if line.startswith(NS_PREFIX + "-")]
+
+
+# ---------------------------------------------------------------- the delay relay
+
+class DelayProxy:
+    """TCP relay adding a fixed one-way delay per direction. up: client -> server."""
+
+    def __init__(self, listen: tuple[str, int], upstream: tuple[str, int], up_ms: float, down_ms: float):
+        self.listen, self.upstream, self.up, self.down = listen, upstream, up_ms / 1e3, down_ms / 1e3
+
+    async def _pipe(self, reader, writer, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+
+        async def pump():
+            while True:
+                t, data = await q.get()
+                if data is None:
+                    break
+                due = t + delay
+                if due - loop.time() > 0.002:
+                    await asyncio.sleep(due - loop.time() - 0.001)
+                while loop.time() < due:       # the last millisecond by spinning: sleep overshoots
+                    await asyncio.sleep(0)
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+
+        task = asyncio.create_task(pump())
+        while data := await reader.read(1 << 16):
+            q.put_nowait((loop.time(), data))
+        q.put_nowait((0.0, None))
+        await task
+
+    async def _handle(self, c_reader, c_writer) -> None:
+        s_reader, s_writer = await asyncio.open_connection(*self.upstream)
+        for w in (c_writer, s_writer):
+            w.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        await asyncio.gather(self._pipe(c_reader, s_writer, self.up), self._pipe(s_reader, c_writer, self.down),
+                             return_exceptions=True)
+
+    async def serve(self) -> None:
+        server = await asyncio.start_server(self._handle, *self.listen)
+        async with server:
+            await server.serve_forever()
+
+
+def _hostport(v: str) -> tuple[str, int]:
+    host, port = v.rsplit(":", 1)
+    return host, int(port)
+
+
+def main(argv=None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m sdeth.testbed")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("relay", help="TCP relay with a one-way delay per direction")
+    r.add_argument("--listen", required=True), r.add_argument("--to", required=True)
+    r.add_argument("--up-ms", type=float, default=0.0), r.add_argument("--down-ms", type=float, default=0.0)
+    sub.add_parser("down", help="delete this project's network namespaces left behind")
+    a = ap.parse_args(argv)
+    if a.cmd == "down":
+        for ns in leftovers():
+            _sh("ip", "netns", "del", ns, check=False)
+            print("deleted", ns)
+        return 0
+    print(f"relay {a.listen} -> {a.to}: +{a.up_ms} ms up, +{a.down_ms} ms down", flush=True)
+    asyncio.run(DelayProxy(_hostport(a.listen), _hostport(a.to), a.up_ms, a.down_ms).serve())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""Draft and target workers: `python -m sdeth worker --role draft|target --bind tcp://ADDR:PORT ...`.
+
+Sockets are zmq ROUTER (servers) and DEALER (clients); every message is one msgpack frame from
+`sdeth.protocol`. Workers bind to the address they are given, never to every interface by default.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+
+import torch
+import zmq
+
+from . import protocol as W
+from .engine import Engine
+from .loop import DraftUnavailable, Drafter, Request, generate_sd, generate_target_only
+from .verify import Sampling
+
+
+def _welcome(pair, role_model) -> W.Welcome:
+    from .models import tokenizer_hash
+    return W.Welcome(W.PROTOCOL_VERSION, role_model, int(pair.target.config.vocab_size),
+                     tokenizer_hash(pair.tokenizer), pair.config.dtype)
+
+
+def _reply(sock, ident: bytes, msg) -> None:
+    sock.send_multipart([ident, W.encode(msg)])
+
+
+def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0) -> None:
+    """Serve proposals until killed (or max_seconds). die_after > 0 exits the process abruptly
+    after that many proposals: fault injection for tests."""
+    me = _welcome(pair, pair.config.draft)
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind(bind)
+    welcomed: set[bytes] = set()
+    drafters: dict[str, Drafter] = {}
+    served, t_end = 0, time.time() + max_seconds if max_seconds else float("inf")
+    print(f"sdeth draft worker: {pair.config.draft} on {bind}", flush=True)
+    while time.time() < t_end:
+        if not sock.poll(500):
+            continue
+        frames = sock.recv_multipart()
+        t1 = time.time()
+        if len(frames) != 2:
+            continue                       # not a DEALER peer speaking our framing
+        ident, data = frames
+        try:
+            msg = W.decode(data)
+        except W.ProtocolError as e:
+            _reply(sock, ident, W.Error("too-large" if "exceeds" in str(e) else "bad-message", str(e)))
+            continue
+        try:
+            if isinstance(msg, W.Ping):
+                _reply(sock, ident, W.Pong(msg.t0, t1, time.time()))
+            elif isinstance(msg, W.Hello):
+                err = W.check_hello(msg, me)
+                if err is None:
+                    welcomed.add(ident)
+                _reply(sock, ident, err or me)
+            elif ident not in welcomed:
+                _reply(sock, ident, W.Error("version", "send Hello first (protocol handshake)"))
+            elif isinstance(msg, W.Start):
+                d = Drafter(Engine(pair.draft, "draft"), q_top=msg.q_top)
+                s = Sampling(msg.temperature, msg.top_p, msg.top_k, msg.draft_sampled)
+                d.start(msg.prompt_ids, msg.size, s, msg.seed)
+                drafters[msg.req] = d
+                _reply(sock, ident, W.Started(msg.req, d.prefill_s * 1e3))
+            elif isinstance(msg, W.Propose):
+                d = drafters.get(msg.req)
+                if d is None:
+                    _reply(sock, ident, W.Error("unknown-request", f"no request {msg.req!r} (send Start first)"))
+                    continue
+                c0 = d.compute_s
+                toks, q = d.propose(msg.n_prev, msg.nxt, msg.k)
+                idx = val = None
+                if q is not None:  # only the q_top non-zero entries per token cross the wire
+                    top = torch.topk(q, min(d.q_top or q.shape[-1], q.shape[-1]), dim=-1)
+                    idx, val = top.indices.tolist(), top.values.tolist()
+                _reply(sock, ident, W.Proposal(msg.req, toks, (d.compute_s - c0) * 1e3, idx, val))
+                served += 1
+                if die_after and served >= die_after:
+                    os._exit(17)           # a crash, as far as the target can tell
+            elif isinstance(msg, W.End):
+                drafters.pop(msg.req, None)
+                _reply(sock, ident, W.Ended(msg.req))
+            else:
+                _reply(sock, ident, W.Error("bad-message", f"a draft worker does not take {type(msg).__name__}"))
+        except Exception as e:  # keep serving others
+            _reply(sock, ident, W.Error("internal", f"{type(e).__name__}: {e}"))
+    sock.close()
+
+
+class Client:
+    """A DEALER socket with request/reply, a timeout, and byte counters. After a timeout the socket is
+    replaced (a late reply must not be taken for the next one)."""
+
+    def __init__(self, addr: str, timeout_s: float = 5.0):
+        self.addr, self.timeout_s = addr, timeout_s
+        self.sent = self.received = 0
+        self._open()
+
+    def _open(self):
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(self.addr)
+
+    def call(self, msg, timeout_s: float | None = None):
+        data = W.encode(msg)
+        self.sock.send(data)
+        self.sent += len(data)
+        if not self.sock.poll(int((timeout_s or self.timeout_s) * 1000)):
+            self.sock.close()
+            self._open()
+            raise TimeoutError(f"no answer from {self.addr} within {timeout_s or self.timeout_s:.1f} s")
+        reply = self.sock.recv()
+        self.received += len(reply)
+        return W.decode(reply)
+
+    def close(self):
+        self.sock.close()
+
+
+class RemoteDrafter:
+    """The target's handle on a draft worker: the Drafter interface over the wire."""
+
+    def __init__(self, addr: str, hello: W.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0):
+        self.client = Client(addr, timeout_s)
+        self.s, self.q_top, self.seq = s, q_top, 0
+        reply = self._call(hello)
+        if isinstance(reply, W.Error):
+            raise ConnectionRefusedError(f"draft worker at {addr} refused the handshake: {reply.message}")
+        self.peer = reply
+        self.compute_s = 0.0
+        self.req = ""
+
+    def _call(self, msg):
+        try:
+            reply = self.client.call(msg)
+        except TimeoutError as e:
+            raise DraftUnavailable(str(e)) from None
+        if isinstance(reply, W.Error) and not isinstance(msg, W.Hello):
+            raise DraftUnavailable(f"draft worker error ({reply.code}): {reply.message}")
+        return reply
+
+    def start(self, prompt_ids, size, s=None, seed=0):
+        self.seq += 1
+        self.req = f"{os.getpid()}-{self.seq}-{uuid.uuid4().hex[:6]}"
+        s = s or self.s
+        self.compute_s = 0.0
+        self._call(W.Start(self.req, list(prompt_ids), size, s.temperature, s.top_p, s.top_k, s.draft_sampled,
+                           self.q_top, seed))
+
+    def propose(self, n_prev: int, nxt: int, k: int):
+        p = self._call(W.Propose(self.req, n_prev, nxt, k))
+        self.compute_s += p.draft_ms / 1e3
+        q = None
+        if p.q_idx is not None:
+            V = self.peer.vocab_size
+            q = torch.zeros(len(p.tokens), V).scatter_(1, torch.tensor(p.q_idx), torch.tensor(p.q_val))
+        return p.tokens, q
+
+    def end(self):
+        try:
+            self.client.call(W.End(self.req), timeout_s=1.0)
+        except (TimeoutError, W.ProtocolError):
+            pass
+
+
+def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float = 5.0,
+                 max_seconds: float = 0) -> None:
+    """Decode requests from a controller; SD with the remote draft when it answers."""
+    from .models import tokenizer_hash
+    target = Engine(pair.target, "target")
+    eos = pair.tokenizer.eos_token_id
+    hello = W.Hello(W.PROTOCOL_VERSION, "target", pair.config.target, int(pair.target.config.vocab_size),
+                    tokenizer_hash(pair.tokenizer), pair.config.dtype)
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind(bind)
+    drafter, why_not = None, ""
+    print(f"sdeth target worker: {pair.config.target} on {bind}, draft at {draft_addr}", flush=True)
+    t_end = time.time() + max_seconds if max_seconds else float("inf")
+    while time.time() < t_end:
+        if not sock.poll(500):
+            continue
+        frames = sock.recv_multipart()
+        if len(frames) != 2:
+            continue
+        ident, data = frames
+        try:
+            msg = W.decode(data)
+        except W.ProtocolError as e:
+            _reply(sock, ident, W.Error("bad-message", str(e)))
+            continue
+        if isinstance(msg, W.Ping):
+            _reply(sock, ident, W.Pong(msg.t0, time.time(), time.time()))
+            continue
+        if not isinstance(msg, W.Generate):
+            _reply(sock, ident, W.Error("bad-message", f"a target worker takes Generate, not {type(msg).__name__}"))
+            continue
+        try:
+            s = Sampling(msg.temperature, msg.top_p, msg.top_k, msg.draft_sampled)
+            gen = torch.Generator().manual_seed(msg.seed)
+            if msg.mode == "target-only":
+                r = generate_target_only(target, msg.prompt_ids, msg.max_tokens, s, eos, gen, msg.req)
+                rec = {**r.__dict__, "bytes_sent": 0, "bytes_received": 0}
+            else:
+                if drafter is None and draft_addr:
+                    try:
+                        drafter = RemoteDrafter(draft_addr, hello, s, timeout_s=draft_timeout_s)
+                    except (DraftUnavailable, ConnectionRefusedError) as e:
+                        why_not = str(e)
+                b0 = (drafter.client.sent, drafter.client.received) if drafter else (0, 0)
+                r = generate_sd(target, drafter or _NoDraft(why_not), msg.prompt_ids, msg.max_tokens, msg.k, s,
+                                eos, gen, msg.req)
+                if drafter is not None and r.tokens_without_draft:
+                    drafter = None           # reconnect (and re-handshake) for the next request
+                elif drafter is not None:
+                    drafter.end()
+                b1 = (drafter.client.sent, drafter.client.received) if drafter else b0
+                rec = {**r.__dict__, "bytes_sent": b1[0] - b0[0], "bytes_received": b1[1] - b0[1],
+                       "draft_unavailable": why_not if r.tokens_without_draft else ""}
+            _reply(sock, ident, W.Generated(msg.req, rec))
+        except Exception as e:
+            _reply(sock, ident, W.Error("internal", f"{type(e).__name__}: {e}"))
+    sock.close()
+
+
+class _NoDraft:
+    """Stands in when no draft worker answered: every round falls back to the target."""
+    compute_s = 0.0
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def start(self, *a, **kw):
+        raise DraftUnavailable(self.why or "no draft worker configured")
+
+    def propose(self, *a, **kw):
+        raise DraftUnavailable(self.why)
+
+
+def main(argv=None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m sdeth worker")
+    ap.add_argument("--role", required=True, choices=["draft", "target"])
+    ap.add_argument("--bind", required=True, help="tcp://ADDR:PORT to listen on (only that address)")
+    ap.add_argument("--pair", default="embedded")
+    ap.add_argument("--target"), ap.add_argument("--draft")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--draft-addr", help="target role: tcp://ADDR:PORT of the draft worker")
+    ap.add_argument("--draft-timeout", type=float, default=5.0, help="seconds before the target stops waiting for a proposal")
+    ap.add_argument("--die-after", type=int, default=0, help="fault injection: exit after N proposals")
+    ap.add_argument("--max-seconds", type=float, default=0, help="exit after this long (0: run until killed)")
+    a = ap.parse_args(argv)
+    if a.bind.startswith("tcp://*") or a.bind.startswith("tcp://0.0.0.0"):
+        print("sdeth worker: binding every interface; pass the node's own address unless you mean it", file=sys.stderr)
+    try:
+        import setproctitle
+        setproctitle.setproctitle(f"sdeth-worker --role {a.role} --bind {a.bind}")
+    except ImportError:
+        pass
+    from .models import load_pair
+    torch.set_num_threads(max(1, int(os.environ.get("SDETH_THREADS", torch.get_num_threads()))))
+    pair = load_pair(a.pair, a.target, a.draft, device=a.device)
+    if a.role == "draft":
+        serve_draft(a.bind, pair, a.die_after, a.max_seconds)
+    else:
+        serve_target(a.bind, pair, a.draft_addr, a.draft_timeout, a.max_seconds)
+    return 0

@@ -1,0 +1,120 @@
+"""SD over a real link: the two-node testbed (namespaces + veth as root, else loopback), the wire
+protocol's faults, and the target-only fallback when the draft dies."""
+import threading
+import time
+
+import psutil
+import pytest
+import zmq
+
+from sdeth import experiment
+from sdeth import protocol as W
+from sdeth.experiment import RunConfig
+from sdeth.testbed import Testbed, free_port, leftovers
+from sdeth.worker import Client, RemoteDrafter, serve_draft
+from sdeth.loop import DraftUnavailable
+from sdeth.verify import Sampling
+
+pytestmark = pytest.mark.slow
+N, MAX_TOKENS = 16, 32
+
+
+def test_greedy_sd_over_the_link_is_identical_to_target_only(pair):
+    base = experiment.run(RunConfig(mode="target-only", prompts=f"sharegpt:{N}", max_tokens=MAX_TOKENS), pair,
+                          progress=False)
+    eth = experiment.run(RunConfig(mode="sd", k=3, placement="ethernet", rtt_ms=1.0, prompts=f"sharegpt:{N}",
+                                   max_tokens=MAX_TOKENS), pair, progress=False)
+    assert [r["output_ids"] for r in eth["requests"]] == [r["output_ids"] for r in base["requests"]]
+    s = eth["summary"]
+    assert s["tokens_without_draft"] == 0 and s["draft_acceptance_rate"] > 0.05
+    assert 0 < s["bytes_per_round"] < 200          # token ids only, greedy draft
+    assert s["wire_ms_per_round"] >= 0.9           # the injected 1 ms round trip is on the path
+    assert eth["testbed"]["kind"].startswith("netns" if experiment.hardware.os.geteuid() == 0 else "loopback")
+    assert not leftovers()
+
+
+def test_draft_killed_mid_request_finishes_on_the_target(pair):
+    cfg = RunConfig(mode="sd", k=3, placement="ethernet", prompts="sharegpt:2", max_tokens=48)
+    reqs, _ = experiment._run_ethernet(cfg, experiment.encode_prompts(cfg, pair.tokenizer), draft_die_after=3,
+                                       draft_timeout_s=2.0)
+    base = experiment.run(RunConfig(mode="target-only", prompts="sharegpt:2", max_tokens=48), pair, progress=False)
+    assert [r["output_ids"] for r in reqs] == [r["output_ids"] for r in base["requests"]]
+    # the worker exits right after its 3rd reply, which may or may not get out first
+    assert 2 <= reqs[0]["rounds"] <= 3 and reqs[0]["tokens_without_draft"] > 0
+    assert reqs[1]["rounds"] == 0 and reqs[1]["tokens_without_draft"] > 0    # the draft stays gone
+    assert not leftovers()
+
+
+@pytest.fixture(scope="module")
+def draft_server(pair):
+    port = free_port()
+    addr = f"tcp://127.0.0.1:{port}"
+    t = threading.Thread(target=serve_draft, args=(addr, pair), kwargs={"max_seconds": 120}, daemon=True)
+    t.start()
+    time.sleep(0.5)
+    yield addr, port
+
+
+def _hello(pair, **kw):
+    from sdeth.models import tokenizer_hash
+    h = dict(proto=W.PROTOCOL_VERSION, role="target", model_id="t", vocab_size=49152,
+             tokenizer_sha=tokenizer_hash(pair.tokenizer), dtype="float32")
+    return W.Hello(**{**h, **kw})
+
+
+def test_worker_binds_only_the_address_it_is_given(draft_server):
+    _, port = draft_server
+    listening = [c.laddr.ip for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port
+                 and c.status == psutil.CONN_LISTEN]
+    assert listening == ["127.0.0.1"]
+
+
+def test_bad_messages_get_error_replies_and_the_worker_keeps_serving(pair, draft_server):
+    addr, _ = draft_server
+    c = Client(addr, timeout_s=10)
+    assert isinstance(reply := c.call(W.Ping(1.0)), W.Pong) and reply.t1 >= reply.t0
+    for raw, code in [(b"\x00garbage", "bad-message"), (W.encode(W.Ping(1.0))[:-3], "bad-message"),
+                      (b"\x81" * (W.MAX_MESSAGE_BYTES + 1), "too-large")]:
+        c.sock.send(raw)
+        assert c.sock.poll(10000)
+        err = W.decode(c.sock.recv())
+        assert isinstance(err, W.Error) and err.code == code, err
+    assert isinstance(c.call(W.Propose("x", 0, 1, 3)), W.Error)          # no handshake yet
+    assert c.call(_hello(pair, proto=99)).code == "version"
+    assert "49152" in c.call(_hello(pair, vocab_size=151936)).message   # names both vocab sizes
+    assert c.call(_hello(pair, dtype="bfloat16")).code == "mismatch"
+    assert isinstance(c.call(_hello(pair)), W.Welcome)
+    assert c.call(W.Propose("nope", 0, 1, 3)).code == "unknown-request"
+    # and it still serves a real request
+    d = RemoteDrafter(addr, _hello(pair), Sampling(), timeout_s=30)
+    d.start([1, 2, 3, 4], 32)
+    toks, q = d.propose(0, 5, 3)
+    assert len(toks) == 3 and q is None and d.compute_s > 0
+
+
+def test_sampled_draft_sends_sparse_q(pair, draft_server):
+    addr, _ = draft_server
+    d = RemoteDrafter(addr, _hello(pair), Sampling(0.7, draft_sampled=True), q_top=16, timeout_s=30)
+    d.start([1, 2, 3, 4], 32)
+    toks, q = d.propose(0, 5, 2)
+    assert q.shape == (2, 49152) and ((q > 0).sum(-1) <= 16).all()
+    assert q.sum(-1).sub(1).abs().max() < 1e-4 and all(q[i, t] > 0 for i, t in enumerate(toks))
+
+
+def test_unreachable_peers_fail_fast_with_the_address():
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    t0 = time.time()
+    with pytest.raises(TimeoutError, match=addr):
+        Client(addr, timeout_s=1.0).call(W.Ping(0.0))
+    with pytest.raises(DraftUnavailable, match=addr):
+        RemoteDrafter(addr, W.Hello(1, "target", "t", 1, "x", "float32"), Sampling(), timeout_s=1.0)
+    assert time.time() - t0 < 5
+
+
+def test_testbed_leaves_nothing_behind_on_error():
+    with pytest.raises(RuntimeError, match="boom"):
+        with Testbed(start_workers=False) as tb:
+            tb.run_in("draft", ["-c", "import time; time.sleep(60)"], "sleeper")
+            pid = tb.procs["sleeper"].pid
+            raise RuntimeError("boom")
+    assert not leftovers() and not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
