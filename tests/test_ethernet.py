@@ -118,3 +118,27 @@ def test_testbed_leaves_nothing_behind_on_error():
             pid = tb.procs["sleeper"].pid
             raise RuntimeError("boom")
     assert not leftovers() and not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_four_timestamp_maths():
+    from sdeth.netprobe import analyse
+    # true one-way 10 ms up, 30 ms down, server clock 100 ms ahead, 1 ms server time
+    s = [{"t0": 0.0, "t1": 0.110, "t2": 0.111, "t3": 0.041, "connect_s": 0.0, "first_on_connection": False}]
+    a = analyse(s, clock_offset_s=0.100)
+    assert a["rtt_ms"]["p50"] == pytest.approx(40) and a["up_ms"]["p50"] == pytest.approx(10)
+    assert a["down_ms"]["p50"] == pytest.approx(30)
+    naive = analyse(s, clock_offset_s=0.0)        # unsynchronised clocks move delay between directions
+    assert naive["up_ms"]["p50"] == pytest.approx(110) and naive["down_ms"]["p50"] == pytest.approx(-70)
+    ntp = analyse(s, clock_offset_s=None)         # NTP assumes symmetry: rtt/2 each way
+    assert ntp["up_ms"]["p50"] == pytest.approx(20) and ntp["down_ms"]["p50"] == pytest.approx(20)
+
+
+def test_probe_recovers_an_injected_asymmetric_delay():
+    from sdeth.testbed import LINK_SCENARIOS, probe_link
+    five_twenty = [s for s in LINK_SCENARIOS if s[3] == (5.0, 20.0)]
+    with Testbed(start_workers=False) as tb:
+        row, = probe_link(tb, five_twenty, scale=0.5)
+    assert row["true_offset"]["up_ms"]["p50"] == pytest.approx(5.0, abs=1.0)
+    assert row["true_offset"]["down_ms"]["p50"] == pytest.approx(20.0, abs=1.0)
+    assert row["ntp"]["up_ms"]["p50"] == pytest.approx(row["ntp"]["down_ms"]["p50"], abs=1.0)
+    assert not leftovers()

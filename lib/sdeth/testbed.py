@@ -263,3 +263,66 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ---------------------------------------------------------------- the link probe on the testbed
+
+# (name, server flags, client flags, relay (up_ms, down_ms) or None, server clock skew ms, samples)
+LINK_SCENARIOS = [
+    ("direct, TCP_NODELAY", [], [], None, 0.0, 200),
+    ("Nagle + delayed ACK (split writes, no TCP_NODELAY)", ["--split", "--no-nodelay"], ["--split", "--no-nodelay"],
+     None, 0.0, 40),
+    ("new TCP connection per request", [], ["--new-conn"], None, 0.0, 100),
+    ("through a user-space proxy (like a port-forward), +0 ms", [], [], (0.0, 0.0), 0.0, 200),
+    ("injected 5 ms target->draft, 20 ms draft->target", [], [], (5.0, 20.0), 0.0, 100),
+    ("injected 150 ms each way, draft clock 65 ms behind", [], [], (150.0, 150.0), -65.0, 12),
+]
+
+
+def probe(tb: Testbed, server_flags=(), client_flags=(), relay=None, skew_ms=0.0, n=100, timeout_s=300) -> list[dict]:
+    """Run the netprobe server on the draft node and its client on the target node; return samples."""
+    import json
+    port = free_port()
+    bind = f"{tb.ip_draft}:{port}" if tb.netns else f"127.0.0.1:{port}"
+    srv = tb.run_in("draft", ["-m", "sdeth.netprobe", "serve", "--bind", bind, "--skew-ms", str(skew_ms),
+                              "--max-seconds", str(timeout_s), *server_flags], f"probe-server-{port}")
+    to, names = bind, [f"probe-server-{port}"]
+    try:
+        _wait_for(tb, names[0], "netprobe server on")
+        if relay is not None:
+            rport = free_port()
+            tb.run_in("target", ["-m", "sdeth.testbed", "relay", "--listen", f"127.0.0.1:{rport}", "--to", bind,
+                                 "--up-ms", str(relay[0]), "--down-ms", str(relay[1])], f"probe-relay-{port}")
+            names.append(f"probe-relay-{port}")
+            _wait_for(tb, names[-1], "relay ")
+            to = f"127.0.0.1:{rport}"
+        out = os.path.join(tb.tmp, f"probe-{port}.json")
+        cli = tb.run_in("target", ["-m", "sdeth.netprobe", "measure", "--to", to, "--n", str(n), "--json", out,
+                                   *client_flags], f"probe-client-{port}")
+        if cli.wait(timeout=timeout_s) != 0:
+            raise TestbedError(f"probe client failed: {tb.log(f'probe-client-{port}')[-1500:]}")
+        return json.load(open(out))
+    finally:
+        for name in names:
+            tb.kill(name)
+        del srv
+
+
+def _wait_for(tb: Testbed, name: str, banner: str, timeout_s: float = 30) -> None:
+    t_end = time.time() + timeout_s
+    while banner not in tb.log(name):
+        if tb.procs[name].poll() is not None or time.time() > t_end:
+            raise TestbedError(f"{name} did not start: {tb.log(name)[-1500:]}")
+        time.sleep(0.05)
+
+
+def probe_link(tb: Testbed, scenarios=LINK_SCENARIOS, scale: float = 1.0) -> list[dict]:
+    """Every scenario, analysed twice: with the true clock offset (0: one host) and with NTP's estimate."""
+    from .netprobe import analyse
+    rows = []
+    for name, sflags, cflags, relay, skew, n in scenarios:
+        samples = probe(tb, sflags, cflags, relay, skew, max(5, int(n * scale)))
+        rows.append({"scenario": name, "injected": {"up_ms": relay[0], "down_ms": relay[1]} if relay else None,
+                     "server_clock_skew_ms": skew, "naive": analyse(samples, 0.0), "ntp": analyse(samples, None),
+                     "true_offset": analyse(samples, skew / 1e3)})
+    return rows
