@@ -109,6 +109,8 @@ def analyse(samples: list[dict], clock_offset_s: float | None = 0.0) -> dict:
 
     def dist(xs):
         xs = sorted(xs)
+        if not xs:
+            return None
         return {"p50": ms(statistics.median(xs)), "p10": ms(xs[len(xs) // 10]), "p90": ms(xs[(9 * len(xs)) // 10]),
                 "min": ms(xs[0]), "max": ms(xs[-1]), "mean": ms(statistics.mean(xs))}
     return {"n": len(samples), "rtt_ms": dist(rtt),
