@@ -121,7 +121,7 @@ def _run_ethernet(cfg: RunConfig, prompts, **testbed_kw) -> tuple[list[dict], di
     from .worker import Client
     reqs = []
     with Testbed(cfg.pair, up_ms=cfg.rtt_ms / 2, down_ms=cfg.rtt_ms / 2, netns=cfg.netns, device=cfg.device,
-                 **testbed_kw) as tb:
+                 target=cfg.target, draft=cfg.draft, **testbed_kw) as tb:
         client = Client(tb.target_addr, timeout_s=60 + 5 * cfg.max_tokens)
         try:
             for i, (pid, ids) in enumerate(prompts):

@@ -44,6 +44,40 @@ def caption(hw: dict, what: str) -> str:
     return f"{what} | {hw.get('label', '?')}, torch {hw.get('torch', '?')}"
 
 
+SUMMARY_COLUMNS = {"tokens_per_s": "tokens/s", "predicted_tokens_per_s": "predicted tokens/s", "tpot_ms": "TPOT ms",
+                   "ttft_ms": "TTFT ms", "draft_acceptance_rate": "acceptance rate",
+                   "mean_acceptance_length": "mean acceptance length", "alpha": "alpha",
+                   "wire_ms_per_round": "wire ms/round", "bytes_per_round": "bytes/round",
+                   "tokens_without_draft": "tokens without draft"}
+
+
+def summary_table(runs: dict[str, dict]):
+    """One row per run (label -> results dict), the summary fields that compare runs."""
+    import pandas as pd
+    rows = {label: {v: r["summary"].get(k) for k, v in SUMMARY_COLUMNS.items()} for label, r in runs.items()}
+    df = pd.DataFrame(rows).T
+    base = next((r for r in runs.values() if r["summary"]["mode"] == "target-only"), None)
+    if base:
+        df["speedup vs target-only"] = df["tokens/s"] / base["summary"]["tokens_per_s"]
+    return df
+
+
+def plot_breakdown(runs: dict[str, dict], hw: dict, title: str):
+    """Milliseconds per output token, split into where the time went."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    per_tok = {label: {k: v * 1e3 / r["summary"]["output_tokens"] for k, v in r["summary"]["time_breakdown_s"].items()}
+               for label, r in runs.items()}
+    df = pd.DataFrame(per_tok).T.fillna(0.0)
+    ax = df.plot.barh(stacked=True, figsize=(7, 0.6 * len(df) + 1.5))
+    ax.set(xlabel="milliseconds per output token", title=title)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.invert_yaxis()
+    ax.figure.text(0.01, -0.04, caption(hw, "measured"), fontsize=8)
+    plt.show()
+    return df
+
+
 def render(name: str, parameters: dict | None = None) -> tuple[bool, str]:
     """Execute notebooks/<name>.ipynb headless and render reports/<name>.html. Returns (ok, status)."""
     import nbformat

@@ -51,7 +51,9 @@ class Testbed:
     __test__ = False   # not a pytest class
     def __init__(self, pair: str = "embedded", up_ms: float = 0.0, down_ms: float = 0.0, rate_mbit: float = 0,
                  netns: bool | None = None, device: str = "cpu", draft_timeout_s: float = 5.0,
-                 draft_die_after: int = 0, threads: int = 1, start_workers: bool = True):
+                 draft_die_after: int = 0, threads: int = 1, start_workers: bool = True,
+                 target: str | None = None, draft: str | None = None):
+        self.models = [*(["--target", target] if target else []), *(["--draft", draft] if draft else [])]
         self.pair, self.up_ms, self.down_ms, self.rate_mbit = pair, up_ms, down_ms, rate_mbit
         self.netns = can_use_netns() if netns is None else netns
         if self.netns and not can_use_netns():
@@ -77,7 +79,8 @@ class Testbed:
                 "link": f"veth {self.ip_target} <-> {self.ip_draft}" if self.netns else "loopback",
                 "one_way_delay_ms": {"target->draft": self.up_ms, "draft->target": self.down_ms},
                 "delay": "user-space TCP relay (sdeth.testbed.DelayProxy); no netem in this kernel",
-                "rate_mbit": self.rate_mbit or None, "shared_cpu": True}
+                "rate_mbit": self.rate_mbit or None, "torch_threads_per_worker": self.threads,
+                "shared_cpu": "both nodes share this machine's cores"}
 
     # ------------------------------------------------------------ set-up / tear-down
     def __enter__(self) -> "Testbed":
@@ -131,7 +134,7 @@ class Testbed:
         self._draft_port = free_port()
         self._relay_addr = ""
         self.run_in("draft", ["-m", "sdeth", "worker", "--role", "draft", "--bind", self.draft_bind(),
-                              "--pair", self.pair, "--device", self.device,
+                              "--pair", self.pair, *self.models, "--device", self.device,
                               *(["--die-after", str(self.die_after)] if self.die_after else [])], "draft")
         if self.up_ms or self.down_ms:
             relay_port = free_port()
@@ -140,7 +143,8 @@ class Testbed:
                                    "--to", upstream, "--up-ms", str(self.up_ms), "--down-ms", str(self.down_ms)], "relay")
             self._relay_addr = f"tcp://127.0.0.1:{relay_port}"
         self.run_in("target", ["-m", "sdeth", "worker", "--role", "target", "--bind", self.target_addr,
-                               "--pair", self.pair, "--device", self.device, "--draft-addr", self.draft_addr_for_target(),
+                               "--pair", self.pair, *self.models, "--device", self.device,
+                               "--draft-addr", self.draft_addr_for_target(),
                                "--draft-timeout", str(self.draft_timeout_s)], "target")
         self.wait_ready()
 
