@@ -8,7 +8,11 @@
 Rollback only moves the write position (transformers 5's StaticCache keeps it per layer in a
 device tensor, `cumulative_length`); entries past it are masked by the causal mask (it masks by
 position) and overwritten by the next forward.
-On CUDA a CUDA graph per width m is the next step (GPU issue); the CPU runs eager.
+On CUDA (cuda_graphs=True, the default there) the cache is allocated once for the engine's lifetime
+and each width m (1 for decode, k+1 for verify) is captured as a CUDA graph on first use and replayed
+after: ids and positions are copied into static buffers, and the captured `cumulative_length.add_`
+keeps the device-side write position in step with `pos`. Prefill (any length) runs eager. The CPU
+runs eager: graphs would not help there.
 """
 from __future__ import annotations
 
@@ -22,10 +26,14 @@ class CacheFull(ValueError):
 
 
 class Engine:
-    def __init__(self, model, name: str = "model"):
+    def __init__(self, model, name: str = "model", cuda_graphs: bool | None = None, capacity: int = 4096,
+                 max_graph_width: int = 16):
         self.model = model
         self.name = name
         self.device = next(model.parameters()).device
+        self.graphs_on = (self.device.type == "cuda") if cuda_graphs is None else cuda_graphs
+        self.capacity, self.max_graph_width = capacity, max_graph_width
+        self.graphs: dict[int, tuple] = {}   # m -> (graph, static ids, static positions, static logits)
         self.cache = None
         self.pos = 0            # tokens held in the cache
         self.max_len = 0
@@ -33,11 +41,22 @@ class Engine:
         self.forwards = 0
 
     def start(self, max_len: int) -> None:
-        """A fresh cache for one request (sized to it: attention cost grows with the cache length)."""
+        """A fresh cache for one request: sized to it on the CPU (attention cost grows with the cache
+        length); on CUDA with graphs, the one engine-lifetime cache, rewound to 0."""
         from transformers import StaticCache
+        self.forward_s, self.forwards = 0.0, 0
+        if self.graphs_on:
+            if max_len > self.capacity:
+                raise CacheFull(f"{self.name}: a request of {max_len} tokens exceeds the graph cache of "
+                                f"{self.capacity}: create the Engine with a larger capacity")
+            if self.cache is None:
+                self.cache = StaticCache(config=self.model.config, max_cache_len=self.capacity)
+            self.max_len = self.capacity
+            if self.pos:
+                self.rollback(0)
+            return
         self.cache = StaticCache(config=self.model.config, max_cache_len=max_len)
         self.max_len, self.pos = max_len, 0
-        self.forward_s, self.forwards = 0.0, 0
 
     @torch.inference_mode()
     def forward(self, ids) -> torch.Tensor:
@@ -48,15 +67,48 @@ class Engine:
             raise CacheFull(f"{self.name}: {self.pos} + {m} tokens exceed the cache of {self.max_len}")
         t0 = time.perf_counter()
         positions = torch.arange(self.pos, self.pos + m, device=self.device).unsqueeze(0)
-        out = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache, use_cache=True)
+        if self.graphs_on and self.pos > 0 and m <= self.max_graph_width:
+            logits = self._replay(ids, positions)
+        else:
+            out = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache, use_cache=True)
+            logits = out.logits[0].float()
         self.pos += m
-        logits = out.logits[0].float()
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         self.forward_s += time.perf_counter() - t0
         self.forwards += 1
         return logits
 
+    def _replay(self, ids, positions) -> torch.Tensor:
+        m = ids.shape[1]
+        if m not in self.graphs:
+            self._capture(m, ids, positions)
+        graph, s_ids, s_pos, s_logits = self.graphs[m]
+        s_ids.copy_(ids)
+        s_pos.copy_(positions)
+        graph.replay()
+        return s_logits.clone()
+
+    def _capture(self, m: int, ids, positions) -> None:
+        """Warm up on a side stream, then capture one forward of width m; the cache's write
+        position is restored after each so that capture leaves no trace."""
+        s_ids, s_pos = ids.clone(), positions.clone()
+        pos0 = self.pos
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self.model(input_ids=s_ids, position_ids=s_pos, past_key_values=self.cache, use_cache=True)
+                self.rollback(pos0)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = self.model(input_ids=s_ids, position_ids=s_pos, past_key_values=self.cache, use_cache=True)
+            s_logits = out.logits[0].float()
+        self.rollback(pos0)
+        self.graphs[m] = (graph, s_ids, s_pos, s_logits)
+
+    @torch.inference_mode()   # on CUDA the cache's position tensor is born inside inference mode
     def rollback(self, pos: int) -> None:
         """Forget everything after the first `pos` tokens."""
         if not 0 <= pos <= self.pos:
