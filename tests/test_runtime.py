@@ -53,7 +53,9 @@ def test_cli_run_writes_results_json_and_prediction_is_close(tmp_path):
     out = tmp_path / "out.json"
     assert main(["run", "--pair", "embedded", "--mode", "sd", "--k", "3", "--prompts", "sharegpt:8",
                  "--json", str(out)]) == 0
-    res = json.loads(out.read_text())
+    def strict(c):
+        raise AssertionError(f"results JSON holds {c}, which is not JSON")
+    res = json.loads(out.read_text(), parse_constant=strict)
     assert {"config", "hardware", "requests", "summary"} <= res.keys()
     r = res["requests"][0]
     assert {"prompt_id", "output_ids", "ttft_ms", "tpot_ms", "e2e_s", "drafts", "draft_tokens",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -167,14 +167,14 @@ def summarize(reqs: list[dict], cfg: RunConfig) -> dict:
         return out
     draft_prefill = statistics.mean(r["draft_prefill_s"] for r in reqs)
     c = costmodel.Costs(
-        target_step=float("nan"),   # not measured in an SD run; 10_colocated pairs it with target-only
+        target_step=0.0,            # not measured in an SD run (stored as null); pair it with a target-only run
         draft_step=sum(r["draft_s"] for r in reqs) / sum(r["draft_tokens"] for r in reqs),
         verify_s={cfg.k + 1: verify_s / rounds}, rtt=wire_s / rounds,
         overhead=(decode_s - draft_s - verify_s - wire_s) / rounds + draft_prefill * len(reqs) / rounds)
     out["wire_ms_per_round"] = wire_s / rounds * 1e3
     if cfg.placement == "ethernet":
         out["bytes_per_round"] = sum(r["bytes_sent"] + r["bytes_received"] for r in reqs) / rounds
-    out["costs"] = c.to_dict()
+    out["costs"] = {**c.to_dict(), "target_step": None}
     out["predicted_tokens_per_s"] = costmodel.predicted_run_tokens_per_s(
         n_tokens, ttft, out["alpha"], cfg.k, c)
     out["predicted_over_measured"] = out["predicted_tokens_per_s"] / out["tokens_per_s"]
@@ -216,6 +216,3 @@ def save(res: dict, path) -> Path:
     path.write_text(json.dumps(res, indent=1, default=str) + "\n")
     return path
 
-
-def with_overrides(cfg: RunConfig, **kw) -> RunConfig:
-    return replace(cfg, **kw)

