@@ -41,6 +41,18 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--engine", default="sdeth", choices=["sdeth"], help="decoding engine")
     sub.add_parser("worker", help="a draft or target worker process (see `python -m sdeth worker -h`)",
                    add_help=False)
+    d = sub.add_parser("down", help="scale this project's Deployments in a namespace to zero (GPU nodes idle)")
+    d.add_argument("--namespace", default="sdeth")
+    d.add_argument("--context", help="kubeconfig context (default: the current one)")
+    rd = sub.add_parser("render", help="print a placement's manifests with parameters (| kubectl apply -f -)")
+    rd.add_argument("placement", help="colocated | ethernet | vllm-target-only | vllm-sd | probe")
+    rd.add_argument("--target-node", default="massed-iowa-a100x8-3")
+    rd.add_argument("--draft-node", default="massed-iowa-a100x8-5")
+    rd.add_argument("--pair", help="model pair preset for the workers")
+    rd.add_argument("--target-model", default="Qwen/Qwen3-8B"), rd.add_argument("--draft-model", default="Qwen/Qwen3-1.7B")
+    rd.add_argument("--k", type=int, default=5, help="vLLM's num_speculative_tokens")
+    rd.add_argument("--image", help="the sdeth worker image (registry/name:tag)")
+    rd.add_argument("--namespace", default="sdeth")
     sub.add_parser("prepare", help="prepare the embedded pair (dequantize the target, assemble the draft)")
     c = sub.add_parser("calibrate", help="time a target step, a draft step and target forwards of m tokens")
     c.add_argument("--pair", default="embedded")
@@ -58,6 +70,8 @@ def main(argv=None) -> int:
     from .experiment import ConfigError
     from .models import ModelError
     from .prompts import PromptError
+    if a.cmd in ("down", "render"):
+        return _cluster(a)
     try:
         if a.cmd == "prepare":
             from .models import load_pair
@@ -72,6 +86,24 @@ def main(argv=None) -> int:
             return 0
         return _run(a)
     except (ConfigError, ModelError, PromptError) as e:
+        print(f"sdeth: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _cluster(a) -> int:
+    from . import cluster
+    try:
+        if a.cmd == "down":
+            names = cluster.down(a.namespace, a.context)
+            print(f"scaled to 0 in {a.namespace}: {', '.join(names) or 'nothing was running'}")
+            return 0
+        import yaml
+        objs = cluster.render(a.placement, a.target_node, a.draft_node, a.pair, a.target_model, a.draft_model, a.k,
+                              a.image, a.namespace)
+        cluster.validate(objs)
+        print(yaml.safe_dump_all(objs, sort_keys=False), end="")
+        return 0
+    except cluster.ClusterError as e:
         print(f"sdeth: error: {e}", file=sys.stderr)
         return 2
 

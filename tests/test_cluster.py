@@ -1,0 +1,145 @@
+"""Manifests (offline schema validation, placement) and cluster control against a stand-in API server."""
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sdeth import cluster
+from sdeth.cluster import Cluster, ClusterError, WaitTimeout
+
+from k8s_standin import StandIn
+
+pytestmark = pytest.mark.skipif(not __import__("shutil").which("kubectl"), reason="kustomize rendering needs kubectl")
+RAW = sorted(p for p in cluster.MANIFESTS.rglob("*.yaml") if p.name != "kustomization.yaml")
+
+
+@pytest.mark.parametrize("path", RAW, ids=lambda p: str(p.relative_to(cluster.MANIFESTS)))
+def test_every_manifest_file_validates(path):
+    cluster.validate([o for o in yaml.safe_load_all(path.read_text()) if o])
+
+
+@pytest.mark.parametrize("placement", cluster.OVERLAYS)
+def test_every_rendered_overlay_validates(placement):
+    objs = cluster.render(placement, image="registry.example/sdeth-worker:v1", pair="qwen3-8b/0.6b")
+    cluster.validate(objs)
+    assert all(o["metadata"]["namespace"] == "sdeth" for o in objs)
+    assert all(o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "sdeth" for o in objs)
+
+
+def _by_name(objs):
+    return {o["metadata"]["name"]: o for o in objs if o["kind"] == "Deployment"}
+
+
+def test_ethernet_puts_the_workers_on_different_nodes():
+    d = _by_name(cluster.render("ethernet", target_node="node-a", draft_node="node-b"))
+    assert cluster.node_of(d["sdeth-target"]) == "node-a" and cluster.node_of(d["sdeth-draft"]) == "node-b"
+    anti = d["sdeth-draft"]["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    term = anti["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert term["labelSelector"]["matchLabels"] == {"sdeth/role": "target"}
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    args = d["sdeth-target"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--draft-addr") + 1] == "tcp://sdeth-draft:5601"
+    with pytest.raises(ClusterError, match="two nodes"):
+        cluster.render("ethernet", target_node="node-a", draft_node="node-a")
+
+
+def test_colocated_puts_them_on_one_node():
+    d = _by_name(cluster.render("colocated", target_node="node-a", draft_node="node-b"))
+    assert cluster.node_of(d["sdeth-target"]) == cluster.node_of(d["sdeth-draft"]) == "node-a"
+    assert "podAffinity" in d["sdeth-draft"]["spec"]["template"]["spec"]["affinity"]
+
+
+def test_vllm_sd_carries_the_speculative_config_json():
+    import json
+    d = _by_name(cluster.render("vllm-sd", target_model="Qwen/Qwen3-8B", draft_model="Qwen/Qwen3-0.6B", k=4))
+    args = d["sdeth-vllm"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert json.loads(args[args.index("--speculative-config") + 1]) == {
+        "method": "draft_model", "model": "Qwen/Qwen3-0.6B", "num_speculative_tokens": 4}
+    d = _by_name(cluster.render("vllm-target-only"))
+    assert "--speculative-config" not in d["sdeth-vllm"]["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_unknown_placement():
+    with pytest.raises(ClusterError, match="unknown placement"):
+        cluster.render("etherent")
+
+
+@pytest.fixture
+def api():
+    s = StandIn(ready_after=0.3, never_ready=("sdeth-draft-stuck",))
+    yield s
+    s.close()
+
+
+def test_apply_wait_and_reapply(api):
+    objs = cluster.render("ethernet")
+    with Cluster(api_client=api.client()) as c:
+        assert sorted(c.apply(objs)) == sorted(f"{o['kind']}/{o['metadata']['name']}" for o in objs)
+        c.wait_ready(["sdeth-target", "sdeth-draft"], timeout_s=10, poll_s=0.1)
+        c.apply(objs)                                    # again: replaced, not refused
+        assert ("PUT", "/apis/apps/v1/namespaces/sdeth/deployments/sdeth-target") in api.requests
+        assert [n["gpus"] for n in c.nodes()] == [8, 8]
+        assert "log of" in next(iter(c.logs("sdeth/role=target").values()))
+    # leaving the block scaled the GPU workloads to zero
+    assert all(d["spec"]["replicas"] == 0 for k, d in api.objects.items() if k[0] == "deployments")
+
+
+def test_wait_timeout_says_what_it_saw(api):
+    objs = cluster.render("ethernet")
+    for o in objs:                                       # a draft that can never be scheduled
+        if o["metadata"]["name"] == "sdeth-draft" and o["kind"] == "Deployment":
+            o["metadata"]["name"] = "sdeth-draft-stuck"
+            o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] = "sdeth-draft-stuck"
+    c = Cluster(api_client=api.client())
+    c.apply(objs)
+    t0 = time.time()
+    with pytest.raises(WaitTimeout, match=r"sdeth-draft-stuck 0/1 ready.*Unschedulable.*nvidia.com/gpu"):
+        c.wait_ready(["sdeth-target", "sdeth-draft-stuck"], timeout_s=1.0, poll_s=0.1)
+    assert time.time() - t0 < 5
+
+
+def test_scaled_to_zero_on_error_too(api):
+    with pytest.raises(RuntimeError, match="experiment failed"):
+        with Cluster(api_client=api.client()) as c:
+            c.apply(cluster.render("ethernet") + cluster.render("probe"))
+            raise RuntimeError("experiment failed")
+    reps = {k[2]: d["spec"]["replicas"] for k, d in api.objects.items() if k[0] == "deployments"}
+    assert reps == {"sdeth-target": 0, "sdeth-draft": 0, "sdeth-probe-server": 1}   # no GPU: left alone
+
+
+def test_down_finds_and_scales_what_was_left_running(api):
+    Cluster(api_client=api.client()).apply(cluster.render("ethernet") + cluster.render("vllm-sd"))
+    assert sorted(cluster.down(api_client=api.client())) == ["sdeth-draft", "sdeth-target", "sdeth-vllm"]
+    assert cluster.down(api_client=api.client()) == []     # nothing left
+
+
+def test_wait_for_port_returns_once_it_answers():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+    threading.Timer(0.5, srv.listen).start()
+    t0 = time.time()
+    cluster.wait_for_port("127.0.0.1", port, timeout_s=5)
+    assert 0.4 < time.time() - t0 < 3
+    srv.close()
+    with pytest.raises(WaitTimeout, match=f"127.0.0.1:{port}"):
+        cluster.wait_for_port("127.0.0.1", port, timeout_s=0.5)
+
+
+def test_probe_between_two_nodes_through_the_api():
+    import json
+    samples = [{"t0": 0.0, "t1": 0.0052, "t2": 0.0053, "t3": 0.0254, "connect_s": 0.001, "first_on_connection": True}]
+    s = StandIn(ready_after=0.2, logs={"sdeth-probe-client": "measuring\n" + json.dumps(samples) + "\n"})
+    try:
+        c = Cluster(api_client=s.client())
+        got = cluster.run_probe(c, "node-a", "node-b", timeout_s=10, poll_s=0.1)
+        assert got == samples
+        assert not s.objects                                  # server, service and job removed
+        posted = [p for m, p in s.requests if m == "POST"]
+        assert posted.index("/apis/batch/v1/namespaces/sdeth/jobs") > posted.index(
+            "/apis/apps/v1/namespaces/sdeth/deployments")      # the client starts after the server is up
+    finally:
+        s.close()
