@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--rtt-ms", type=float, default=0.0, help="ethernet: injected round trip (ms), half each way")
     r.add_argument("--max-len", type=int, default=2048, help="longest prompt + max_tokens accepted")
     r.add_argument("--json", help="write the results JSON here")
-    r.add_argument("--engine", default="sdeth", choices=["sdeth"], help="decoding engine")
+    r.add_argument("--engine", default="sdeth", choices=["sdeth", "vllm"],
+                   help="sdeth (this runtime) or vllm (the reference engine, colocated)")
     sub.add_parser("worker", help="a draft or target worker process (see `python -m sdeth worker -h`)",
                    add_help=False)
     d = sub.add_parser("down", help="scale this project's Deployments in a namespace to zero (GPU nodes idle)")
@@ -113,17 +114,19 @@ def _run(a) -> int:
     cfg = RunConfig(pair=a.pair, target=a.target, draft=a.draft, mode=a.mode, k=a.k, temperature=a.temperature,
                     top_p=a.top_p, top_k=a.top_k, draft_sampled=a.draft_sampled, prompts=a.prompts,
                     max_tokens=a.max_tokens, chat=not a.raw_prompts, thinking=a.thinking, seed=a.seed,
-                    device=a.device, placement=a.placement, rtt_ms=a.rtt_ms, max_len=a.max_len).check()
+                    device=a.device, placement=a.placement, rtt_ms=a.rtt_ms, max_len=a.max_len,
+                    engine=a.engine).check()
     res = run(cfg)
     s = res["summary"]
     fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
     keys = ["tokens_per_s", "predicted_tokens_per_s", "ttft_ms", "tpot_ms", "e2e_s", "draft_acceptance_rate",
             "mean_acceptance_length", "alpha", "wire_ms_per_round", "bytes_per_round", "tokens_without_draft"]
-    print(f"{cfg.mode} on {res['hardware']['label']}, pair {cfg.pair}, {cfg.prompts}, max_tokens {cfg.max_tokens}"
+    print(f"{cfg.engine}: {cfg.mode} on {res['hardware']['label']}, pair {cfg.pair}, {cfg.prompts}, max_tokens {cfg.max_tokens}"
           + (f", k {cfg.k}" if cfg.mode == "sd" else ""))
     for k in keys:
         print(f"  {k:24s} {fmt(s.get(k))}")
-    print("  time (s)                 " + ", ".join(f"{k} {v:.2f}" for k, v in s["time_breakdown_s"].items()))
+    if "time_breakdown_s" in s:
+        print("  time (s)                 " + ", ".join(f"{k} {v:.2f}" for k, v in s["time_breakdown_s"].items()))
     if a.json:
         print(f"  wrote {save(res, a.json)}")
     return 0

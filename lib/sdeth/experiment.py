@@ -20,6 +20,7 @@ from .loop import Drafter, generate_sd, generate_target_only
 from .verify import Sampling
 
 MODES = ("target-only", "sd")
+ENGINES = ("sdeth", "vllm")
 PLACEMENTS = ("colocated", "ethernet")
 SCHEMA = "sdeth.results/1"
 
@@ -49,6 +50,7 @@ class RunConfig:
     rtt_ms: float = 0.0             # ethernet: injected round trip, split evenly between the directions
     netns: bool | None = None       # ethernet: namespaces + veth (None: when root), else loopback
     max_len: int = 2048             # longest prompt + max_tokens accepted
+    engine: str = "sdeth"           # sdeth (this runtime) | vllm (the reference engine, colocated only)
 
     def check(self) -> "RunConfig":
         if self.mode not in MODES:
@@ -59,6 +61,10 @@ class RunConfig:
             raise ConfigError(f"max_tokens={self.max_tokens}: must be >= 1")
         if self.placement not in PLACEMENTS:
             raise ConfigError(f"placement {self.placement!r}: use one of {PLACEMENTS}")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"engine {self.engine!r}: use one of {ENGINES}")
+        if self.engine == "vllm" and self.placement != "colocated":
+            raise ConfigError("engine 'vllm' runs its draft in the same process: use placement 'colocated'")
         if self.rtt_ms < 0:
             raise ConfigError(f"rtt_ms={self.rtt_ms}: must be >= 0")
         self.sampling()                 # raises on bad temperature / top-p / top-k
@@ -90,6 +96,9 @@ def run(cfg: RunConfig, pair=None, progress: bool = True) -> dict:
     from .models import load_pair
     cfg = cfg.check()
     pair = pair or load_pair(cfg.pair, cfg.target, cfg.draft, device=cfg.device)
+    if cfg.engine == "vllm":
+        from .vllm_baseline import run_vllm
+        return run_vllm(cfg, pair)
     s = cfg.sampling()
     torch.manual_seed(cfg.seed)
     gen = torch.Generator(device=cfg.device).manual_seed(cfg.seed)
