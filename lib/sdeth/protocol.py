@@ -24,7 +24,9 @@ MAX_MESSAGE_BYTES = 8 << 20     # a prompt of 2048 ids is ~10 KB; anything near 
 
 
 class ProtocolError(ValueError):
-    pass
+    def __init__(self, code: str, message: str):   # code: as in Error.code
+        super().__init__(message)
+        self.code = code
 
 
 class Hello(msgspec.Struct, tag="hello"):
@@ -132,11 +134,11 @@ def encode(msg: Message) -> bytes:
 def decode(data: bytes) -> Message:
     """bytes -> a typed message; ProtocolError (with the reason) for anything else."""
     if len(data) > MAX_MESSAGE_BYTES:
-        raise ProtocolError(f"message of {len(data)} bytes exceeds the limit of {MAX_MESSAGE_BYTES}")
+        raise ProtocolError("too-large", f"message of {len(data)} bytes exceeds the limit of {MAX_MESSAGE_BYTES}")
     try:
         return _dec.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise ProtocolError(f"malformed message ({len(data)} bytes): {e}") from None
+        raise ProtocolError("bad-message", f"malformed message ({len(data)} bytes): {e}") from None
 
 
 def check_hello(h: Hello, mine: Welcome) -> Error | None:

@@ -150,18 +150,8 @@ class Testbed:
 
     def wait_ready(self, timeout_s: float = 180.0) -> None:
         """Until both workers print their banner (they load the pair first)."""
-        t_end = time.time() + timeout_s
         for name in ("draft", "target"):
-            while True:
-                p = self.procs[name]
-                text = open(os.path.join(self.tmp, f"{name}.log")).read()
-                if f"sdeth {name} worker:" in text:
-                    break
-                if p.poll() is not None:
-                    raise TestbedError(f"{name} worker exited with {p.returncode} before serving:\n{text[-2000:]}")
-                if time.time() > t_end:
-                    raise TestbedError(f"{name} worker not ready after {timeout_s:.0f} s; its log:\n{text[-2000:]}")
-                time.sleep(0.2)
+            _wait_for(self, name, f"sdeth {name} worker:", timeout_s)
 
     def log(self, name: str) -> str:
         try:
@@ -313,10 +303,14 @@ def probe(tb: Testbed, server_flags=(), client_flags=(), relay=None, skew_ms=0.0
 
 
 def _wait_for(tb: Testbed, name: str, banner: str, timeout_s: float = 30) -> None:
+    """Until process `name` prints `banner`; TestbedError with its exit code or the timeout, and its log."""
     t_end = time.time() + timeout_s
     while banner not in tb.log(name):
-        if tb.procs[name].poll() is not None or time.time() > t_end:
-            raise TestbedError(f"{name} did not start: {tb.log(name)[-1500:]}")
+        p = tb.procs[name]
+        if p.poll() is not None:
+            raise TestbedError(f"{name} exited with {p.returncode} before serving:\n{tb.log(name)[-2000:]}")
+        if time.time() > t_end:
+            raise TestbedError(f"{name} not ready after {timeout_s:.0f} s; its log:\n{tb.log(name)[-2000:]}")
         time.sleep(0.05)
 
 

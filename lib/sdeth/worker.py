@@ -29,31 +29,41 @@ def _reply(sock, ident: bytes, msg) -> None:
     sock.send_multipart([ident, W.encode(msg)])
 
 
+def _requests(bind: str, max_seconds: float = 0):
+    """The server loop both workers share: bind a ROUTER to exactly `bind`, yield (sock, ident, message,
+    receive time) for each well-formed message; malformed or oversized ones get an Error reply here."""
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind(bind)
+    t_end = time.time() + max_seconds if max_seconds else float("inf")
+    try:
+        while time.time() < t_end:
+            if not sock.poll(500):
+                continue
+            frames = sock.recv_multipart()
+            t_recv = time.time()
+            if len(frames) != 2:
+                continue                   # not a DEALER peer speaking our framing
+            ident, data = frames
+            try:
+                msg = W.decode(data)
+            except W.ProtocolError as e:
+                _reply(sock, ident, W.Error(e.code, str(e)))
+                continue
+            yield sock, ident, msg, t_recv
+    finally:
+        sock.close()
+
+
 def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0) -> None:
     """Serve proposals until killed (or max_seconds). die_after > 0 exits the process abruptly
     after that many proposals: fault injection for tests."""
     me = _welcome(pair, pair.config.draft)
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.bind(bind)
     welcomed: set[bytes] = set()
     drafters: dict[str, Drafter] = {}
-    served, t_end = 0, time.time() + max_seconds if max_seconds else float("inf")
+    served = 0
     print(f"sdeth draft worker: {pair.config.draft} on {bind}", flush=True)
-    while time.time() < t_end:
-        if not sock.poll(500):
-            continue
-        frames = sock.recv_multipart()
-        t1 = time.time()
-        if len(frames) != 2:
-            continue                       # not a DEALER peer speaking our framing
-        ident, data = frames
-        try:
-            msg = W.decode(data)
-        except W.ProtocolError as e:
-            _reply(sock, ident, W.Error("too-large" if "exceeds" in str(e) else "bad-message", str(e)))
-            continue
+    for sock, ident, msg, t1 in _requests(bind, max_seconds):
         try:
             if isinstance(msg, W.Ping):
                 _reply(sock, ident, W.Pong(msg.t0, t1, time.time()))
@@ -92,7 +102,6 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0) -> 
                 _reply(sock, ident, W.Error("bad-message", f"a draft worker does not take {type(msg).__name__}"))
         except Exception as e:  # keep serving others
             _reply(sock, ident, W.Error("internal", f"{type(e).__name__}: {e}"))
-    sock.close()
 
 
 class Client:
@@ -179,27 +188,11 @@ def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float
     eos = pair.tokenizer.eos_token_id
     hello = W.Hello(W.PROTOCOL_VERSION, "target", pair.config.target, int(pair.target.config.vocab_size),
                     tokenizer_hash(pair.tokenizer), pair.config.dtype)
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.bind(bind)
     drafter, why_not = None, ""
     print(f"sdeth target worker: {pair.config.target} on {bind}, draft at {draft_addr}", flush=True)
-    t_end = time.time() + max_seconds if max_seconds else float("inf")
-    while time.time() < t_end:
-        if not sock.poll(500):
-            continue
-        frames = sock.recv_multipart()
-        if len(frames) != 2:
-            continue
-        ident, data = frames
-        try:
-            msg = W.decode(data)
-        except W.ProtocolError as e:
-            _reply(sock, ident, W.Error("bad-message", str(e)))
-            continue
+    for sock, ident, msg, t1 in _requests(bind, max_seconds):
         if isinstance(msg, W.Ping):
-            _reply(sock, ident, W.Pong(msg.t0, time.time(), time.time()))
+            _reply(sock, ident, W.Pong(msg.t0, t1, time.time()))
             continue
         if not isinstance(msg, W.Generate):
             _reply(sock, ident, W.Error("bad-message", f"a target worker takes Generate, not {type(msg).__name__}"))
@@ -229,7 +222,6 @@ def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float
             _reply(sock, ident, W.Generated(msg.req, rec))
         except Exception as e:
             _reply(sock, ident, W.Error("internal", f"{type(e).__name__}: {e}"))
-    sock.close()
 
 
 class _NoDraft:
