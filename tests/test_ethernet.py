@@ -46,6 +46,43 @@ def test_draft_killed_mid_request_finishes_on_the_target(pair):
 
 
 @pytest.fixture(scope="module")
+def target_only_16(pair):
+    return experiment.run(RunConfig(mode="target-only", prompts=f"sharegpt:{N}", max_tokens=MAX_TOKENS), pair,
+                          progress=False)
+
+
+def test_pipelined_over_the_link_is_identical_at_rtt_0_and_5(pair, target_only_16):
+    """One testbed, its relay re-set between round trips (set_delay); the fixed policy (verify what
+    the draft streamed) exercises acceptance, corrections, kept and dropped run-ahead on every round."""
+    ref = [r["output_ids"] for r in target_only_16["requests"]]
+    with Testbed(relay=True) as tb:
+        for rtt in (0.0, 5.0):
+            tb.set_delay(rtt / 2, rtt / 2)
+            cfg = RunConfig(mode="pipelined", k=3, adaptive=False, placement="ethernet", rtt_ms=rtt,
+                            prompts=f"sharegpt:{N}", max_tokens=MAX_TOKENS)
+            res = experiment.run(cfg, pair, progress=False, on_testbed=tb)
+            assert [r["output_ids"] for r in res["requests"]] == ref, rtt
+            s = res["summary"]
+            assert s["tokens_without_draft"] == 0 and s["plain_steps"] == 0
+            assert s["drafts"] if "drafts" in s else s["draft_acceptance_rate"] > 0.05
+            assert s["drafted_tokens"] >= sum(r["draft_tokens"] for r in res["requests"])
+            if rtt:
+                assert s["costs"]["rtt"] > 0.004           # the round trip the target measured
+    assert not leftovers()
+
+
+def test_pipelined_draft_killed_mid_request_finishes_on_the_target(pair, target_only_16):
+    cfg = RunConfig(mode="pipelined", k=3, adaptive=False, placement="ethernet", prompts="sharegpt:2",
+                    max_tokens=MAX_TOKENS, rtt_ms=5.0)
+    reqs, _ = experiment._run_ethernet(cfg, experiment.encode_prompts(cfg, pair.tokenizer), draft_die_after=12,
+                                       draft_timeout_s=2.0)
+    assert [r["output_ids"] for r in reqs] == [r["output_ids"] for r in target_only_16["requests"][:2]]
+    assert reqs[0]["rounds"] >= 1 and reqs[0]["tokens_without_draft"] > 0
+    assert reqs[1]["rounds"] == 0 and reqs[1]["tokens_without_draft"] == MAX_TOKENS - 1
+    assert not leftovers()
+
+
+@pytest.fixture(scope="module")
 def draft_server(pair):
     port = free_port()
     addr = f"tcp://127.0.0.1:{port}"

@@ -21,8 +21,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--pair", default="embedded", help="model pair preset (sdeth.models.PAIRS)")
     r.add_argument("--target", help="override the preset's target (hub id or local dir)")
     r.add_argument("--draft", help="override the preset's draft (hub id or local dir)")
-    r.add_argument("--mode", default="sd", choices=["target-only", "sd"])
-    r.add_argument("--k", type=int, default=3, help="speculative tokens per round")
+    r.add_argument("--mode", default="sd", choices=["target-only", "sd", "pipelined"],
+                   help="sd: synchronous rounds; pipelined: the draft streams ahead while the target verifies "
+                        "(placement ethernet)")
+    r.add_argument("--k", type=int, default=3, help="speculative tokens per round (the most, if adaptive/pipelined)")
+    r.add_argument("--adaptive", type=_bool_switch, metavar="on|off",
+                   help="choose k per round from measured alpha and costs (default: on for pipelined, off for sd)")
+    r.add_argument("--rtt-sweep", metavar="MS,MS,...",
+                   help="the RTT sweep (e.g. 0,0.2,1,5,20): target-only, colocated SD, then sync and pipelined SD "
+                        "over the link at each round trip; prints measured and predicted speedups")
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     r.add_argument("--top-p", type=float, default=1.0)
     r.add_argument("--top-k", type=int, default=0)
@@ -115,20 +122,42 @@ def _run(a) -> int:
                     top_p=a.top_p, top_k=a.top_k, draft_sampled=a.draft_sampled, prompts=a.prompts,
                     max_tokens=a.max_tokens, chat=not a.raw_prompts, thinking=a.thinking, seed=a.seed,
                     device=a.device, placement=a.placement, rtt_ms=a.rtt_ms, max_len=a.max_len,
-                    engine=a.engine).check()
+                    engine=a.engine, adaptive=a.adaptive).check()
+    if a.rtt_sweep:
+        return _sweep(cfg, a)
     res = run(cfg)
     s = res["summary"]
     fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
     keys = ["tokens_per_s", "predicted_tokens_per_s", "ttft_ms", "tpot_ms", "e2e_s", "draft_acceptance_rate",
             "mean_acceptance_length", "alpha", "wire_ms_per_round", "bytes_per_round", "tokens_without_draft"]
     print(f"{cfg.engine}: {cfg.mode} on {res['hardware']['label']}, pair {cfg.pair}, {cfg.prompts}, max_tokens {cfg.max_tokens}"
-          + (f", k {cfg.k}" if cfg.mode == "sd" else ""))
+          + (f", k {cfg.k}" if cfg.mode != "target-only" else "") + (" (adaptive)" if cfg.adapts else ""))
     for k in keys:
         print(f"  {k:24s} {fmt(s.get(k))}")
     if "time_breakdown_s" in s:
         print("  time (s)                 " + ", ".join(f"{k} {v:.2f}" for k, v in s["time_breakdown_s"].items()))
     if a.json:
         print(f"  wrote {save(res, a.json)}")
+    return 0
+
+
+def _sweep(cfg, a) -> int:
+    from .experiment import ConfigError, save, sweep
+    try:
+        rtts = [float(x) for x in a.rtt_sweep.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--rtt-sweep {a.rtt_sweep!r}: give round trips in ms separated by commas, e.g. 0,0.2,1,5,20")
+    if not rtts or min(rtts) < 0:
+        raise ConfigError(f"--rtt-sweep {a.rtt_sweep!r}: give round trips >= 0 ms, e.g. 0,0.2,1,5,20")
+    res = sweep(cfg, rtts)
+    print(f"{'mode':24s} {'rtt ms':>7s} {'tok/s':>7s} {'speedup':>8s} {'predicted':>9s} {'alpha':>6s} identical")
+    for r in res["table"]:
+        pred = f"{r['predicted_speedup']:.2f}" if r["predicted_speedup"] else "-"
+        alpha = f"{r['alpha']:.2f}" if r["alpha"] is not None else "-"
+        print(f"{r['mode']:24s} {r['rtt_ms']:7.1f} {r['tokens_per_s']:7.2f} {r['speedup']:8.2f} {pred:>9s} {alpha:>6s} "
+              f"{r['identical_to_target_only']}")
+    if a.json:
+        print(f"wrote {save(res, a.json)}")
     return 0
 
 

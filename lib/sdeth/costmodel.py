@@ -70,3 +70,163 @@ def predicted_run_tokens_per_s(n_tokens: list[int], ttft_s: float, alpha: float,
     e = expected_tokens(alpha, k)
     total_time = sum(ttft_s + max(n - 1, 0) / e * per_round for n in n_tokens)
     return sum(n_tokens) / total_time if total_time else 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Adaptive k: running estimates of alpha and the component costs, and the choice made from them.
+
+class Estimator:
+    """Running estimates, updated every round, that choose k (sync) or how many streamed draft
+    tokens to wait for (pipelined). alpha is the per-token acceptance: accepted / (accepted +
+    rejections), which is its maximum-likelihood estimate under the i.i.d. model (a round's tokens
+    after the first rejection are never tested), with a weak prior and exponential forgetting."""
+
+    def __init__(self, alpha0: float = 0.5, prior: float = 4.0, decay: float = 0.98):
+        self.acc, self.rej, self.decay = alpha0 * prior, (1 - alpha0) * prior, decay
+        self.draft_step: float | None = None
+        self.rtt: float | None = None
+        self.verify_s: dict[int, float] = {}
+        self.overhead = 0.0
+
+    @staticmethod
+    def _ema(old: float | None, new: float, w: float = 0.2) -> float:
+        return new if old is None else (1 - w) * old + w * new
+
+    def observe_round(self, n_accepted: int, n_drafted: int) -> None:
+        self.acc = self.acc * self.decay + n_accepted
+        self.rej = self.rej * self.decay + (1 if n_accepted < n_drafted else 0)
+
+    def observe_verify(self, width: int, seconds: float) -> None:
+        self.verify_s[width] = self._ema(self.verify_s.get(width), seconds)
+
+    def observe_draft(self, seconds_per_token: float) -> None:
+        self.draft_step = self._ema(self.draft_step, seconds_per_token)
+
+    def observe_rtt(self, seconds: float) -> None:
+        self.rtt = self._ema(self.rtt, max(seconds, 0.0))
+
+    @property
+    def alpha(self) -> float:
+        return self.acc / (self.acc + self.rej)
+
+    def costs(self) -> Costs | None:
+        """None until one verify and one draft step have been seen."""
+        if not self.verify_s or self.draft_step is None:
+            return None
+        ws = sorted(self.verify_s)
+        step = self.verify_s.get(1)
+        if step is None:  # no single-token forward seen: extrapolate from the two smallest widths
+            w0 = ws[0]
+            slope = (self.verify_s[ws[1]] - self.verify_s[w0]) / (ws[1] - w0) if len(ws) > 1 else 0.0
+            step = max(self.verify_s[w0] - slope * (w0 - 1), 1e-6)
+        return Costs(step, self.draft_step, dict(self.verify_s), self.rtt or 0.0, self.overhead)
+
+    def choose_k(self, k_max: int, k_default: int) -> int:
+        """Sync rounds: the k with the best predicted tokens/s. Until two verify widths have been
+        timed it tries k_default, then 1 (a second width, to see how verify cost grows)."""
+        c = self.costs()
+        if c is None or len(self.verify_s) < 2:
+            return k_default if (k_default + 1) not in self.verify_s else (1 if k_default != 1 else 2)
+        return best_k(self.alpha, c, k_max)[0]
+
+    def choose_m(self, available: int, m_max: int, fresh: bool = False, since_s: float = 0.0) -> int:
+        """Pipelined rounds: how many streamed drafts (0..m_max) to verify now, given `available`
+        already here. m = 0 is a plain target step. Maximises this round's E[tokens] / (wait +
+        verify(m+1)); the draft keeps drafting meanwhile, so waiting costs only target time. The
+        wait for drafts not yet here: (m - available) draft steps, or, right after a correction
+        (fresh: nothing of the new run has arrived, since_s ago), a round trip plus m steps."""
+        c = self.costs()
+        if c is None:
+            return min(max(available, 1), m_max)
+        a = self.alpha
+
+        def wait(m: int) -> float:
+            if m <= available:
+                return 0.0
+            if fresh:
+                return max(c.rtt + m * c.draft_step - since_s, 0.0)
+            return (m - available) * c.draft_step
+
+        return max(range(0, m_max + 1),
+                   key=lambda m: expected_tokens(a, m) / (wait(m) + c.verify(m + 1) + c.overhead))
+
+
+class TakeWhatIsThere(Estimator):
+    """The fixed pipelined policy (adaptive off): verify every streamed draft on offer, up to k,
+    waiting for at least one; never a plain target step while the draft answers."""
+
+    def choose_m(self, available: int, m_max: int, fresh: bool = False, since_s: float = 0.0) -> int:
+        return min(max(available, 1), m_max)
+
+
+def simulate_pipelined(alpha: float, c: Costs, k_max: int, n_tokens: int = 20000, seed: int = 0) -> dict:
+    """Event model of the pipelined protocol (sdeth.pipeline): the draft drafts one token per
+    draft_step from the start of its current run; a token reaches the target rtt/2 after it is
+    drafted; each draft token equals the target's choice with probability alpha (for greedy decoding
+    that is acceptance). Per round the target applies the runtime's own policy (Estimator.choose_m),
+    verifies, and commits; the Commit reaches the draft rtt/2 later, between two of its steps: a
+    mismatch there restarts the draft's run, a position not drafted yet is taken as given.
+    Returns tokens/s, mean drafts verified per round, share of plain target steps and of idle
+    target time. Deterministic for a seed."""
+    import random
+    rng = random.Random(seed)
+    est = Estimator()
+    est.acc, est.rej = alpha * 1e9, (1 - alpha) * 1e9
+    est.draft_step, est.rtt, est.overhead = c.draft_step, c.rtt, c.overhead
+    est.verify_s = {m: c.verify(m) for m in range(1, k_max + 2)}
+    d, ow = c.draft_step, c.rtt / 2
+    prod: list[list] = []        # the draft's current run: [pos, end time, equals the target's choice]
+    nxt_pos, last_end = 1, ow    # the first Commit (position 0) reaches the draft at rtt/2
+    t, out = 0.0, 1              # target clock; positions < out are committed
+    t_restart, idle, rounds, verified, plain = 0.0, 0.0, 0, 0, 0
+
+    def produce_until(when: float, upto_pos: int = -1) -> None:
+        nonlocal nxt_pos, last_end
+        while last_end <= when or nxt_pos <= upto_pos:
+            last_end += d
+            prod.append([nxt_pos, last_end, rng.random() < alpha])
+            nxt_pos += 1
+
+    def commit(p: int, tc: float) -> None:
+        nonlocal nxt_pos, last_end, t_restart
+        arrive = tc + ow
+        produce_until(arrive - d)                 # every step started before the Commit arrives
+        mine = next((x for x in prod if x[0] == p), None)
+        if mine is None and nxt_pos <= p:
+            nxt_pos = p + 1                       # not drafted yet: take the target's token
+            last_end = max(last_end, arrive)
+        elif mine is not None and not mine[2]:
+            del prod[:]                           # mismatch: a new run from p + 1
+            nxt_pos, last_end = p + 1, max(last_end, arrive)
+            t_restart = tc
+
+    while out < n_tokens:
+        produce_until(t - ow)
+        run = [x for x in prod if x[0] >= out]
+        avail = 0
+        while avail < len(run) and run[avail][0] == out + avail and run[avail][1] + ow <= t:
+            avail += 1
+        fresh = not any(x[1] + ow <= t for x in prod)
+        m = est.choose_m(avail, k_max, fresh, t - t_restart)
+        if m > avail:
+            produce_until(-1, out + m - 1)
+            run = [x for x in prod if x[0] >= out]
+            t_ready = run[m - 1][1] + ow
+            idle += max(t_ready - t, 0.0)
+            t = max(t, t_ready)
+        t += c.verify(m + 1) + c.overhead
+        rounds += 1
+        verified += m
+        plain += m == 0
+        n = 0
+        while n < m and run[n][2]:
+            n += 1
+        out += n + 1
+        commit(out - 1, t)
+        prod[:] = [x for x in prod if x[0] >= out]
+    return {"tokens_per_s": out / t, "verified_per_round": verified / rounds, "tokens_per_round": out / rounds,
+            "plain_step_share": plain / rounds, "target_idle_share": idle / t}
+
+
+def pipelined_speedup(alpha: float, c: Costs, k_max: int, **kw) -> float:
+    return simulate_pipelined(alpha, c, k_max, **kw)["tokens_per_s"] * c.target_step

@@ -36,6 +36,18 @@ class Request:
     verify_s: float = 0.0       # target forwards during rounds (or decode steps, target-only)
     tokens_without_draft: int = 0   # decoded by the target alone because the draft was unavailable
     tail_steps: int = 0             # target-only steps at the end, with no room left to draft
+    k_trace: list[int] = field(default_factory=list)   # drafts verified per round (adaptive k / pipelined)
+    plain_steps: int = 0            # pipelined: rounds the target stepped alone rather than wait for drafts
+    drafted: int = 0                # pipelined: tokens the draft streamed (used, or dropped with a run)
+    rtt_est_ms: float | None = None # pipelined: the target's running estimate of the link round trip
+    rejections: int = 0             # rounds that ended in a rejection (alpha = accepted / (accepted + this))
+    verify_widths: dict = field(default_factory=dict)   # "m" -> [forwards of m tokens, seconds] during rounds
+
+
+def note_width(req: Request, m: int, seconds: float) -> None:
+    c = req.verify_widths.setdefault(str(m), [0, 0.0])
+    c[0] += 1
+    c[1] += seconds
 
 
 def pick(logits: torch.Tensor, s: Sampling, gen) -> int:
@@ -153,9 +165,10 @@ def speculative_step(target: Engine, drafter, last: int, n_prev: int, k: int, s:
 
 
 def generate_sd(target: Engine, drafter, prompt_ids: list[int], max_tokens: int, k: int, s: Sampling,
-                eos: int | None, gen=None, prompt_id: str = "") -> Request:
+                eos: int | None, gen=None, prompt_id: str = "", est=None) -> Request:
     """SD for one request. `drafter` is a Drafter, or a remote one with the same two methods; if it
-    becomes unavailable, the request finishes on the target alone (same output, greedy)."""
+    becomes unavailable, the request finishes on the target alone (same output, greedy).
+    est (a costmodel.Estimator): adaptive k, chosen per round in 1..k from its running estimates."""
     req = Request(prompt_id, len(prompt_ids), accepted_per_pos=[0] * k)
     t0 = time.perf_counter()
     size = len(prompt_ids) + max_tokens + k + 2
@@ -173,14 +186,25 @@ def generate_sd(target: Engine, drafter, prompt_ids: list[int], max_tokens: int,
         alive = False
     last, n_prev, wait_s = tok, 0, 0.0
     while not _done(req.output_ids, eos, max_tokens):
-        k_eff = min(k, max_tokens - len(req.output_ids) - 1)   # no drafting past max_tokens
+        k_round = est.choose_k(k, k) if est is not None else k
+        k_eff = min(k_round, max_tokens - len(req.output_ids) - 1)   # no drafting past max_tokens
         if alive and k_eff >= 1:
             try:
+                v0, d0 = target.forward_s, drafter.compute_s
                 new, n, wait = speculative_step(target, drafter, last, n_prev, k_eff, s, gen)
             except DraftUnavailable:
                 alive = False
                 continue
             wait_s += wait
+            req.k_trace.append(k_eff)
+            req.rejections += n < k_eff
+            note_width(req, k_eff + 1, target.forward_s - v0)
+            if est is not None:
+                d = drafter.compute_s - d0
+                est.observe_round(n, k_eff)
+                est.observe_verify(k_eff + 1, target.forward_s - v0)
+                est.observe_draft(d / k_eff)
+                est.observe_rtt(wait - d)
             req.output_ids.extend(new)
             last, n_prev = new[-1], n
             req.rounds += 1

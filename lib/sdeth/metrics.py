@@ -46,8 +46,11 @@ def alpha_from_positions(per_position: list[float]) -> float:
     return sum(per_position) / reached if reached else 0.0
 
 
-def acceptance(drafts: int, draft_tokens: int, accepted: int, accepted_per_pos: list[int]) -> dict:
-    """Summary acceptance figures from the four counters."""
+def acceptance(drafts: int, draft_tokens: int, accepted: int, accepted_per_pos: list[int],
+               rejections: int | None = None) -> dict:
+    """Summary acceptance figures from the four counters. With k varying per round (adaptive,
+    pipelined) pass `rejections` (drafts that ended in a rejection): alpha is then its maximum-
+    likelihood estimate accepted / (accepted + rejections)."""
     if drafts == 0:
         return {"draft_acceptance_rate": None, "mean_acceptance_length": None,
                 "per_position_acceptance": [], "alpha": None}
@@ -59,8 +62,10 @@ def acceptance(drafts: int, draft_tokens: int, accepted: int, accepted_per_pos: 
         "draft_acceptance_rate": rate,
         "mean_acceptance_length": 1 + accepted / drafts,
         "per_position_acceptance": pos,
-        # with a fixed k the rate inverts exactly; with varying k use the positions
-        "alpha": alpha_from_rate(rate, k) if uniform_k else alpha_from_positions(pos),
+        # with a fixed k the rate inverts exactly; with varying k count rejections (or use the positions)
+        "alpha": (alpha_from_rate(rate, k) if uniform_k and rejections is None else
+                  accepted / (accepted + rejections) if rejections is not None and accepted + rejections else
+                  alpha_from_positions(pos)),
     }
 
 

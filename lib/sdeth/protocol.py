@@ -11,6 +11,9 @@ mode the draft's distributions as q_top (index, prob) pairs per token.
     Start(req, prompt ids, sampling)   ->    <- Started            (draft prefill)
     Propose(req, n_prev, nxt, k)       ->    <- Proposal(tokens, q) (one per round)
     End(req)                           ->    <- Ended
+  pipelined (Start with stream=True; sdeth.pipeline has the rules):
+    Commit(req, pos, token)            ->    (no reply)
+                                             <- Drafted(epoch, pos, token, q)  (unasked, one per token)
     Ping(t0)                           ->    <- Pong(t0, t1, t2)   (link probe: four timestamps)
 
 and controller -> target worker: Generate(req, prompt ids, mode, k, sampling) -> Generated(record).
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_MESSAGE_BYTES = 8 << 20     # a prompt of 2048 ids is ~10 KB; anything near this is an error
 
 
@@ -56,6 +59,9 @@ class Start(msgspec.Struct, tag="start"):
     draft_sampled: bool = False
     q_top: int = 64
     seed: int = 0
+    stream: bool = False     # pipelined: draft ahead and stream Drafted messages, no Propose
+    first: int = -1          # stream: the target's first token (position 0)
+    window: int = 16         # stream: draft at most this far past the last position the target settled
 
 
 class Started(msgspec.Struct, tag="started"):
@@ -76,6 +82,25 @@ class Proposal(msgspec.Struct, tag="proposal"):
     draft_ms: float                          # the draft model's compute for this proposal
     q_idx: list[list[int]] | None = None     # sampled draft: [k][q_top] token ids
     q_val: list[list[float]] | None = None   # and their probabilities
+
+
+class Commit(msgspec.Struct, tag="commit"):
+    """Pipelined, target -> draft, no reply: the target's own token at `pos`; every earlier position
+    is settled (as drafted, or as earlier Commits said). See sdeth.pipeline."""
+    req: str
+    pos: int
+    token: int
+
+
+class Drafted(msgspec.Struct, tag="drafted"):
+    """Pipelined, draft -> target, unasked: the draft's token at `pos` in run `epoch`."""
+    req: str
+    epoch: int
+    pos: int
+    token: int
+    draft_ms: float
+    q_idx: list[int] | None = None
+    q_val: list[float] | None = None
 
 
 class End(msgspec.Struct, tag="end"):
@@ -102,8 +127,9 @@ class Generate(msgspec.Struct, tag="generate"):
     req: str
     prompt_ids: list[int]
     max_tokens: int
-    mode: str = "sd"               # sd | target-only
-    k: int = 3
+    mode: str = "sd"               # sd | pipelined | target-only
+    k: int = 3                     # speculative tokens per round (the most, when adaptive or pipelined)
+    adaptive: bool = False         # choose k (sd) or when to wait for drafts (pipelined) from running estimates
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -121,8 +147,8 @@ class Error(msgspec.Struct, tag="error"):
     message: str
 
 
-Message = (Hello | Welcome | Start | Started | Propose | Proposal | End | Ended | Ping | Pong | Generate | Generated
-           | Error)
+Message = (Hello | Welcome | Start | Started | Propose | Proposal | Commit | Drafted | End | Ended | Ping | Pong
+           | Generate | Generated | Error)
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder(Message)
 

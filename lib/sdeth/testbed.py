@@ -52,7 +52,7 @@ class Testbed:
     def __init__(self, pair: str = "embedded", up_ms: float = 0.0, down_ms: float = 0.0, rate_mbit: float = 0,
                  netns: bool | None = None, device: str = "cpu", draft_timeout_s: float = 5.0,
                  draft_die_after: int = 0, threads: int = 1, start_workers: bool = True,
-                 target: str | None = None, draft: str | None = None):
+                 target: str | None = None, draft: str | None = None, relay: bool = False):
         self.models = [*(["--target", target] if target else []), *(["--draft", draft] if draft else [])]
         self.pair, self.up_ms, self.down_ms, self.rate_mbit = pair, up_ms, down_ms, rate_mbit
         self.netns = can_use_netns() if netns is None else netns
@@ -61,6 +61,7 @@ class Testbed:
                                "for two processes on loopback")
         self.device, self.draft_timeout_s, self.die_after, self.threads = device, draft_timeout_s, draft_die_after, threads
         self.start_workers = start_workers
+        self.relay = relay or bool(up_ms or down_ms)   # a relay even at 0 ms lets set_delay() change the delay
         tag = f"{os.getpid() % 100000}"
         self.ns_draft, self.ns_target = f"{NS_PREFIX}-{tag}-d", f"{NS_PREFIX}-{tag}-t"
         self.veth_d, self.veth_t = f"sd{tag}d", f"sd{tag}t"
@@ -136,17 +137,30 @@ class Testbed:
         self.run_in("draft", ["-m", "sdeth", "worker", "--role", "draft", "--bind", self.draft_bind(),
                               "--pair", self.pair, *self.models, "--device", self.device,
                               *(["--die-after", str(self.die_after)] if self.die_after else [])], "draft")
-        if self.up_ms or self.down_ms:
-            relay_port = free_port()
-            upstream = self.draft_bind().removeprefix("tcp://")
-            self.run_in("target", ["-m", "sdeth.testbed", "relay", "--listen", f"127.0.0.1:{relay_port}",
-                                   "--to", upstream, "--up-ms", str(self.up_ms), "--down-ms", str(self.down_ms)], "relay")
-            self._relay_addr = f"tcp://127.0.0.1:{relay_port}"
+        if self.relay:
+            self._relay_port = free_port()
+            self._start_relay()
+            self._relay_addr = f"tcp://127.0.0.1:{self._relay_port}"
         self.run_in("target", ["-m", "sdeth", "worker", "--role", "target", "--bind", self.target_addr,
                                "--pair", self.pair, *self.models, "--device", self.device,
                                "--draft-addr", self.draft_addr_for_target(),
                                "--draft-timeout", str(self.draft_timeout_s)], "target")
         self.wait_ready()
+
+    def _start_relay(self) -> None:
+        upstream = self.draft_bind().removeprefix("tcp://")
+        self.run_in("target", ["-m", "sdeth.testbed", "relay", "--listen", f"127.0.0.1:{self._relay_port}",
+                               "--to", upstream, "--up-ms", str(self.up_ms), "--down-ms", str(self.down_ms)], "relay")
+        _wait_for(self, "relay", "relay ")
+
+    def set_delay(self, up_ms: float, down_ms: float) -> None:
+        """Change the injected one-way delays between requests: the relay restarts on the same port and
+        the target's connection to the draft comes back by itself (zmq reconnects, same routing id)."""
+        if not self.relay:
+            raise TestbedError("set_delay needs the relay: create the Testbed with relay=True")
+        self.kill("relay")
+        self.up_ms, self.down_ms = up_ms, down_ms
+        self._start_relay()
 
     def wait_ready(self, timeout_s: float = 180.0) -> None:
         """Until both workers print their banner (they load the pair first)."""

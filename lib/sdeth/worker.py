@@ -15,7 +15,9 @@ import zmq
 
 from . import protocol as W
 from .engine import Engine
+from .costmodel import Estimator, TakeWhatIsThere
 from .loop import DraftUnavailable, Drafter, Request, generate_sd, generate_target_only
+from .pipeline import StreamDrafter, StreamView, generate_pipelined
 from .verify import Sampling
 
 
@@ -29,17 +31,22 @@ def _reply(sock, ident: bytes, msg) -> None:
     sock.send_multipart([ident, W.encode(msg)])
 
 
-def _requests(bind: str, max_seconds: float = 0):
+def _requests(bind: str, max_seconds: float = 0, idle=None):
     """The server loop both workers share: bind a ROUTER to exactly `bind`, yield (sock, ident, message,
-    receive time) for each well-formed message; malformed or oversized ones get an Error reply here."""
+    receive time) for each well-formed message; malformed or oversized ones get an Error reply here.
+    idle(sock) -> bool: background work (the pipelined draft's run-ahead), one step per call, done
+    only when no message is waiting; True while there is more."""
     sock = zmq.Context.instance().socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.bind(bind)
     t_end = time.time() + max_seconds if max_seconds else float("inf")
+    busy = False
     try:
         while time.time() < t_end:
-            if not sock.poll(500):
+            if not sock.poll(0 if busy else 500):
+                busy = bool(idle and idle(sock))
                 continue
+            busy = idle is not None
             frames = sock.recv_multipart()
             t_recv = time.time()
             if len(frames) != 2:
@@ -61,9 +68,35 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0) -> 
     me = _welcome(pair, pair.config.draft)
     welcomed: set[bytes] = set()
     drafters: dict[str, Drafter] = {}
+    streams: dict[str, tuple[bytes, StreamDrafter]] = {}
     served = 0
+    engine = Engine(pair.draft, "draft")   # one engine (one cache, its CUDA graphs) for the worker's life
+
+    def run_ahead(sock) -> bool:
+        """One draft step for the first stream with room in its window; True if any stepped."""
+        nonlocal served
+        for req, (ident, d) in streams.items():
+            if d.can_step():
+                c0 = d.compute_s
+                try:
+                    epoch, pos, tok, q = d.step()
+                except Exception as e:      # this request's stream ends; the worker serves on
+                    streams.pop(req)
+                    _reply(sock, ident, W.Error("internal", f"{type(e).__name__}: {e}"))
+                    return False
+                idx = val = None
+                if q is not None:
+                    top = torch.topk(q, min(d.q_top or q.shape[-1], q.shape[-1]))
+                    idx, val = top.indices.tolist(), top.values.tolist()
+                _reply(sock, ident, W.Drafted(req, epoch, pos, tok, (d.compute_s - c0) * 1e3, idx, val))
+                served += 1
+                if die_after and served >= die_after:
+                    os._exit(17)
+                return True
+        return False
+
     print(f"sdeth draft worker: {pair.config.draft} on {bind}", flush=True)
-    for sock, ident, msg, t1 in _requests(bind, max_seconds):
+    for sock, ident, msg, t1 in _requests(bind, max_seconds, run_ahead):
         try:
             if isinstance(msg, W.Ping):
                 _reply(sock, ident, W.Pong(msg.t0, t1, time.time()))
@@ -75,11 +108,25 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0) -> 
             elif ident not in welcomed:
                 _reply(sock, ident, W.Error("version", "send Hello first (protocol handshake)"))
             elif isinstance(msg, W.Start):
-                d = Drafter(Engine(pair.draft, "draft"), q_top=msg.q_top)
                 s = Sampling(msg.temperature, msg.top_p, msg.top_k, msg.draft_sampled)
+                if msg.stream:
+                    sd = StreamDrafter(engine, msg.q_top, msg.window)
+                    sd.start(msg.prompt_ids, msg.size, msg.first, s, msg.seed)
+                    streams.clear()            # one request at a time per draft worker (batch 1)
+                    streams[msg.req] = (ident, sd)
+                    _reply(sock, ident, W.Started(msg.req, sd.prefill_s * 1e3))
+                    continue
+                d = Drafter(engine, q_top=msg.q_top)
                 d.start(msg.prompt_ids, msg.size, s, msg.seed)
+                drafters.clear()
                 drafters[msg.req] = d
                 _reply(sock, ident, W.Started(msg.req, d.prefill_s * 1e3))
+            elif isinstance(msg, W.Commit):
+                st = streams.get(msg.req)
+                if st is None:
+                    _reply(sock, ident, W.Error("unknown-request", f"no stream {msg.req!r} (send Start first)"))
+                    continue
+                st[1].commit(msg.pos, msg.token)
             elif isinstance(msg, W.Propose):
                 d = drafters.get(msg.req)
                 if d is None:
@@ -97,6 +144,7 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0) -> 
                     os._exit(17)           # a crash, as far as the target can tell
             elif isinstance(msg, W.End):
                 drafters.pop(msg.req, None)
+                streams.pop(msg.req, None)
                 _reply(sock, ident, W.Ended(msg.req))
             else:
                 _reply(sock, ident, W.Error("bad-message", f"a draft worker does not take {type(msg).__name__}"))
@@ -116,6 +164,9 @@ class Client:
     def _open(self):
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        # a fixed routing id per socket: after a dropped TCP connection (a relay restarted) zmq
+        # reconnects and the server still knows this peer's handshake
+        self.sock.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
         self.sock.connect(self.addr)
 
     def call(self, msg, timeout_s: float | None = None):
@@ -129,6 +180,19 @@ class Client:
         reply = self.sock.recv()
         self.received += len(reply)
         return W.decode(reply)
+
+    def send(self, msg) -> None:
+        data = W.encode(msg)
+        self.sock.send(data)
+        self.sent += len(data)
+
+    def recv(self, timeout_s: float):
+        """The next message, or None after timeout_s (0: only what has already arrived)."""
+        if not self.sock.poll(int(timeout_s * 1000)):
+            return None
+        data = self.sock.recv()
+        self.received += len(data)
+        return W.decode(data)
 
     def close(self):
         self.sock.close()
@@ -180,6 +244,81 @@ class RemoteDrafter:
             pass
 
 
+class RemoteStream(RemoteDrafter):
+    """The target's handle on a draft worker in pipelined mode (sdeth.pipeline's stream interface):
+    Commits go out without waiting; Drafted messages are taken in whenever the target looks."""
+
+    def __init__(self, addr: str, hello: W.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0,
+                 window: int = 16):
+        super().__init__(addr, hello, s, q_top, timeout_s)
+        self.window, self.view, self.est, self.by_commit = window, StreamView(), None, False
+
+    def _expect(self, msg, kind, timeout_s: float):
+        """Send msg; the reply of type `kind` for this request (stale Drafted messages are skipped)."""
+        self.client.send(msg)
+        t_end = time.perf_counter() + timeout_s
+        while (left := t_end - time.perf_counter()) > 0:
+            reply = self.client.recv(left)
+            if isinstance(reply, W.Error):
+                raise DraftUnavailable(f"draft worker error ({reply.code}): {reply.message}")
+            if isinstance(reply, kind) and reply.req == self.req:
+                return reply
+        raise DraftUnavailable(f"no {kind.__name__} from {self.client.addr} within {timeout_s:.1f} s")
+
+    def start(self, prompt_ids, size, first, s=None, seed=0):
+        self.seq += 1
+        self.req = f"{os.getpid()}-{self.seq}-{uuid.uuid4().hex[:6]}"
+        s = s or self.s
+        self.compute_s, self.streamed = 0.0, 0
+        self.view.reset()
+        # not waiting for Started: the draft's prefill overlaps the target's first steps
+        self.client.send(W.Start(self.req, list(prompt_ids), size, s.temperature, s.top_p, s.top_k, s.draft_sampled,
+                                 self.q_top, seed, stream=True, first=first, window=self.window))
+
+    def commit(self, pos: int, token: int) -> None:
+        epoch = self.view.epoch
+        self.view.on_commit(pos, token)
+        if self.view.epoch != epoch:
+            self.by_commit = True          # a correction: time its round trip on the first new token
+        self.client.send(W.Commit(self.req, pos, token))
+
+    def _take(self, msg) -> None:
+        if isinstance(msg, W.Error):
+            raise DraftUnavailable(f"draft worker error ({msg.code}): {msg.message}")
+        if not isinstance(msg, W.Drafted) or msg.req != self.req:
+            return
+        self.compute_s += msg.draft_ms / 1e3
+        self.streamed += 1
+        q = None
+        if msg.q_idx is not None:
+            q = torch.zeros(self.peer.vocab_size).scatter_(0, torch.tensor(msg.q_idx), torch.tensor(msg.q_val))
+        fresh = msg.epoch == self.view.epoch and self.view.received == 0
+        self.view.on_drafted(msg.epoch, msg.pos, msg.token, q)
+        if self.est is not None:
+            self.est.observe_draft(msg.draft_ms / 1e3)
+            if fresh and self.by_commit:   # the first token after a correction: a round trip + one step
+                self.est.observe_rtt(time.perf_counter() - self.view.t_epoch - msg.draft_ms / 1e3)
+        if fresh:
+            self.by_commit = False
+
+    def poll(self) -> None:
+        while (msg := self.client.recv(0)) is not None:
+            self._take(msg)
+
+    def wait(self, timeout_s: float) -> None:
+        msg = self.client.recv(timeout_s)
+        if msg is None:
+            raise DraftUnavailable(f"no draft token from {self.client.addr} within {timeout_s:.1f} s")
+        self._take(msg)
+        self.poll()
+
+    def end(self):
+        try:
+            self._expect(W.End(self.req), W.Ended, 1.0)
+        except (DraftUnavailable, W.ProtocolError):
+            pass
+
+
 def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float = 5.0,
                  max_seconds: float = 0) -> None:
     """Decode requests from a controller; SD with the remote draft when it answers."""
@@ -189,6 +328,7 @@ def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float
     hello = W.Hello(W.PROTOCOL_VERSION, "target", pair.config.target, int(pair.target.config.vocab_size),
                     tokenizer_hash(pair.tokenizer), pair.config.dtype)
     drafter, why_not = None, ""
+    estimators: dict[str, Estimator] = {}      # per mode; they carry what they learnt to the next request
     print(f"sdeth target worker: {pair.config.target} on {bind}, draft at {draft_addr}", flush=True)
     for sock, ident, msg, t1 in _requests(bind, max_seconds):
         if isinstance(msg, W.Ping):
@@ -204,18 +344,30 @@ def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float
                 r = generate_target_only(target, msg.prompt_ids, msg.max_tokens, s, eos, gen, msg.req)
                 rec = {**r.__dict__, "bytes_sent": 0, "bytes_received": 0}
             else:
+                kind = RemoteStream if msg.mode == "pipelined" else RemoteDrafter
+                if drafter is not None and type(drafter) is not kind:
+                    drafter.client.close()
+                    drafter = None
                 if drafter is None and draft_addr:
                     try:
-                        drafter = RemoteDrafter(draft_addr, hello, s, timeout_s=draft_timeout_s)
+                        drafter = kind(draft_addr, hello, s, timeout_s=draft_timeout_s)
                     except (DraftUnavailable, ConnectionRefusedError) as e:
                         why_not = str(e)
                 b0 = (drafter.client.sent, drafter.client.received) if drafter else (0, 0)
-                r = generate_sd(target, drafter or _NoDraft(why_not), msg.prompt_ids, msg.max_tokens, msg.k, s,
-                                eos, gen, msg.req)
+                est = estimators.setdefault(f"{msg.mode}-{msg.k}-{msg.adaptive}",
+                                            Estimator() if msg.adaptive or msg.mode != "pipelined" else TakeWhatIsThere())
+                if msg.mode == "pipelined":
+                    if drafter is not None:
+                        drafter.window, drafter.est = 2 * msg.k + 2, est
+                    r = generate_pipelined(target, drafter or _NoDraft(why_not), msg.prompt_ids, msg.max_tokens,
+                                           msg.k, s, eos, gen, msg.req, est, draft_timeout_s)
+                else:
+                    r = generate_sd(target, drafter or _NoDraft(why_not), msg.prompt_ids, msg.max_tokens, msg.k, s,
+                                    eos, gen, msg.req, est if msg.adaptive else None)
                 if drafter is not None and r.tokens_without_draft:
                     drafter = None           # reconnect (and re-handshake) for the next request
-                elif drafter is not None:
-                    drafter.end()
+                elif drafter is not None and msg.mode != "pipelined":
+                    drafter.end()          # (generate_pipelined ends its stream itself)
                 b1 = (drafter.client.sent, drafter.client.received) if drafter else b0
                 rec = {**r.__dict__, "bytes_sent": b1[0] - b0[0], "bytes_received": b1[1] - b0[1],
                        "draft_unavailable": why_not if r.tokens_without_draft else ""}
@@ -227,6 +379,8 @@ def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float
 class _NoDraft:
     """Stands in when no draft worker answered: every round falls back to the target."""
     compute_s = 0.0
+    streamed = 0
+    view = StreamView()
 
     def __init__(self, why: str):
         self.why = why

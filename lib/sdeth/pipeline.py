@@ -1,0 +1,307 @@
+"""Pipelined SD: the draft streams tokens ahead while the target verifies; the target never idles
+longer than the cost model says is worth it.
+
+Positions count generated tokens (0 = the target's first token, from prefill). Both sides keep the
+same picture of the sequence:
+
+  draft  -> target   Drafted(epoch, pos, token, q): the draft's next token, drafted on the
+                     assumption that everything it sent before in this epoch is accepted.
+  target -> draft    Commit(pos, token): the target's own token at `pos` (a correction, the bonus
+                     after a full acceptance, or a plain target step); every position before `pos`
+                     is final as the draft drafted it or as earlier Commits said.
+
+The draft, on Commit(pos, t): if it drafted pos as t, nothing changes (its run-ahead stays valid);
+if it drafted something else, it rolls back to pos, takes t, and starts a new epoch; if it has not
+drafted pos yet, it takes t as the next token of its chain. The target applies the same rule to
+its picture: it compares t with the draft's token at pos as soon as it has it (messages keep their
+order, so a Drafted for pos+1 with no Drafted for pos means the draft took t), and ignores tokens
+of an old epoch. This is PEARL's post-verify (Liu et al. 2024: keep drafting while the target
+verifies, assume acceptance) without its rigid segments, and AMUSD's asynchronous rollback; the
+bonus token is not thrown away: when the draft guessed it (probability ~alpha) the run-ahead
+survives.
+
+Each target round verifies m >= 0 streamed drafts in one forward of [x, d1..dm] (x: the last
+committed token, not yet in its cache) and commits the accepted ones plus its own token; m = 0 is
+a plain target step. m is chosen per round by costmodel.Estimator.choose_m from the measured alpha,
+draft step, verify costs and round trip: wait for more drafts only when that pays. Lossless for the
+same reason as synchronous SD: every committed token is either the target's own sample or a draft
+token accepted against the q the draft used, in the context the target committed.
+"""
+from __future__ import annotations
+
+import random
+import time
+
+import torch
+
+from .costmodel import Estimator
+from .engine import Engine, prefill
+from .loop import DraftUnavailable, Request, _done, _finish, note_width, pick
+from .verify import Sampling, accept, probs, sample
+
+
+# ------------------------------------------------------------------------------------- draft side
+class StreamDrafter:
+    """The draft's side: a chain of tokens for positions 0.., its cache holding all but the last."""
+
+    def __init__(self, engine: Engine, q_top: int = 0, window: int = 16):
+        self.engine, self.q_top, self.window = engine, q_top, window
+        self.gen = torch.Generator(device=engine.device)
+        self.s = Sampling()
+        self.chain: list[int] = []
+        self.fed = 0            # chain tokens in the draft's cache
+        self.epoch = 0
+        self.acked = 0          # positions < acked are final (the target said so)
+
+    def start(self, prompt_ids: list[int], size: int, first: int, s: Sampling, seed: int = 0) -> None:
+        self.s = s
+        self.gen.manual_seed(seed)
+        self.engine.start(size)
+        self.engine.forward(prompt_ids)
+        self.base, self.size = len(prompt_ids), size
+        self.prefill_s, self.engine.forward_s = self.engine.forward_s, 0.0
+        self.chain, self.fed, self.epoch, self.acked = [first], 0, 0, 1
+
+    @property
+    def compute_s(self) -> float:
+        return self.engine.forward_s
+
+    def can_step(self) -> bool:
+        """Room in the window past the settled positions, and in the request's cache."""
+        return len(self.chain) < self.acked + self.window and self.base + len(self.chain) < self.size
+
+    def step(self):
+        """Draft the next position. Returns (epoch, pos, token, q or None)."""
+        logits = self.engine.forward(self.chain[self.fed:])[-1]
+        self.fed = len(self.chain)
+        q = None
+        if self.s.greedy or not self.s.draft_sampled:
+            tok = int(logits.argmax())
+        else:
+            q = probs(logits, self.s)
+            if self.q_top:
+                top = torch.topk(q, min(self.q_top, q.numel()))
+                q = torch.zeros_like(q).scatter_(0, top.indices, top.values / top.values.sum())
+            tok = sample(q, self.gen)
+        self.chain.append(tok)
+        return self.epoch, len(self.chain) - 1, tok, q
+
+    def commit(self, pos: int, token: int) -> None:
+        if pos < len(self.chain):
+            if self.chain[pos] != token:
+                # positions < pos are all fed (pos was drafted from them)
+                self.engine.rollback(self.base + pos)
+                self.chain, self.fed = self.chain[:pos] + [token], pos
+                self.epoch += 1
+        elif pos == len(self.chain):
+            self.chain.append(token)
+        else:
+            raise ValueError(f"commit at position {pos}, but the draft's chain ends at {len(self.chain) - 1}")
+        self.acked = max(self.acked, pos + 1)
+
+
+# ------------------------------------------------------------------------------------ target side
+class StreamView:
+    """The target's picture of the draft's stream (the same rules as StreamDrafter.commit)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.epoch = 0
+        self.drafts: dict[int, tuple[int, torch.Tensor | None]] = {}
+        self.unresolved: dict[int, int] = {}     # committed by the target, draft's token not seen yet
+        self.t_epoch = time.perf_counter()
+        self.received = 0                        # tokens received in this epoch
+
+    def _restart(self) -> None:
+        self.epoch += 1
+        self.drafts.clear()
+        self.unresolved.clear()
+        self.t_epoch = time.perf_counter()
+        self.received = 0
+
+    def on_drafted(self, epoch: int, pos: int, token: int, q) -> None:
+        if epoch != self.epoch:
+            return                               # run-ahead the draft has since dropped
+        self.received += 1
+        for u in [u for u in self.unresolved if u < pos]:
+            del self.unresolved[u]               # the draft took our token there (drafted none)
+        if pos in self.unresolved:
+            if self.unresolved.pop(pos) != token:
+                self._restart()
+            return
+        self.drafts[pos] = (token, q)
+
+    def on_commit(self, pos: int, token: int) -> None:
+        d = self.drafts.pop(pos, None)
+        for p in [p for p in self.drafts if p < pos]:
+            del self.drafts[p]
+        if d is not None:
+            if d[0] != token:
+                self._restart()
+        else:
+            self.unresolved[pos] = token
+
+    def chain(self, pos: int, n_max: int) -> list[tuple[int, torch.Tensor | None]]:
+        """Usable drafts at pos, pos+1, ... (at most n_max)."""
+        if self.unresolved:
+            return []
+        out = []
+        while len(out) < n_max and pos + len(out) in self.drafts:
+            out.append(self.drafts[pos + len(out)])
+        return out
+
+
+class LocalStream:
+    """An in-process stream for tests: the draft and both directions of the 'link' are simulated,
+    with a seeded random interleaving of drafting and delivery, so that every path of the protocol
+    (run-ahead kept, dropped, adopted; stale epochs) is exercised deterministically."""
+
+    def __init__(self, engine, s: Sampling = Sampling(), seed: int = 0, q_top: int = 0, window: int = 8,
+                 max_steps_per_poll: int = 3, die_after: int = 0):
+        self.d = StreamDrafter(engine, q_top, window)
+        self.s, self.seed = s, seed
+        self.rng = random.Random(seed)
+        self.view = StreamView()
+        self.max_steps, self.die_after, self.sent = max_steps_per_poll, die_after, 0
+        self.to_draft: list[tuple[int, int]] = []
+        self.to_target: list[tuple] = []
+
+    @property
+    def compute_s(self) -> float:
+        return self.d.compute_s
+
+    @property
+    def streamed(self) -> int:
+        return self.sent
+
+    def start(self, prompt_ids, size, first, s=None, seed=None):
+        self.view.reset()
+        self.to_draft.clear(), self.to_target.clear()
+        self.d.start(prompt_ids, size, first, s or self.s, self.seed if seed is None else seed)
+        self.sent = 0
+
+    def commit(self, pos: int, token: int) -> None:
+        self.view.on_commit(pos, token)
+        self.to_draft.append((pos, token))
+
+    def _tick(self, at_least_one: bool) -> None:
+        for _ in range(self.rng.randint(0, len(self.to_draft))):
+            self.d.commit(*self.to_draft.pop(0))
+        for _ in range(self.rng.randint(1 if at_least_one else 0, self.max_steps)):
+            if self.die_after and self.sent >= self.die_after:
+                raise DraftUnavailable("simulated draft death")
+            if not self.d.can_step():
+                while self.to_draft:             # the draft is blocked: let verdicts through
+                    self.d.commit(*self.to_draft.pop(0))
+                if not self.d.can_step():
+                    break
+            self.to_target.append(self.d.step())
+            self.sent += 1
+        n = len(self.to_target)
+        for _ in range(self.rng.randint(min(n, 1 if at_least_one else 0), n)):
+            self.view.on_drafted(*self.to_target.pop(0))
+
+    def poll(self) -> None:
+        self._tick(False)
+
+    def wait(self, timeout_s: float) -> None:
+        self._tick(True)
+
+    def end(self) -> None:
+        pass
+
+
+EXPLORE_EVERY = 16     # after this many plain steps in a row, verify the drafts on offer once
+
+
+def generate_pipelined(target: Engine, stream, prompt_ids: list[int], max_tokens: int, k_max: int,
+                       s: Sampling, eos: int | None, gen=None, prompt_id: str = "", est: Estimator | None = None,
+                       draft_timeout_s: float = 5.0) -> Request:
+    """Pipelined SD for one request over a stream (RemoteStream, or LocalStream in tests). If the draft
+    becomes unavailable, the request finishes on the target alone."""
+    est = est or Estimator()
+    req = Request(prompt_id, len(prompt_ids), accepted_per_pos=[0] * k_max)
+    t0 = time.perf_counter()
+    size = len(prompt_ids) + max_tokens + k_max + 2
+    target.start(size)
+    x = pick(prefill(target, prompt_ids), s, gen)
+    t_first = time.perf_counter()
+    target.forward_s = 0.0
+    out = req.output_ids
+    out.append(x)
+    alive = True
+    try:
+        t_d = time.perf_counter()
+        stream.start(prompt_ids, size, x)
+        req.draft_prefill_s = time.perf_counter() - t_d
+    except DraftUnavailable:
+        alive = False
+    view = stream.view
+    wait_s = 0.0
+    plain_run = 0                                  # plain steps in a row while drafts were on offer
+    while not _done(out, eos, max_tokens):
+        pos = len(out)                             # the position the next token goes to
+        m_max = min(k_max, max_tokens - pos - 1)   # room for m drafts and the target's token
+        drafts: list = []
+        if alive and m_max >= 1:
+            try:
+                stream.poll()
+                t_w = time.perf_counter()
+                while True:
+                    drafts = view.chain(pos, m_max)
+                    m = est.choose_m(len(drafts), m_max, view.received == 0,
+                                     time.perf_counter() - view.t_epoch)
+                    if m == 0 and drafts and plain_run >= EXPLORE_EVERY:
+                        m = min(len(drafts), 2)    # keep alpha's estimate current: verify what is here
+                    if m <= len(drafts):
+                        drafts = drafts[:m]
+                        break
+                    if time.perf_counter() - t_w > draft_timeout_s:
+                        raise DraftUnavailable(f"no draft token within {draft_timeout_s:.1f} s")
+                    stream.wait(draft_timeout_s)
+                wait_s += time.perf_counter() - t_w
+            except DraftUnavailable:
+                alive, drafts = False, []
+        m = len(drafts)
+        plain_run = plain_run + 1 if m == 0 else 0
+        v0 = target.forward_s
+        logits = target.forward([x] + [d for d, _ in drafts])    # [m+1, V]
+        est.observe_verify(m + 1, target.forward_s - v0)
+        note_width(req, m + 1, target.forward_s - v0)
+        if m:
+            toks = torch.tensor([d for d, _ in drafts], device=logits.device)
+            q = torch.stack([qq for _, qq in drafts]) if drafts[0][1] is not None else None
+            n, y = accept(toks, q, logits, s, gen)
+            target.rollback(target.pos - m + n)    # keep x and the n accepted
+            est.observe_round(n, m)
+            req.rejections += n < m
+            req.rounds += 1
+            req.drafts += 1
+            req.draft_tokens += m
+            req.accepted_tokens += n
+            for i in range(n):
+                req.accepted_per_pos[i] += 1
+            out.extend(d for d, _ in drafts[:n])
+        else:
+            y = pick(logits[-1], s, gen)
+            if not alive:
+                req.tokens_without_draft += 1
+            elif m_max < 1:
+                req.tail_steps += 1
+            else:
+                req.plain_steps += 1
+        req.k_trace.append(m)
+        out.append(y)
+        x = y
+        if alive:
+            stream.commit(len(out) - 1, y)
+    if alive:
+        stream.end()
+    req.verify_s = target.forward_s
+    req.draft_s = stream.compute_s
+    req.drafted = stream.streamed
+    req.rtt_est_ms = est.rtt * 1e3 if est.rtt is not None else None
+    req.wire_s = wait_s                            # target idle, waiting for streamed drafts
+    return _finish(req, t0, t_first, eos, max_tokens)

@@ -1,0 +1,114 @@
+"""Pipelined SD (sdeth.pipeline): lossless through every path of the streaming protocol, driven by
+a simulated link with random interleavings (LocalStream), and the cost model's event simulation."""
+import random
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from sdeth import costmodel, loop, pipeline, verify
+from sdeth.costmodel import Costs, Estimator
+from sdeth.verify import Sampling
+from test_verify import DRAFT, TARGET, V, BigramEngine
+
+
+class RandomPolicy(Estimator):
+    """Chooses m at random (waits included), so that runs mix plain steps, bonus guesses kept and
+    dropped, corrections, and the draft taking the target's tokens as given."""
+    def __init__(self, seed):
+        super().__init__()
+        self.rng = random.Random(seed)
+
+    def choose_m(self, available, m_max, fresh=False, since_s=0.0):
+        return self.rng.randint(0, min(available + 1, m_max))
+
+
+def _run(seed, s, max_tokens=40, k=4, die_after=0, gen=None, start=0):
+    stream = pipeline.LocalStream(BigramEngine(DRAFT), s, seed=seed, die_after=die_after, window=2 * k + 2)
+    return pipeline.generate_pipelined(BigramEngine(TARGET), stream, [start], max_tokens, k, s, None, gen,
+                                       est=RandomPolicy(seed))
+
+
+@pytest.mark.parametrize("die_after", [0, 5])
+def test_greedy_pipelined_equals_target_only(die_after):
+    s = Sampling()
+    kinds = set()
+    for seed in range(60):
+        start = seed % V
+        ref = loop.generate_target_only(BigramEngine(TARGET), [start], 40, s, None)
+        r = _run(seed, s, die_after=die_after, start=start)
+        assert r.output_ids == ref.output_ids, seed
+        kinds |= {"plain" if m == 0 else "verify" for m in r.k_trace}
+        if die_after:
+            assert r.tokens_without_draft > 0
+    assert kinds == {"plain", "verify"}
+
+
+def test_stream_view_follows_the_draft():
+    """Commit rules on both sides agree: kept, dropped (new epoch), and taken as given."""
+    d = pipeline.StreamDrafter(BigramEngine(DRAFT), window=8)
+    d.start([0], 32, first=3, s=Sampling())
+    view = pipeline.StreamView()
+    msgs = [d.step() for _ in range(3)]               # positions 1, 2, 3
+    for m in msgs[:2]:
+        view.on_drafted(*m)
+    assert [t for t, _ in view.chain(1, 8)] == [msgs[0][2], msgs[1][2]]
+    same = msgs[0][2]
+    view.on_commit(1, same)                           # the target's token equals the draft's: kept
+    d.commit(1, same)
+    assert view.epoch == d.epoch == 0
+    other = (msgs[1][2] + 1) % V
+    view.on_commit(2, other)                          # differs: both start epoch 1
+    d.commit(2, other)
+    assert view.epoch == d.epoch == 1
+    view.on_drafted(*msgs[2])                         # a stale token of epoch 0 is ignored
+    assert view.chain(3, 8) == []
+    view.on_commit(3, 4)                              # not drafted yet: the draft takes it
+    d.commit(3, 4)
+    assert d.chain[-1] == 4 and d.epoch == 1
+    nxt = d.step()
+    assert nxt[1] == 4
+    view.on_drafted(*nxt)
+    assert view.unresolved == {} and [t for t, _ in view.chain(4, 8)] == [nxt[2]]
+
+
+def _pvalue(s, n=8000, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(V * V)
+    for i in range(n):
+        r = _run(seed * 100000 + i, s, max_tokens=3, k=3, gen=gen)
+        b, c = r.output_ids[1:3]
+        counts[b * V + c] += 1
+    p = verify.probs(TARGET, s)
+    pb = p[0] @ p                                      # token 1, after the target's own token 0
+    expected = (pb[:, None] * p).reshape(-1) * n
+    keep = expected > 5
+    obs, exp = counts[keep], expected[keep]
+    return chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue
+
+
+@pytest.mark.parametrize("draft_sampled", [True, False])
+def test_pipelined_sampling_reproduces_target_distribution(draft_sampled):
+    assert _pvalue(Sampling(1.0, draft_sampled=draft_sampled)) > 1e-3
+
+
+def test_estimator_alpha_and_choices():
+    e = Estimator(alpha0=0.5, prior=2.0, decay=1.0)
+    for _ in range(100):
+        e.observe_round(2, 3)        # 2 accepted then a rejection
+    assert abs(e.alpha - 2 / 3) < 0.01
+    e.observe_draft(0.01)
+    for m in range(1, 6):
+        e.observe_verify(m, 0.05 + 0.001 * m)
+    assert e.choose_k(8, 3) == costmodel.best_k(e.alpha, e.costs(), 8)[0]
+    assert e.choose_m(5, 5) >= 2                       # cheap drafts already here: verify several
+    e.rtt = 1.0
+    assert e.choose_m(0, 5, fresh=True, since_s=0.0) == 0   # a second away: step alone
+
+
+def test_simulation_brackets():
+    c = Costs(0.05, 0.01, {m: 0.05 + 0.002 * m for m in range(2, 10)}, rtt=0.001)
+    lo = costmodel.simulate_pipelined(0.0, c, 4, n_tokens=3000)
+    hi = costmodel.simulate_pipelined(1.0, c, 4, n_tokens=3000)
+    assert 0.8 < lo["tokens_per_s"] * c.target_step <= 1.01      # never accepted: about target-only
+    assert hi["tokens_per_s"] * c.target_step > 3                # always accepted: k+1 per verify
