@@ -316,26 +316,30 @@ def sweep_table(runs: list[dict]) -> list[dict]:
 
 
 def model_curves(runs: list[dict], rtts) -> list[dict]:
-    """The cost model's speedup against RTT for sync and pipelined SD, from the component costs and
-    alpha measured in the sweep (the colocated run's draft step and verify costs, the target-only
-    step), for drawing beside the measured points."""
+    """The cost model's speedup against RTT for sync and pipelined SD, from the components measured
+    in a sweep: the target step of the target-only run; draft step, verify costs and overhead of the
+    sync and pipelined runs over the link at the smallest RTT (the colocated run if there is none).
+    `rtts` are the full round trips to model (add the relay's own when comparing to injected RTTs)."""
     base = next(r for r in runs if r["config"]["mode"] == "target-only")["summary"]
     step = base["costs"]["target_step"]
-    sync = next(r for r in runs if r["config"]["mode"] == "sd" and r["config"]["placement"] == "colocated")
-    pipe = [r for r in runs if r["config"]["mode"] == "pipelined"]
-    s = sync["summary"]
-    k = sync["config"]["k"]
+
+    def first(mode, placement):
+        cand = [r for r in runs if r["config"]["mode"] == mode and r["config"]["placement"] == placement]
+        return min(cand, key=lambda r: r["config"]["rtt_ms"])["summary"] if cand else None
+
+    sync = first("sd", "ethernet") or first("sd", "colocated")
+    pipe = first("pipelined", "ethernet")
+    k = next(r["config"]["k"] for r in runs if r["config"]["mode"] != "target-only")
     rows = []
     for rtt in rtts:
-        c = costmodel.Costs(step, s["costs"]["draft_step"], {int(m): v for m, v in s["costs"]["verify_s"].items()},
-                            rtt / 1e3, s["costs"]["overhead"])
-        rows.append({"rtt_ms": rtt, "mode": "sync SD", "speedup": costmodel.speedup(s["alpha"], k, c)})
-        if pipe:
-            p = pipe[0]["summary"]["costs"]
-            cp = costmodel.Costs(step, p["draft_step"], {int(m): v for m, v in p["verify_s"].items()}, rtt / 1e3,
-                                 p["overhead"])
-            rows.append({"rtt_ms": rtt, "mode": "pipelined SD",
-                         "speedup": costmodel.pipelined_speedup(s["alpha"], cp, k, n_tokens=3000)})
+        for label, s in (("sync SD", sync), ("pipelined SD", pipe)):
+            if s is None or s.get("alpha") is None:
+                continue
+            c = costmodel.Costs(step, s["costs"]["draft_step"], {int(m): v for m, v in s["costs"]["verify_s"].items()},
+                                rtt / 1e3, s["costs"]["overhead"])
+            sp = (costmodel.pipelined_speedup(s["alpha"], c, k, n_tokens=3000) if label == "pipelined SD"
+                  else costmodel.speedup(s["alpha"], k, c))
+            rows.append({"rtt_ms": rtt, "mode": label, "speedup": sp})
     return rows
 
 

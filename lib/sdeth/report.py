@@ -48,7 +48,7 @@ SUMMARY_COLUMNS = {"tokens_per_s": "tokens/s", "predicted_tokens_per_s": "predic
                    "ttft_ms": "TTFT ms", "draft_acceptance_rate": "acceptance rate",
                    "mean_acceptance_length": "mean acceptance length", "alpha": "alpha",
                    "wire_ms_per_round": "wire ms/round", "bytes_per_round": "bytes/round",
-                   "tokens_without_draft": "tokens without draft"}
+                   "tokens_without_draft": "tokens without draft", "plain_steps": "plain target steps (pipelined)"}
 
 
 def summary_table(runs: dict[str, dict]):
