@@ -33,7 +33,7 @@ def _run(seed, s, max_tokens=40, k=4, die_after=0, gen=None, start=0):
 def test_greedy_pipelined_equals_target_only(die_after):
     s = Sampling()
     kinds = set()
-    for seed in range(60):
+    for seed in range(300):
         start = seed % V
         ref = loop.generate_target_only(BigramEngine(TARGET), [start], 40, s, None)
         r = _run(seed, s, die_after=die_after, start=start)
@@ -70,6 +70,26 @@ def test_stream_view_follows_the_draft():
     assert nxt[1] == 4
     view.on_drafted(*nxt)
     assert view.unresolved == {} and [t for t, _ in view.chain(4, 8)] == [nxt[2]]
+
+
+def test_commits_made_before_a_restart_is_seen_are_compared_in_the_new_epoch():
+    """The target steps alone at p and p+1 before the draft's token for p arrives. The draft drafted p
+    differently, restarts at p, drafts p+1 in the new epoch, then compares it with our p+1."""
+    d = pipeline.StreamDrafter(BigramEngine(DRAFT), window=8)
+    d.start([0], 32, first=3, s=Sampling())
+    view = pipeline.StreamView()
+    x1 = d.step()                                     # position 1, in flight
+    y1, y2 = (x1[2] + 1) % V, 0
+    view.on_commit(1, y1), view.on_commit(2, y2)      # two plain steps of the target
+    d.commit(1, y1)                                   # the draft: mismatch, epoch 1
+    z = d.step()                                      # position 2 in epoch 1
+    d.commit(2, y2)                                   # compared (or taken as given)
+    view.on_drafted(*x1)                              # target learns of the mismatch: epoch 1
+    view.on_drafted(*z)
+    assert view.epoch == d.epoch, (view.epoch, d.epoch)
+    nxt = d.step()
+    view.on_drafted(*nxt)
+    assert view.epoch == d.epoch and [t for t, _ in view.chain(3, 8)] == [nxt[2]]
 
 
 def _pvalue(s, n=8000, seed=0):

@@ -27,12 +27,23 @@ class CacheFull(ValueError):
 
 class Engine:
     def __init__(self, model, name: str = "model", cuda_graphs: bool | None = None, capacity: int = 4096,
-                 max_graph_width: int = 16):
+                 max_graph_width: int = 16, impl: str = "hf", compile_mode: str | None = None):
+        """impl: 'hf' runs the transformers model with its StaticCache; 'fast' runs sdeth.fastmodel's
+        FastDecoder built from the same weights (fused projections, plain-tensor cache). compile_mode
+        (fast only): torch.compile the fixed-width forwards (e.g. 'max-autotune-no-cudagraphs'),
+        which then run inside this engine's CUDA graphs."""
+        if impl not in ("hf", "fast"):
+            raise ValueError(f"impl {impl!r}: use 'hf' or 'fast'")
+        if compile_mode and impl != "fast":
+            raise ValueError("compile_mode needs impl='fast'")
         self.model = model
         self.name = name
         self.device = next(model.parameters()).device
         self.graphs_on = (self.device.type == "cuda") if cuda_graphs is None else cuda_graphs
         self.capacity, self.max_graph_width = capacity, max_graph_width
+        self.impl, self.compile_mode = impl, compile_mode
+        self.dec = None
+        self._fixed = None      # the fixed-width forward (compiled or not), fast impl
         self.graphs: dict[int, tuple] = {}   # m -> (graph, static ids, static positions, static logits)
         self.cache = None
         self.pos = 0            # tokens held in the cache
@@ -45,6 +56,20 @@ class Engine:
         length); on CUDA with graphs, the one engine-lifetime cache, rewound to 0."""
         from transformers import StaticCache
         self.forward_s, self.forwards = 0.0, 0
+        if self.impl == "fast":
+            cap = self.capacity if self.graphs_on else max(max_len, self.dec.capacity if self.dec else 0)
+            if max_len > cap:
+                raise CacheFull(f"{self.name}: a request of {max_len} tokens exceeds the graph cache of "
+                                f"{self.capacity}: create the Engine with a larger capacity")
+            if self.dec is None or self.dec.capacity < cap:
+                from .fastmodel import FastDecoder
+                self.dec = FastDecoder(self.model, cap)
+                self.graphs.clear()
+                self._fixed = self.dec.forward
+                if self.compile_mode:
+                    self._fixed = torch.compile(self.dec.forward, mode=self.compile_mode, fullgraph=True, dynamic=False)
+            self.max_len, self.pos = cap, 0
+            return
         if self.graphs_on:
             if max_len > self.capacity:
                 raise CacheFull(f"{self.name}: a request of {max_len} tokens exceeds the graph cache of "
@@ -69,15 +94,24 @@ class Engine:
         positions = torch.arange(self.pos, self.pos + m, device=self.device).unsqueeze(0)
         if self.graphs_on and self.pos > 0 and m <= self.max_graph_width:
             logits = self._replay(ids, positions)
+        elif self.impl == "fast":
+            fn = self._fixed if (self.pos > 0 and m <= self.max_graph_width) else self.dec.forward
+            logits = fn(ids[0], positions[0])
         else:
-            out = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache, use_cache=True)
-            logits = out.logits[0].float()
+            logits = self._run(ids, positions)
         self.pos += m
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         self.forward_s += time.perf_counter() - t0
         self.forwards += 1
         return logits
+
+    def _run(self, ids, positions) -> torch.Tensor:
+        """One forward of ids [1, m] at positions [1, m]: logits [m, V] float32."""
+        if self.impl == "fast":
+            return self._fixed(ids[0], positions[0])
+        out = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache, use_cache=True)
+        return out.logits[0].float()
 
     def _replay(self, ids, positions) -> torch.Tensor:
         m = ids.shape[1]
@@ -97,14 +131,13 @@ class Engine:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(2):
-                self.model(input_ids=s_ids, position_ids=s_pos, past_key_values=self.cache, use_cache=True)
+            for _ in range(3 if self.compile_mode else 2):   # compiling happens here, off the graph
+                self._run(s_ids, s_pos)
                 self.rollback(pos0)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = self.model(input_ids=s_ids, position_ids=s_pos, past_key_values=self.cache, use_cache=True)
-            s_logits = out.logits[0].float()
+            s_logits = self._run(s_ids, s_pos)
         self.rollback(pos0)
         self.graphs[m] = (graph, s_ids, s_pos, s_logits)
 
@@ -113,6 +146,9 @@ class Engine:
         """Forget everything after the first `pos` tokens."""
         if not 0 <= pos <= self.pos:
             raise ValueError(f"{self.name}: cannot roll back to {pos}, cache holds {self.pos}")
+        if self.impl == "fast":          # entries past pos are masked by position and overwritten later
+            self.pos = pos
+            return
         for layer in self.cache.layers:
             if getattr(layer, "is_initialized", False):
                 layer.cumulative_length.fill_(pos)

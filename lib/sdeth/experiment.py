@@ -147,7 +147,7 @@ def _run_ethernet(cfg: RunConfig, prompts, testbed=None, **testbed_kw) -> tuple[
     with nullcontext(testbed) if testbed is not None else Testbed(
             cfg.pair, up_ms=cfg.rtt_ms / 2, down_ms=cfg.rtt_ms / 2, netns=cfg.netns, device=cfg.device,
             target=cfg.target, draft=cfg.draft, **testbed_kw) as tb:
-        client = Client(tb.target_addr, timeout_s=60 + 5 * cfg.max_tokens)
+        client = Client(tb.target_addr, timeout_s=float(__import__("os").environ.get("SDETH_CLIENT_TIMEOUT", 60 + 5 * cfg.max_tokens)))
         try:
             for i, (pid, ids) in enumerate(prompts):
                 reply = client.call(W.Generate(pid, ids, cfg.max_tokens, cfg.mode, cfg.k, cfg.adapts, cfg.temperature,

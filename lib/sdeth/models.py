@@ -47,6 +47,13 @@ PAIRS: dict[str, PairConfig] = {
                            "+ 6-layer draft distilled from it"),
     "qwen3-8b/0.6b": PairConfig("qwen3-8b/0.6b", "Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B", "bfloat16", 151936),
     "qwen3-8b/1.7b": PairConfig("qwen3-8b/1.7b", "Qwen/Qwen3-8B", "Qwen/Qwen3-1.7B", "bfloat16", 151936),
+    # the real architectures with random bf16 weights: GPU timing only, with synthetic acceptance
+    "random-qwen3-8b/1.7b": PairConfig("random-qwen3-8b/1.7b", "random:Qwen3-8B", "random:Qwen3-1.7B", "bfloat16",
+                                       151936, "Qwen3 shapes, random weights: timings only (synthetic acceptance)"),
+    "random-qwen3-8b/0.6b": PairConfig("random-qwen3-8b/0.6b", "random:Qwen3-8B", "random:Qwen3-0.6B", "bfloat16",
+                                       151936, "Qwen3 shapes, random weights: timings only (synthetic acceptance)"),
+    "random-tiny": PairConfig("random-tiny", "random:tiny-4L", "random:tiny-2L", "float32", 1000,
+                              "tiny Qwen3-shaped models, random weights: tests of the synthetic mode"),
     "llama3.1-8b/3.2-1b": PairConfig("llama3.1-8b/3.2-1b", "meta-llama/Llama-3.1-8B-Instruct",
                                      "meta-llama/Llama-3.2-1B-Instruct", "bfloat16", 128256,
                                      "fallback pair (gated on the hub: needs an accepted licence)"),
@@ -80,27 +87,78 @@ class Pair:
         """What goes into every result's config: ids, sizes, dtype, vocab."""
         def n_params(m):
             return int(sum(p.numel() for p in m.parameters()))
+        t, d = self.target, self.draft
         return {**self.config.to_dict(),
-                "target_params": n_params(self.target), "draft_params": n_params(self.draft),
-                "target_layers": self.target.config.num_hidden_layers,
-                "draft_layers": self.draft.config.num_hidden_layers,
-                "vocab_size": self.target.config.vocab_size,
+                "target_params": n_params(t) if t else None, "draft_params": n_params(d) if d else None,
+                "target_layers": t.config.num_hidden_layers if t else None,
+                "draft_layers": d.config.num_hidden_layers if d else None,
+                "vocab_size": (t or d).config.vocab_size,
                 "tokenizer_sha": tokenizer_hash(self.tokenizer),
                 "draft_card": self.card}
 
 
+QWEN3_SHAPES = {  # public config values of the Qwen3 family (and two tiny ones for tests)
+    "Qwen3-0.6B": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+    "Qwen3-1.7B": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+    "Qwen3-8B": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
+    "tiny-4L": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, tie_word_embeddings=True, vocab_size=1000),
+    "tiny-2L": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, tie_word_embeddings=True, vocab_size=1000),
+}
+
+
+class RandomTokenizer:
+    """Stands in for a tokenizer with random-weight models: ids only, no text."""
+    eos_token_id = None
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def get_vocab(self) -> dict:
+        return {f"<{i}>": i for i in range(self.vocab_size)}
+
+
+def random_model(name: str, device: str = "cpu", dtype=None, seed: int = 0):
+    """A Qwen3-architecture model with random weights (initialised on `device`, in `dtype`)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    if name not in QWEN3_SHAPES:
+        raise ModelError(f"random:{name}: known shapes are {sorted(QWEN3_SHAPES)}")
+    shape = {"vocab_size": 151936, **QWEN3_SHAPES[name]}
+    cfg = Qwen3Config(max_position_embeddings=40960, rope_theta=1e6, **shape)
+    prev = torch.get_default_dtype()
+    torch.manual_seed(seed)
+    try:
+        torch.set_default_dtype(dtype or torch.float32)
+        with torch.device(device):
+            m = Qwen3ForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(prev)
+    return m.eval().requires_grad_(False)
+
+
 def load_pair(name: str = "embedded", target: str | None = None, draft: str | None = None,
-              device: str = "cpu", dtype: str | None = None) -> Pair:
-    """Load target, draft and the target's tokenizer. Refuses pairs whose vocabularies differ."""
+              device: str = "cpu", dtype: str | None = None, roles=("target", "draft")) -> Pair:
+    """Load target, draft and the target's tokenizer. Refuses pairs whose vocabularies differ.
+    roles: which models to load (a worker needs only its own; the other is None)."""
     import torch
     from transformers import AutoTokenizer
     cfg = get_pair_config(name, target, draft, dtype)
+    if cfg.target.startswith("random:"):
+        torch_dtype = getattr(torch, cfg.dtype)
+        models = [random_model(mid.removeprefix("random:"), device, torch_dtype, seed) if role in roles else None
+                  for role, mid, seed in (("target", cfg.target, 0), ("draft", cfg.draft, 1))]
+        return Pair(cfg, *models, RandomTokenizer(cfg.vocab_size), {"note": "random weights"})
     tdir, ddir = model_dir(cfg.target), model_dir(cfg.draft)
     check_vocab(cfg.target, _vocab_size(tdir), cfg.draft, _vocab_size(ddir))
     tok = AutoTokenizer.from_pretrained(tdir)
     torch_dtype = getattr(torch, cfg.dtype)
-    tmodel = _load_causal_lm(tdir, torch_dtype, device)
-    dmodel = _load_causal_lm(ddir, torch_dtype, device)
+    tmodel = _load_causal_lm(tdir, torch_dtype, device) if "target" in roles else None
+    dmodel = _load_causal_lm(ddir, torch_dtype, device) if "draft" in roles else None
     card_path = Path(ddir) / "card.json"
     card = json.loads(card_path.read_text()) if card_path.exists() else {}
     return Pair(cfg, tmodel, dmodel, tok, card)

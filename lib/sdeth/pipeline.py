@@ -114,10 +114,12 @@ class StreamView:
         self.t_epoch = time.perf_counter()
         self.received = 0                        # tokens received in this epoch
 
-    def _restart(self) -> None:
+    def _restart(self, at: int) -> None:
+        """The draft's token at `at` differs from ours: it rolls back there and starts a new epoch.
+        Our commits after `at` still reach it (in order) and are compared in the new epoch."""
         self.epoch += 1
         self.drafts.clear()
-        self.unresolved.clear()
+        self.unresolved = {u: t for u, t in self.unresolved.items() if u > at}
         self.t_epoch = time.perf_counter()
         self.received = 0
 
@@ -129,7 +131,7 @@ class StreamView:
             del self.unresolved[u]               # the draft took our token there (drafted none)
         if pos in self.unresolved:
             if self.unresolved.pop(pos) != token:
-                self._restart()
+                self._restart(pos)
             return
         self.drafts[pos] = (token, q)
 
@@ -139,7 +141,7 @@ class StreamView:
             del self.drafts[p]
         if d is not None:
             if d[0] != token:
-                self._restart()
+                self._restart(pos)
         else:
             self.unresolved[pos] = token
 

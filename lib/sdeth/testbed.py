@@ -52,7 +52,8 @@ class Testbed:
     def __init__(self, pair: str = "embedded", up_ms: float = 0.0, down_ms: float = 0.0, rate_mbit: float = 0,
                  netns: bool | None = None, device: str = "cpu", draft_timeout_s: float = 5.0,
                  draft_die_after: int = 0, threads: int = 1, start_workers: bool = True,
-                 target: str | None = None, draft: str | None = None, relay: bool = False):
+                 target: str | None = None, draft: str | None = None, relay: bool = False,
+                 draft_device: str | None = None, worker_args: tuple = ()):
         self.models = [*(["--target", target] if target else []), *(["--draft", draft] if draft else [])]
         self.pair, self.up_ms, self.down_ms, self.rate_mbit = pair, up_ms, down_ms, rate_mbit
         self.netns = can_use_netns() if netns is None else netns
@@ -60,6 +61,8 @@ class Testbed:
             raise TestbedError("network namespaces need root and iproute2 (`ip`); run as root or pass netns=False "
                                "for two processes on loopback")
         self.device, self.draft_timeout_s, self.die_after, self.threads = device, draft_timeout_s, draft_die_after, threads
+        self.draft_device = draft_device or device      # e.g. cuda:1 beside a target on cuda:0
+        self.worker_args = list(worker_args)             # extra `sdeth worker` flags for both (--impl fast ...)
         self.start_workers = start_workers
         self.relay = relay or bool(up_ms or down_ms)   # a relay even at 0 ms lets set_delay() change the delay
         tag = f"{os.getpid() % 100000}"
@@ -81,6 +84,7 @@ class Testbed:
                 "one_way_delay_ms": {"target->draft": self.up_ms, "draft->target": self.down_ms},
                 "delay": "user-space TCP relay (sdeth.testbed.DelayProxy); no netem in this kernel",
                 "rate_mbit": self.rate_mbit or None, "torch_threads_per_worker": self.threads,
+                "devices": {"target": self.device, "draft": self.draft_device}, "worker_args": self.worker_args,
                 "shared_cpu": "both nodes share this machine's cores"}
 
     # ------------------------------------------------------------ set-up / tear-down
@@ -135,14 +139,14 @@ class Testbed:
         self._draft_port = free_port()
         self._relay_addr = ""
         self.run_in("draft", ["-m", "sdeth", "worker", "--role", "draft", "--bind", self.draft_bind(),
-                              "--pair", self.pair, *self.models, "--device", self.device,
+                              "--pair", self.pair, *self.models, "--device", self.draft_device, *self.worker_args,
                               *(["--die-after", str(self.die_after)] if self.die_after else [])], "draft")
         if self.relay:
             self._relay_port = free_port()
             self._start_relay()
             self._relay_addr = f"tcp://127.0.0.1:{self._relay_port}"
         self.run_in("target", ["-m", "sdeth", "worker", "--role", "target", "--bind", self.target_addr,
-                               "--pair", self.pair, *self.models, "--device", self.device,
+                               "--pair", self.pair, *self.models, "--device", self.device, *self.worker_args,
                                "--draft-addr", self.draft_addr_for_target(),
                                "--draft-timeout", str(self.draft_timeout_s)], "target")
         self.wait_ready()

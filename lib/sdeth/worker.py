@@ -14,7 +14,7 @@ import torch
 import zmq
 
 from . import protocol as W
-from .engine import Engine
+from .synthetic import make_engine
 from .costmodel import Estimator, TakeWhatIsThere
 from .loop import DraftUnavailable, Drafter, Request, generate_sd, generate_target_only
 from .pipeline import StreamDrafter, StreamView, generate_pipelined
@@ -23,7 +23,7 @@ from .verify import Sampling
 
 def _welcome(pair, role_model) -> W.Welcome:
     from .models import tokenizer_hash
-    return W.Welcome(W.PROTOCOL_VERSION, role_model, int(pair.target.config.vocab_size),
+    return W.Welcome(W.PROTOCOL_VERSION, role_model, int((pair.target or pair.draft).config.vocab_size),
                      tokenizer_hash(pair.tokenizer), pair.config.dtype)
 
 
@@ -62,15 +62,16 @@ def _requests(bind: str, max_seconds: float = 0, idle=None):
         sock.close()
 
 
-def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0) -> None:
+def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, engine_opts: dict | None = None) -> None:
     """Serve proposals until killed (or max_seconds). die_after > 0 exits the process abruptly
-    after that many proposals: fault injection for tests."""
+    after that many proposals: fault injection for tests. engine_opts: synthetic.make_engine's."""
     me = _welcome(pair, pair.config.draft)
     welcomed: set[bytes] = set()
     drafters: dict[str, Drafter] = {}
     streams: dict[str, tuple[bytes, StreamDrafter]] = {}
     served = 0
-    engine = Engine(pair.draft, "draft")   # one engine (one cache, its CUDA graphs) for the worker's life
+    # one engine (one cache, its CUDA graphs) for the worker's life
+    engine = make_engine(pair.draft, "draft", "draft", **(engine_opts or {}))
 
     def run_ahead(sock) -> bool:
         """One draft step for the first stream with room in its window; True if any stepped."""
@@ -320,10 +321,10 @@ class RemoteStream(RemoteDrafter):
 
 
 def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float = 5.0,
-                 max_seconds: float = 0) -> None:
+                 max_seconds: float = 0, engine_opts: dict | None = None) -> None:
     """Decode requests from a controller; SD with the remote draft when it answers."""
     from .models import tokenizer_hash
-    target = Engine(pair.target, "target")
+    target = make_engine(pair.target, "target", "target", **(engine_opts or {}))
     eos = pair.tokenizer.eos_token_id
     hello = W.Hello(W.PROTOCOL_VERSION, "target", pair.config.target, int(pair.target.config.vocab_size),
                     tokenizer_hash(pair.tokenizer), pair.config.dtype)
@@ -404,6 +405,13 @@ def main(argv=None) -> int:
     ap.add_argument("--draft-timeout", type=float, default=5.0, help="seconds before the target stops waiting for a proposal")
     ap.add_argument("--die-after", type=int, default=0, help="fault injection: exit after N proposals")
     ap.add_argument("--max-seconds", type=float, default=0, help="exit after this long (0: run until killed)")
+    ap.add_argument("--impl", default="hf", choices=["hf", "fast"], help="model code: transformers, or sdeth.fastmodel")
+    ap.add_argument("--compile", default="", help="fast impl: torch.compile mode for the graph widths "
+                                                  "(e.g. max-autotune-no-cudagraphs); empty: off")
+    ap.add_argument("--capacity", type=int, default=4096, help="CUDA-graph cache length (tokens)")
+    ap.add_argument("--synthetic-alpha", type=float, default=None,
+                    help="timing with random weights: accept each draft token with this probability (sdeth.synthetic)")
+    ap.add_argument("--synthetic-seed", type=int, default=0)
     a = ap.parse_args(argv)
     if a.bind.startswith("tcp://*") or a.bind.startswith("tcp://0.0.0.0"):
         print("sdeth worker: binding every interface; pass the node's own address unless you mean it", file=sys.stderr)
@@ -414,9 +422,11 @@ def main(argv=None) -> int:
         pass
     from .models import load_pair
     torch.set_num_threads(max(1, int(os.environ.get("SDETH_THREADS", torch.get_num_threads()))))
-    pair = load_pair(a.pair, a.target, a.draft, device=a.device)
+    pair = load_pair(a.pair, a.target, a.draft, device=a.device, roles=(a.role,))
+    opts = dict(impl=a.impl, compile_mode=a.compile or None, capacity=a.capacity,
+                synthetic_alpha=a.synthetic_alpha, synthetic_seed=a.synthetic_seed)
     if a.role == "draft":
-        serve_draft(a.bind, pair, a.die_after, a.max_seconds)
+        serve_draft(a.bind, pair, a.die_after, a.max_seconds, opts)
     else:
-        serve_target(a.bind, pair, a.draft_addr, a.draft_timeout, a.max_seconds)
+        serve_target(a.bind, pair, a.draft_addr, a.draft_timeout, a.max_seconds, opts)
     return 0
