@@ -241,9 +241,10 @@ def cmd_real(a) -> None:
     from sdeth.loop import Drafter, generate_sd, generate_target_only
     from sdeth.models import load_pair
     from sdeth.verify import Sampling
-    out = {"env": env(), "runs": {}}
-    pair = load_pair("embedded", device="cuda:0")
-    cfg = RunConfig(prompts=f"sharegpt:{a.n_prompts}", max_tokens=a.max_tokens, device="cuda:0")
+    dev_t, dev_d = a.devices.split(",")
+    out = {"env": env(), "devices": a.devices, "runs": {}}
+    pair = load_pair("embedded", device=dev_t)
+    cfg = RunConfig(prompts=f"sharegpt:{a.n_prompts}", max_tokens=a.max_tokens, device=dev_t)
     prompts = experiment.encode_prompts(cfg, pair.tokenizer)
     eos = pair.tokenizer.eos_token_id
     s = Sampling()
@@ -260,11 +261,11 @@ def cmd_real(a) -> None:
     json.dump(out, open(a.json, "w"), indent=1)
     # pipelined across the two GPUs, real weights
     ref = out["runs"]["fast"]["outputs"]
-    with Testbed("embedded", netns=False, device="cuda:0", draft_device="cuda:1",
+    with Testbed("embedded", netns=False, device=dev_t, draft_device=dev_d,
                  worker_args=["--impl", "fast", "--capacity", str(CAPACITY)], draft_timeout_s=60) as tb:
         for mode, adaptive in (("sd", False), ("pipelined", True), ("pipelined", False)):
             c = RunConfig(mode=mode, k=3, adaptive=adaptive, placement="ethernet", prompts=cfg.prompts,
-                          max_tokens=a.max_tokens, device="cuda:0")
+                          max_tokens=a.max_tokens, device=dev_t)
             reqs, desc = experiment._run_ethernet(c, prompts, testbed=tb)
             same = [r["output_ids"] for r in reqs] == ref
             out["runs"][f"two-gpu {mode} adaptive={adaptive}"] = {"summary": experiment.summarize(reqs, c),
@@ -296,6 +297,7 @@ def main() -> None:
     r = sub.add_parser("real")
     r.add_argument("--n-prompts", type=int, default=16)
     r.add_argument("--max-tokens", type=int, default=32)
+    r.add_argument("--devices", default="cuda:0,cuda:1", help="target device,draft device")
     r.add_argument("--json", required=True)
     a = ap.parse_args()
     {"engine": cmd_engine, "sd": cmd_sd, "real": cmd_real}[a.cmd](a)

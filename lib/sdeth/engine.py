@@ -67,7 +67,9 @@ class Engine:
                 self.graphs.clear()
                 self._fixed = self.dec.forward
                 if self.compile_mode:
-                    self._fixed = torch.compile(self.dec.forward, mode=self.compile_mode, fullgraph=True, dynamic=False)
+                    # dynamic=None: width 1 (the decode step) compiles static; the second width seen
+                    # recompiles with a symbolic width that serves every other verify width
+                    self._fixed = torch.compile(self.dec.forward, mode=self.compile_mode, fullgraph=True, dynamic=None)
             self.max_len, self.pos = cap, 0
             return
         if self.graphs_on:
