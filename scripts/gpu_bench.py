@@ -174,6 +174,8 @@ def cmd_sd(a) -> None:
     from sdeth.verify import Sampling
     variant = a.variant
     opts = VARIANTS[variant]
+    if a.devices.startswith("cuda"):
+        torch.cuda.set_device(a.devices.split(",")[0])
     wargs = ["--impl", opts["impl"], "--capacity", str(CAPACITY)] + (
         ["--compile", opts["compile_mode"]] if opts.get("compile_mode") else [])
     out = {"env": env(), "variant": variant, "context": CONTEXT, "max_tokens": a.max_tokens, "prompts": a.n_prompts,
@@ -191,7 +193,7 @@ def cmd_sd(a) -> None:
         base = RunConfig(pair=pair, k=a.k, max_tokens=a.max_tokens, placement="ethernet", device=dev_t)
         modes = [("target-only", None, a.k), ("sd", False, a.k), ("sd", True, a.k_max), ("pipelined", True, a.k_max)]
         with Testbed(pair, netns=False, device=dev_t, draft_device=dev_d, worker_args=wargs + syn,
-                     draft_timeout_s=300) as tb:
+                     draft_timeout_s=300, ready_timeout_s=500) as tb:
             for mode, adaptive, k in modes:   # warm-up: compile and capture every width the mode uses
                 experiment._run_ethernet(replace(base, mode=mode, adaptive=adaptive, k=k, max_tokens=48),
                                          prompts[:1], testbed=tb)
@@ -213,6 +215,7 @@ def cmd_sd(a) -> None:
         kw = dict(capacity=CAPACITY, **opts)
         tgt = SyntheticEngine(p.target, "target", "target", alpha, 7, **kw)
         drf = Drafter(SyntheticEngine(p.draft, "draft", "draft", alpha, 7, **kw), s)
+        tgt.warm(a.k + 2), drf.engine.warm(4)
         cfg = replace(base, mode="sd", placement="colocated")
         generate_sd(tgt, drf, prompts[0][1], 48, a.k, s, None)                 # warm-up
         reqs = [generate_sd(tgt, drf, ids, a.max_tokens, a.k, s, None, prompt_id=pid).__dict__ for pid, ids in prompts]

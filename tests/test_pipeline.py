@@ -119,6 +119,7 @@ def test_estimator_alpha_and_choices():
     assert abs(e.alpha - 2 / 3) < 0.01
     e.observe_draft(0.01)
     for m in range(1, 6):
+        e.observe_verify(m, 5.0)                      # a first forward (graph capture): not counted
         e.observe_verify(m, 0.05 + 0.001 * m)
     assert e.choose_k(8, 3) == costmodel.best_k(e.alpha, e.costs(), 8)[0]
     assert e.choose_m(5, 5) >= 2                       # cheap drafts already here: verify several

@@ -86,6 +86,7 @@ class Estimator:
         self.draft_step: float | None = None
         self.rtt: float | None = None
         self.verify_s: dict[int, float] = {}
+        self._seen: set[int] = set()
         self.overhead = 0.0
 
     @staticmethod
@@ -97,6 +98,11 @@ class Estimator:
         self.rej = self.rej * self.decay + (1 if n_accepted < n_drafted else 0)
 
     def observe_verify(self, width: int, seconds: float) -> None:
+        """The first forward of a width is not counted: on a GPU it includes capturing its graph
+        (and compiling), 10-100x a step, which would keep the policy away from that width."""
+        if width not in self._seen:
+            self._seen.add(width)
+            return
         self.verify_s[width] = self._ema(self.verify_s.get(width), seconds)
 
     def observe_draft(self, seconds_per_token: float) -> None:

@@ -103,10 +103,21 @@ class Engine:
             logits = self._run(ids, positions)
         self.pos += m
         if self.device.type == "cuda":
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)
         self.forward_s += time.perf_counter() - t0
         self.forwards += 1
         return logits
+
+    def warm(self, max_width: int) -> None:
+        """Capture (and compile) every width 1..max_width now, so that no request pays for it."""
+        if not self.graphs_on:
+            return
+        self.start(min(self.capacity, max_width + 2))
+        self.forward([0])
+        for m in range(1, min(max_width, self.max_graph_width) + 1):
+            self.forward([0] * m)
+            self.rollback(1)
+        self.rollback(0)
 
     def _run(self, ids, positions) -> torch.Tensor:
         """One forward of ids [1, m] at positions [1, m]: logits [m, V] float32."""
@@ -130,7 +141,7 @@ class Engine:
         position is restored after each so that capture leaves no trace."""
         s_ids, s_pos = ids.clone(), positions.clone()
         pos0 = self.pos
-        stream = torch.cuda.Stream()
+        stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(3 if self.compile_mode else 2):   # compiling happens here, off the graph

@@ -3,7 +3,7 @@
 Built from a transformers model's own weights (so it computes the same function, checked against
 it in tests/test_fastmodel.py), with what makes batch-1 decode fast on a GPU:
 - fused projections: one matrix for q, k and v, one for gate and up (fewer, larger GEMVs);
-- a static KV cache of plain tensors [layers, kv heads, capacity, head dim], written at the given
+- a static KV cache of plain tensors [kv heads, capacity, head dim] per layer, written at the given
   positions with index_copy_ (no Python-side state, so a width's forward captures as a CUDA graph and
   rollback is free: entries past the position are masked and overwritten later);
 - attention over the whole cache with a position mask (the same kernels for any width), the query
@@ -60,9 +60,11 @@ class FastDecoder(nn.Module):
             scaling = float(getattr(rot, "attention_scaling", 1.0))
             self.cos = (emb.cos() * scaling).to(self.dtype)
             self.sin = (emb.sin() * scaling).to(self.dtype)
-        shape = (self.n_layers, self.n_kv, capacity, self.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        # one tensor per layer: a compiled step then writes each in place, where slices of one big
+        # tensor would make the compiler copy the whole cache for every layer's write
+        shape = (self.n_kv, capacity, self.head_dim)
+        self.k_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layers)]
+        self.v_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layers)]
         self.slots = torch.arange(capacity, device=self.device)
 
     def _norm(self, x, w):

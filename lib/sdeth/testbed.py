@@ -53,7 +53,7 @@ class Testbed:
                  netns: bool | None = None, device: str = "cpu", draft_timeout_s: float = 5.0,
                  draft_die_after: int = 0, threads: int = 1, start_workers: bool = True,
                  target: str | None = None, draft: str | None = None, relay: bool = False,
-                 draft_device: str | None = None, worker_args: tuple = ()):
+                 draft_device: str | None = None, worker_args: tuple = (), ready_timeout_s: float = 180.0):
         self.models = [*(["--target", target] if target else []), *(["--draft", draft] if draft else [])]
         self.pair, self.up_ms, self.down_ms, self.rate_mbit = pair, up_ms, down_ms, rate_mbit
         self.netns = can_use_netns() if netns is None else netns
@@ -63,6 +63,7 @@ class Testbed:
         self.device, self.draft_timeout_s, self.die_after, self.threads = device, draft_timeout_s, draft_die_after, threads
         self.draft_device = draft_device or device      # e.g. cuda:1 beside a target on cuda:0
         self.worker_args = list(worker_args)             # extra `sdeth worker` flags for both (--impl fast ...)
+        self.ready_timeout_s = ready_timeout_s           # workers load (and on a GPU capture/compile) first
         self.start_workers = start_workers
         self.relay = relay or bool(up_ms or down_ms)   # a relay even at 0 ms lets set_delay() change the delay
         tag = f"{os.getpid() % 100000}"
@@ -149,7 +150,7 @@ class Testbed:
                                "--pair", self.pair, *self.models, "--device", self.device, *self.worker_args,
                                "--draft-addr", self.draft_addr_for_target(),
                                "--draft-timeout", str(self.draft_timeout_s)], "target")
-        self.wait_ready()
+        self.wait_ready(self.ready_timeout_s)
 
     def _start_relay(self) -> None:
         upstream = self.draft_bind().removeprefix("tcp://")

@@ -27,6 +27,9 @@ def _welcome(pair, role_model) -> W.Welcome:
                      tokenizer_hash(pair.tokenizer), pair.config.dtype)
 
 
+WARM_WIDTHS = 10     # forward widths captured as CUDA graphs before serving (verify of k <= 9)
+
+
 def _reply(sock, ident: bytes, msg) -> None:
     sock.send_multipart([ident, W.encode(msg)])
 
@@ -72,6 +75,7 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, eng
     served = 0
     # one engine (one cache, its CUDA graphs) for the worker's life
     engine = make_engine(pair.draft, "draft", "draft", **(engine_opts or {}))
+    engine.warm(WARM_WIDTHS)
 
     def run_ahead(sock) -> bool:
         """One draft step for the first stream with room in its window; True if any stepped."""
@@ -325,6 +329,7 @@ def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float
     """Decode requests from a controller; SD with the remote draft when it answers."""
     from .models import tokenizer_hash
     target = make_engine(pair.target, "target", "target", **(engine_opts or {}))
+    target.warm(WARM_WIDTHS)
     eos = pair.tokenizer.eos_token_id
     hello = W.Hello(W.PROTOCOL_VERSION, "target", pair.config.target, int(pair.target.config.vocab_size),
                     tokenizer_hash(pair.tokenizer), pair.config.dtype)
@@ -422,6 +427,8 @@ def main(argv=None) -> int:
         pass
     from .models import load_pair
     torch.set_num_threads(max(1, int(os.environ.get("SDETH_THREADS", torch.get_num_threads()))))
+    if a.device.startswith("cuda"):
+        torch.cuda.set_device(a.device)      # streams, graphs and syncs on this worker's GPU
     pair = load_pair(a.pair, a.target, a.draft, device=a.device, roles=(a.role,))
     opts = dict(impl=a.impl, compile_mode=a.compile or None, capacity=a.capacity,
                 synthetic_alpha=a.synthetic_alpha, synthetic_seed=a.synthetic_seed)
