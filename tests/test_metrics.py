@@ -50,3 +50,21 @@ def test_best_k_shrinks_when_drafting_is_expensive():
     dear = costmodel.Costs(target_step=0.010, draft_step=0.006, verify_s={2: 0.0105, 9: 0.013})
     assert costmodel.best_k(0.8, cheap)[0] > costmodel.best_k(0.8, dear)[0]
     assert costmodel.best_k(0.8, cheap)[1] > 1 > costmodel.best_k(0.3, dear)[1]
+
+
+def test_prometheus_spec_counters_are_summed_over_engines():
+    from sdeth.vllm_baseline import scrape_spec_counters
+    page = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0
+vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 2.0
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 50.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 12.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 4.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 8.0
+vllm:num_requests_running{engine="0",model_name="m"} 0.0
+"""
+    c = scrape_spec_counters(page)
+    assert c["vllm:spec_decode_num_drafts"] == 12.0 and c["vllm:spec_decode_num_draft_tokens"] == 50.0
+    assert c["vllm:spec_decode_num_accepted_tokens_per_pos"] == [8.0, 4.0]
+    assert metrics.alpha_from_rate(c["vllm:spec_decode_num_accepted_tokens"] / c["vllm:spec_decode_num_draft_tokens"], 5) > 0

@@ -39,3 +39,14 @@ def test_vllm_and_our_runtime_decode_the_same_tokens(runs):
 def test_vllm_engine_is_colocated_only():
     with pytest.raises(ConfigError, match="colocated"):
         RunConfig(engine="vllm", placement="ethernet").check()
+
+
+def test_server_path_scrapes_the_same_counters_as_the_offline_engine(runs, pair):
+    """`--engine vllm-server`: vLLM's OpenAI-compatible server, token ids in and out, counters from /metrics."""
+    srv = experiment.run(RunConfig(engine="vllm-server", mode="sd", k=3, prompts=P, max_tokens=T, max_len=1024), pair)
+    off = runs["vllm-sd"]
+    assert [r["output_ids"] for r in srv["requests"]] == [r["output_ids"] for r in off["requests"]]
+    for a, b in zip(srv["requests"], off["requests"]):
+        assert (a["drafts"], a["draft_tokens"], a["accepted_tokens"], a["accepted_per_pos"]) == \
+               (b["drafts"], b["draft_tokens"], b["accepted_tokens"], b["accepted_per_pos"])
+    assert srv["summary"]["engine"] == "vllm-server" and srv["summary"]["ttft_ms"] > 0

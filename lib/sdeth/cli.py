@@ -45,8 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--rtt-ms", type=float, default=0.0, help="ethernet: injected round trip (ms), half each way")
     r.add_argument("--max-len", type=int, default=2048, help="longest prompt + max_tokens accepted")
     r.add_argument("--json", help="write the results JSON here")
-    r.add_argument("--engine", default="sdeth", choices=["sdeth", "vllm"],
-                   help="sdeth (this runtime) or vllm (the reference engine, colocated)")
+    r.add_argument("--engine", default="sdeth", choices=["sdeth", "vllm", "vllm-server"],
+                   help="sdeth (this runtime); vllm (the reference engine, offline, colocated); vllm-server (its "
+                        "OpenAI-compatible server, counters scraped from /metrics)")
     sub.add_parser("worker", help="a draft or target worker process (see `python -m sdeth worker -h`)",
                    add_help=False)
     d = sub.add_parser("down", help="scale this project's Deployments in a namespace to zero (GPU nodes idle)")

@@ -20,7 +20,7 @@ from .loop import Drafter, generate_sd, generate_target_only
 from .verify import Sampling
 
 MODES = ("target-only", "sd", "pipelined")
-ENGINES = ("sdeth", "vllm")
+ENGINES = ("sdeth", "vllm", "vllm-server")
 PLACEMENTS = ("colocated", "ethernet")
 SCHEMA = "sdeth.results/1"
 
@@ -67,10 +67,10 @@ class RunConfig:
         if self.mode == "pipelined" and self.placement != "ethernet":
             raise ConfigError("mode 'pipelined' drafts ahead on its own worker while the target verifies: use "
                               "placement 'ethernet' (two workers; on one machine they share it)")
-        if self.engine == "vllm" and self.mode == "pipelined":
+        if self.engine != "sdeth" and self.mode == "pipelined":
             raise ConfigError("engine 'vllm' has no pipelined mode: use mode 'sd' or 'target-only'")
-        if self.engine == "vllm" and self.placement != "colocated":
-            raise ConfigError("engine 'vllm' runs its draft in the same process: use placement 'colocated'")
+        if self.engine != "sdeth" and self.placement != "colocated":
+            raise ConfigError(f"engine {self.engine!r} runs its draft in the same process: use placement 'colocated'")
         if self.rtt_ms < 0:
             raise ConfigError(f"rtt_ms={self.rtt_ms}: must be >= 0")
         self.sampling()                 # raises on bad temperature / top-p / top-k
@@ -110,6 +110,9 @@ def run(cfg: RunConfig, pair=None, progress: bool = True, on_testbed=None) -> di
     if cfg.engine == "vllm":
         from .vllm_baseline import run_vllm
         return run_vllm(cfg, pair)
+    if cfg.engine == "vllm-server":
+        from .vllm_baseline import run_vllm_server
+        return run_vllm_server(cfg, pair)
     s = cfg.sampling()
     torch.manual_seed(cfg.seed)
     gen = torch.Generator(device=cfg.device).manual_seed(cfg.seed)

@@ -114,3 +114,110 @@ def _main(job_path: str, out_path: str) -> None:
 
 if __name__ == "__main__":
     _main(sys.argv[1], sys.argv[2])
+
+
+# --------------------------------------------------------------------------- the server path
+def scrape_spec_counters(metrics_text: str) -> dict:
+    """vLLM's spec-decode counters from a Prometheus /metrics page, summed over engines:
+    {name: value, ..._per_pos: [per position]}."""
+    out: dict = {}
+    per: dict[int, float] = {}
+    for line in metrics_text.splitlines():
+        if not line.startswith("vllm:spec_decode_num_"):
+            continue
+        head, _, value = line.rpartition(" ")
+        name, _, labels = head.partition("{")
+        name = name.removesuffix("_total")
+        if name == SPEC_COUNTERS[3]:
+            pos = int(labels.split('position="', 1)[1].split('"', 1)[0])
+            per[pos] = per.get(pos, 0.0) + float(value)
+        elif name in SPEC_COUNTERS:
+            out[name] = out.get(name, 0.0) + float(value)
+    if per:
+        out[SPEC_COUNTERS[3]] = [per[i] for i in sorted(per)]
+    return out
+
+
+def run_vllm_server(cfg, pair=None, port: int = 0, start_timeout_s: float = 600) -> dict:
+    """cfg through vLLM's OpenAI-compatible server, as on the cluster: `python -m vllm.entrypoints.openai.
+    api_server` in a subprocess, one streamed /v1/completions request at a time (token ids in, token ids
+    out), the spec-decode counters scraped from its Prometheus /metrics before and after each request."""
+    import urllib.request
+    from . import hardware, metrics
+    from .experiment import ConfigError, encode_prompts
+    from .models import load_pair, model_dir
+    from .testbed import free_port
+    pair = pair or load_pair(cfg.pair, cfg.target, cfg.draft, device=cfg.device)
+    sd = cfg.mode == "sd"
+    port = port or free_port()
+    base = f"http://127.0.0.1:{port}"
+    target_dir = model_dir(pair.config.target)
+    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", target_dir, "--host", "127.0.0.1",
+            "--port", str(port), "--dtype", pair.config.dtype, "--max-model-len", str(cfg.max_len + cfg.k + 2),
+            "--seed", str(cfg.seed), "--enforce-eager",
+            "--gpu-memory-utilization", os.environ.get("SDETH_VLLM_MEMORY", "0.25")]
+    if sd:
+        args += ["--speculative-config", json.dumps({"method": "draft_model", "model": model_dir(pair.config.draft),
+                                                     "num_speculative_tokens": cfg.k})]
+    log = tempfile.NamedTemporaryFile("w+", prefix="sdeth-vllm-server-", suffix=".log", delete=False)
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    t0 = time.time()
+    try:
+        while True:
+            try:
+                if urllib.request.urlopen(f"{base}/health", timeout=2).status == 200:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() - t0 > start_timeout_s:
+                log.seek(0)
+                tail = "\n".join(log.read().splitlines()[-25:])
+                raise ConfigError(f"vLLM server did not come up (exit {proc.poll()}); its last lines:\n{tail}")
+            time.sleep(1)
+        start_s = time.time() - t0
+
+        def counters():
+            return scrape_spec_counters(urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode())
+
+        reqs = []
+        for pid, ids in encode_prompts(cfg, pair.tokenizer):
+            before = counters()
+            body = {"model": target_dir, "prompt": ids, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
+                    "top_p": cfg.top_p, "top_k": cfg.top_k or -1, "seed": cfg.seed, "stream": True,
+                    "return_token_ids": True, "stop_token_ids": [pair.tokenizer.eos_token_id]}
+            rq = urllib.request.Request(f"{base}/v1/completions", json.dumps(body).encode(),
+                                        {"Content-Type": "application/json"})
+            toks, t_first = [], None
+            t = time.perf_counter()
+            with urllib.request.urlopen(rq, timeout=600) as resp:
+                for raw in resp:
+                    line = raw.decode().strip()
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    new = (json.loads(line[6:])["choices"] or [{}])[0].get("token_ids") or []
+                    if new and t_first is None:
+                        t_first = time.perf_counter()
+                    toks += new
+            t_end = time.perf_counter()
+            drafts, draft_tokens, accepted, per = _delta(counters(), before, cfg.k) if sd else (0, 0, 0, [])
+            t_first = t_first or t_end
+            reqs.append({"prompt_id": pid, "prompt_tokens": len(ids), "output_ids": toks,
+                         "ttft_ms": (t_first - t) * 1e3, "e2e_s": t_end - t,
+                         "tpot_ms": (t_end - t_first) * 1e3 / (len(toks) - 1) if len(toks) > 1 else None,
+                         "drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted,
+                         "accepted_per_pos": per})
+    finally:
+        os.killpg(proc.pid, 9) if proc.poll() is None else None
+        proc.wait(timeout=30)
+    import vllm
+    summary = {"mode": cfg.mode, "k": cfg.k if sd else None, "placement": "colocated", "engine": "vllm-server",
+               "engine_start_s": start_s, **metrics.timing(reqs),
+               **metrics.acceptance(sum(r["drafts"] for r in reqs), sum(r["draft_tokens"] for r in reqs),
+                                    sum(r["accepted_tokens"] for r in reqs),
+                                    [sum(r["accepted_per_pos"][i] for r in reqs) for i in range(cfg.k)] if sd else []),
+               "predicted_tokens_per_s": None,
+               "note": "timings include HTTP and streaming; counters from the server's Prometheus /metrics"}
+    return {"schema": "sdeth.results/1", "config": {**asdict(cfg), "vllm": vllm.__version__, "vllm_server_args": args[3:],
+                                                    "pair_resolved": pair.describe()},
+            "hardware": hardware.describe(cfg.device), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "requests": reqs, "summary": summary}

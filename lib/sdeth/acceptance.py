@@ -1,0 +1,189 @@
+"""Per-token acceptance (alpha) of a draft against a target, measured by teacher forcing.
+
+SD's per-token acceptance at a position depends only on the two models' next-token distributions there
+(Leviathan et al. 2023): with target distribution p and draft distribution q (after temperature/top-p),
+    greedy target, greedy draft:    alpha = 1[argmax q == argmax p]
+    sampled target, greedy draft:   alpha = p(argmax q)            (vLLM's draft_model default)
+    sampled target, sampled draft:  alpha = sum_x min(p(x), q(x))  (= 1 - total variation)
+So alpha can be measured without running SD: one forward of each model over the target's own
+continuations (generated at the same temperature) gives every position at once. tests and 15_acceptance
+check it against alpha measured in real SD runs (ours and vLLM's).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+import torch
+
+from .verify import Sampling, probs
+
+
+@dataclass
+class Sequence:
+    prompt_id: str
+    target_prompt: list[int]       # what the target sees before the continuation
+    continuation: list[int]        # the target's own tokens
+    draft_prompt: list[int] | None = None   # what the draft sees (None: the same prompt)
+
+
+@torch.no_grad()
+def _next_token_logits(model, prompt: list[int], cont: list[int]) -> torch.Tensor:
+    """Logits for each continuation position: [len(cont), V] (row i predicts cont[i])."""
+    dev = next(model.parameters()).device
+    ids = torch.tensor([prompt + cont[:-1]], device=dev)
+    logits = model(input_ids=ids).logits[0].float()
+    return logits[len(prompt) - 1:]
+
+
+def per_position_alpha(p_logits: torch.Tensor, q_logits: torch.Tensor, s: Sampling) -> torch.Tensor:
+    """alpha at each position (see the module docstring), [n]."""
+    if s.greedy:
+        return (p_logits.argmax(-1) == q_logits.argmax(-1)).float()
+    p = probs(p_logits, s)
+    if not s.draft_sampled:
+        return p.gather(-1, q_logits.argmax(-1, keepdim=True)).squeeze(-1)
+    return torch.minimum(p, probs(q_logits, s)).sum(-1)
+
+
+def expected_alpha(target, draft, seqs: list[Sequence], s: Sampling) -> dict:
+    """Mean per-token alpha over all continuation positions, with a standard error from the spread of
+    per-sequence means (positions within a sequence are not independent)."""
+    per_seq, all_pos = [], []
+    for q in seqs:
+        p_l = _next_token_logits(target, q.target_prompt, q.continuation)
+        q_l = _next_token_logits(draft, q.draft_prompt or q.target_prompt, q.continuation)
+        a = per_position_alpha(p_l, q_l, s)
+        per_seq.append(a.mean().item())
+        all_pos.append(a)
+    pos = torch.cat(all_pos)
+    se = statistics.stdev(per_seq) / math.sqrt(len(per_seq)) if len(per_seq) > 1 else float("nan")
+    return {"alpha": pos.mean().item(), "se": se, "positions": pos.numel(), "sequences": len(seqs)}
+
+
+def continuations(target, prompts: list[tuple[str, list[int]]], max_new: int, s: Sampling, eos: int | None,
+                  seed: int = 0) -> list[Sequence]:
+    """The target's own continuations of each prompt, at the run's sampling settings."""
+    from .engine import Engine
+    from .loop import generate_target_only
+    eng = Engine(target, "target")
+    gen = torch.Generator(device=eng.device).manual_seed(seed)
+    out = []
+    for pid, ids in prompts:
+        r = generate_target_only(eng, ids, max_new, s, eos, gen, pid)
+        if len(r.output_ids) >= 2:
+            out.append(Sequence(pid, ids, r.output_ids))
+    return out
+
+
+def fake_quantize_int8(model) -> None:
+    """Round every Linear weight to int8 per output channel (symmetric) and back, in place: the
+    accuracy of an int8 weight-only quantized model, without its kernels."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.Linear) and m.weight.dim() == 2 and not _shared(model, m.weight):
+                w = m.weight
+                scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127
+                w.copy_((w / scale).round().clamp(-127, 127) * scale)
+
+
+def _shared(model, w) -> bool:
+    """The tied embedding / output matrix (shared with the target in the embedded pair) is left alone."""
+    emb = model.get_input_embeddings()
+    return emb is not None and emb.weight is w
+
+
+# Qwen3's recommended sampling (its model card): thinking mode, and non-thinking mode
+QWEN3_SAMPLING = {"thinking": Sampling(0.6, top_p=0.95, top_k=20), "non-thinking": Sampling(0.7, top_p=0.8, top_k=20)}
+
+
+def _draft_step_ms(model, context: int = 128, reps: int = 7) -> float:
+    import time
+    from .engine import Engine, decode_one_token, prefill
+    eng = Engine(model, "draft")
+    eng.start(context + reps + 2)
+    prefill(eng, list(range(100, 100 + context)))
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        decode_one_token(eng, 7)
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3
+
+
+def factor_table(pair, prompt_spec: str, max_new: int, k: int = 5, thinking_modes=(), device: str = "cpu",
+                 progress=print) -> list[dict]:
+    """The investigation: alpha for each factor, on the pair given, each row against the baseline (greedy,
+    chat template, the pair as loaded). Every row: what changed, alpha +- se, and what vLLM would report
+    at k (draft acceptance rate, mean acceptance length)."""
+    import copy
+    from . import metrics
+    from . import prompts as P
+    from .distill import make_draft
+    tok = pair.tokenizer
+    eos = tok.eos_token_id
+    plist = P.load(prompt_spec)
+    enc = lambda chat, thinking=None: [(p.id, P.encode(p, tok, chat=chat, thinking=thinking)) for p in plist]  # noqa: E731
+    greedy = Sampling()
+    rows = []
+
+    def row(factor, setting, a: dict, note: str = "", draft_step_ms=None):
+        r = {"factor": factor, "setting": setting, "alpha": a["alpha"], "se": a["se"], "positions": a["positions"],
+             f"vLLM rate at k={k}": metrics.rate_from_alpha(a["alpha"], k),
+             f"mean acceptance length at k={k}": 1 + k * metrics.rate_from_alpha(a["alpha"], k),
+             "draft step ms": draft_step_ms, "note": note}
+        rows.append(r)
+        progress(f"{factor:14s} {setting:44s} alpha {a['alpha']:.3f} +- {a['se']:.3f}")
+        return r
+
+    chat_ids = enc(True)
+    base_seqs = continuations(pair.target, chat_ids, max_new, greedy, eos)
+    base = expected_alpha(pair.target, pair.draft, base_seqs, greedy)
+    row("baseline", "greedy, chat template, pair as loaded", base, draft_step_ms=_draft_step_ms(pair.draft))
+    # sampling: Qwen3's recommended settings, with a greedy draft (vLLM's default) and a sampled one
+    for label, s in QWEN3_SAMPLING.items():
+        seqs = continuations(pair.target, chat_ids, max_new, s, eos, seed=1)
+        for sampled in (False, True):
+            s2 = Sampling(s.temperature, s.top_p, s.top_k, draft_sampled=sampled)
+            row("temperature", f"T={s.temperature} top_p={s.top_p} top_k={s.top_k} ({label}), "
+                f"{'sampled' if sampled else 'greedy'} draft", expected_alpha(pair.target, pair.draft, seqs, s2))
+    # prompt format
+    raw_ids = enc(False)
+    raw_seqs = continuations(pair.target, raw_ids, max_new, greedy, eos)
+    row("prompt format", "raw prompt for both (no chat template)", expected_alpha(pair.target, pair.draft, raw_seqs, greedy))
+    mismatch = [Sequence(q.prompt_id, q.target_prompt, q.continuation, draft_prompt=r[1])
+                for q, r in zip(base_seqs, raw_ids) if q.prompt_id == r[0]]
+    row("prompt format", "template mismatch: target chat, draft raw", expected_alpha(pair.target, pair.draft, mismatch, greedy),
+        "only possible with separate servers that each apply a template; inside vLLM (and sdeth) the draft "
+        "gets the target's token ids")
+    # thinking mode
+    if not thinking_modes:
+        rows.append({"factor": "thinking mode", "setting": "n/a", "alpha": None, "se": None, "positions": 0,
+                     "note": "this pair's chat template has no thinking switch (SmolLM2); set thinking_modes for Qwen3"})
+    for mode in thinking_modes:
+        ids = enc(True, thinking=(mode == "on"))
+        seqs = continuations(pair.target, ids, max_new, greedy, eos)
+        row("thinking mode", f"enable_thinking={mode == 'on'}, greedy", expected_alpha(pair.target, pair.draft, seqs, greedy))
+    # quantization / precision
+    d_bf16 = copy.deepcopy(pair.draft).to(torch.bfloat16)
+    row("precision", "draft in bf16 (target as loaded)", expected_alpha(pair.target, d_bf16, base_seqs, greedy))
+    t_bf16 = copy.deepcopy(pair.target).to(torch.bfloat16)
+    row("precision", "target and draft in bf16", expected_alpha(t_bf16, d_bf16, base_seqs, greedy),
+        "the reference continuation stays the loaded target's")
+    del t_bf16, d_bf16
+    d_int8 = copy.deepcopy(pair.draft)
+    fake_quantize_int8(d_int8)
+    row("precision", "draft re-quantized: int8 weights per channel", expected_alpha(pair.target, d_int8, base_seqs, greedy))
+    del d_int8
+    # pairing: draft size and training
+    n_d = pair.draft.config.num_hidden_layers
+    for n in sorted({max(1, n_d // 2), n_d}):
+        cut, _ = make_draft(pair.target, n)
+        cut = cut.to(next(pair.target.parameters()).dtype).eval()
+        row("pairing", f"first {n} target layers, untrained", expected_alpha(pair.target, cut, base_seqs, greedy),
+            draft_step_ms=_draft_step_ms(cut))
+        del cut
+    row("pairing", "the target as its own draft (upper bound)", expected_alpha(pair.target, pair.target, base_seqs, greedy),
+        draft_step_ms=_draft_step_ms(pair.target))
+    return rows
