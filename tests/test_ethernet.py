@@ -68,12 +68,14 @@ def test_pipelined_over_the_link_is_identical_at_rtt_0_and_5(pair, target_only_1
             assert s["drafted_tokens"] >= sum(r["draft_tokens"] for r in res["requests"])
             if rtt:
                 assert s["costs"]["rtt"] > 0.004           # the round trip the target measured
+            assert 0.8 < s["predicted_over_measured"] < 1.25, s["predicted_over_measured"]   # the event model
     assert not leftovers()
 
 
-def test_pipelined_draft_killed_mid_request_finishes_on_the_target(pair, target_only_16):
+@pytest.mark.parametrize("rtt", [0.0, 5.0])
+def test_pipelined_draft_killed_mid_request_finishes_on_the_target(pair, target_only_16, rtt):
     cfg = RunConfig(mode="pipelined", k=3, adaptive=False, placement="ethernet", prompts="sharegpt:2",
-                    max_tokens=MAX_TOKENS, rtt_ms=5.0)
+                    max_tokens=MAX_TOKENS, rtt_ms=rtt)
     reqs, _ = experiment._run_ethernet(cfg, experiment.encode_prompts(cfg, pair.tokenizer), draft_die_after=12,
                                        draft_timeout_s=2.0)
     assert [r["output_ids"] for r in reqs] == [r["output_ids"] for r in target_only_16["requests"][:2]]

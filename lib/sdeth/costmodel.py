@@ -165,7 +165,8 @@ class TakeWhatIsThere(Estimator):
         return min(max(available, 1), m_max)
 
 
-def simulate_pipelined(alpha: float, c: Costs, k_max: int, n_tokens: int = 20000, seed: int = 0) -> dict:
+def simulate_pipelined(alpha: float, c: Costs, k_max: int, n_tokens: int = 20000, seed: int = 0,
+                       adaptive: bool = True) -> dict:
     """Event model of the pipelined protocol (sdeth.pipeline): the draft drafts one token per
     draft_step from the start of its current run; a token reaches the target rtt/2 after it is
     drafted; each draft token equals the target's choice with probability alpha (for greedy decoding
@@ -173,10 +174,10 @@ def simulate_pipelined(alpha: float, c: Costs, k_max: int, n_tokens: int = 20000
     verifies, and commits; the Commit reaches the draft rtt/2 later, between two of its steps: a
     mismatch there restarts the draft's run, a position not drafted yet is taken as given.
     Returns tokens/s, mean drafts verified per round, share of plain target steps and of idle
-    target time. Deterministic for a seed."""
+    target time. Deterministic for a seed. adaptive=False plays the fixed policy (TakeWhatIsThere)."""
     import random
     rng = random.Random(seed)
-    est = Estimator()
+    est = Estimator() if adaptive else TakeWhatIsThere()
     est.acc, est.rej = alpha * 1e9, (1 - alpha) * 1e9
     est.draft_step, est.rtt, est.overhead = c.draft_step, c.rtt, c.overhead
     est.verify_s = {m: c.verify(m) for m in range(1, k_max + 2)}

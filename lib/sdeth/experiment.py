@@ -224,7 +224,7 @@ def summarize(reqs: list[dict], cfg: RunConfig) -> dict:
             overhead=(decode_s - verify_s - wire_s) / rounds)
         if 1 not in widths:      # no plain step in the run: extrapolate a step from the two narrowest widths
             c.target_step = c.verify(1) if len(widths) > 1 else min(widths.values())
-        sim = costmodel.simulate_pipelined(alpha, c, cfg.k, n_tokens=4000, seed=cfg.seed)
+        sim = costmodel.simulate_pipelined(alpha, c, cfg.k, n_tokens=4000, seed=cfg.seed, adaptive=cfg.adapts)
         rate = sim["tokens_per_s"]
         out["plain_steps"] = sum(r.get("plain_steps", 0) for r in reqs)
         out["drafted_tokens"] = streamed
@@ -340,7 +340,8 @@ def model_curves(runs: list[dict], rtts) -> list[dict]:
                 continue
             c = costmodel.Costs(step, s["costs"]["draft_step"], {int(m): v for m, v in s["costs"]["verify_s"].items()},
                                 rtt / 1e3, s["costs"]["overhead"])
-            sp = (costmodel.pipelined_speedup(s["alpha"], c, k, n_tokens=3000) if label == "pipelined SD"
+            sp = (costmodel.pipelined_speedup(s["alpha"], c, k, n_tokens=3000, adaptive=s.get("adaptive", True) is not False)
+                  if label == "pipelined SD"
                   else costmodel.speedup(s["alpha"], k, c))
             rows.append({"rtt_ms": rtt, "mode": label, "speedup": sp})
     return rows
