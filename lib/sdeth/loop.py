@@ -164,11 +164,9 @@ def speculative_step(target: Engine, drafter, last: int, n_prev: int, k: int, s:
     return toks[:n] + [nxt], n, wait
 
 
-def generate_sd(target: Engine, drafter, prompt_ids: list[int], max_tokens: int, k: int, s: Sampling,
-                eos: int | None, gen=None, prompt_id: str = "", est=None) -> Request:
-    """SD for one request. `drafter` is a Drafter, or a remote one with the same two methods; if it
-    becomes unavailable, the request finishes on the target alone (same output, greedy).
-    est (a costmodel.Estimator): adaptive k, chosen per round in 1..k from its running estimates."""
+def begin_request(target: Engine, prompt_ids: list[int], max_tokens: int, k: int, s: Sampling, gen, prompt_id: str):
+    """The start both SD loops share: the request record, the target's cache sized for the request,
+    its prefill and first token. Returns (request, t0, t_first, cache size, first token)."""
     req = Request(prompt_id, len(prompt_ids), accepted_per_pos=[0] * k)
     t0 = time.perf_counter()
     size = len(prompt_ids) + max_tokens + k + 2
@@ -177,13 +175,27 @@ def generate_sd(target: Engine, drafter, prompt_ids: list[int], max_tokens: int,
     t_first = time.perf_counter()
     target.forward_s = 0.0                       # from here on: verify time
     req.output_ids.append(tok)
-    alive = True
+    return req, t0, t_first, size, tok
+
+
+def start_draft(req: Request, start, *args) -> bool:
+    """Start the draft's side of a request; False (decode alone) when the draft is unavailable."""
     try:
         t_d = time.perf_counter()
-        drafter.start(prompt_ids, size)
+        start(*args)
         req.draft_prefill_s = time.perf_counter() - t_d
+        return True
     except DraftUnavailable:
-        alive = False
+        return False
+
+
+def generate_sd(target: Engine, drafter, prompt_ids: list[int], max_tokens: int, k: int, s: Sampling,
+                eos: int | None, gen=None, prompt_id: str = "", est=None) -> Request:
+    """SD for one request. `drafter` is a Drafter, or a remote one with the same two methods; if it
+    becomes unavailable, the request finishes on the target alone (same output, greedy).
+    est (a costmodel.Estimator): adaptive k, chosen per round in 1..k from its running estimates."""
+    req, t0, t_first, size, tok = begin_request(target, prompt_ids, max_tokens, k, s, gen, prompt_id)
+    alive = start_draft(req, drafter.start, prompt_ids, size)
     last, n_prev, wait_s = tok, 0, 0.0
     while not _done(req.output_ids, eos, max_tokens):
         k_round = est.choose_k(k, k) if est is not None else k

@@ -35,8 +35,8 @@ import time
 import torch
 
 from .costmodel import Estimator
-from .engine import Engine, prefill
-from .loop import DraftUnavailable, Request, _done, _finish, note_width, pick
+from .engine import Engine
+from .loop import DraftUnavailable, Request, _done, _finish, begin_request, note_width, pick, start_draft
 from .verify import Sampling, accept, probs, sample
 
 
@@ -224,22 +224,9 @@ def generate_pipelined(target: Engine, stream, prompt_ids: list[int], max_tokens
     """Pipelined SD for one request over a stream (RemoteStream, or LocalStream in tests). If the draft
     becomes unavailable, the request finishes on the target alone."""
     est = est or Estimator()
-    req = Request(prompt_id, len(prompt_ids), accepted_per_pos=[0] * k_max)
-    t0 = time.perf_counter()
-    size = len(prompt_ids) + max_tokens + k_max + 2
-    target.start(size)
-    x = pick(prefill(target, prompt_ids), s, gen)
-    t_first = time.perf_counter()
-    target.forward_s = 0.0
+    req, t0, t_first, size, x = begin_request(target, prompt_ids, max_tokens, k_max, s, gen, prompt_id)
     out = req.output_ids
-    out.append(x)
-    alive = True
-    try:
-        t_d = time.perf_counter()
-        stream.start(prompt_ids, size, x)
-        req.draft_prefill_s = time.perf_counter() - t_d
-    except DraftUnavailable:
-        alive = False
+    alive = start_draft(req, stream.start, prompt_ids, size, x)
     view = stream.view
     wait_s = 0.0
     plain_run = 0                                  # plain steps in a row while drafts were on offer
