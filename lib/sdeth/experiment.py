@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -150,7 +151,8 @@ def _run_ethernet(cfg: RunConfig, prompts, testbed=None, **testbed_kw) -> tuple[
     with nullcontext(testbed) if testbed is not None else Testbed(
             cfg.pair, up_ms=cfg.rtt_ms / 2, down_ms=cfg.rtt_ms / 2, netns=cfg.netns, device=cfg.device,
             target=cfg.target, draft=cfg.draft, **testbed_kw) as tb:
-        client = Client(tb.target_addr, timeout_s=float(__import__("os").environ.get("SDETH_CLIENT_TIMEOUT", 60 + 5 * cfg.max_tokens)))
+        # a request's whole decode; SDETH_CLIENT_TIMEOUT (seconds) overrides it, e.g. to see a stall sooner
+        client = Client(tb.target_addr, timeout_s=float(os.environ.get("SDETH_CLIENT_TIMEOUT", 60 + 5 * cfg.max_tokens)))
         try:
             for i, (pid, ids) in enumerate(prompts):
                 reply = client.call(W.Generate(pid, ids, cfg.max_tokens, cfg.mode, cfg.k, cfg.adapts, cfg.temperature,
