@@ -66,6 +66,18 @@ def _delta(after: dict, before: dict, k: int) -> tuple[int, int, int, list[int]]
             int(get(after, SPEC_COUNTERS[2], 0) - get(before, SPEC_COUNTERS[2], 0)), per[:k])
 
 
+def _summary(reqs: list[dict], mode: str, k: int, engine: str, start_s: float) -> dict:
+    """The run summary both vLLM paths write: timing and vLLM's acceptance figures from its counters."""
+    from . import metrics
+    sd = mode == "sd"
+    return {"mode": mode, "k": k if sd else None, "placement": "colocated", "engine": engine,
+            "engine_start_s": start_s, **metrics.timing(reqs),
+            **metrics.acceptance(sum(r["drafts"] for r in reqs), sum(r["draft_tokens"] for r in reqs),
+                                 sum(r["accepted_tokens"] for r in reqs),
+                                 [sum(r["accepted_per_pos"][i] for r in reqs) for i in range(k)] if sd else []),
+            "predicted_tokens_per_s": None}   # vLLM's component costs are not measured here
+
+
 def _main(job_path: str, out_path: str) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -98,13 +110,7 @@ def _main(job_path: str, out_path: str) -> None:
         reqs.append({"prompt_id": pid, "prompt_tokens": len(ids), "output_ids": toks, "ttft_ms": ttft * 1e3,
                      "tpot_ms": tpot, "e2e_s": e2e, "drafts": drafts, "draft_tokens": draft_tokens,
                      "accepted_tokens": accepted, "accepted_per_pos": per})
-    from . import metrics
-    summary = {"mode": c["mode"], "k": c["k"] if sd else None, "placement": "colocated", "engine": "vllm",
-               "engine_start_s": start_s, **metrics.timing(reqs),
-               **metrics.acceptance(sum(r["drafts"] for r in reqs), sum(r["draft_tokens"] for r in reqs),
-                                    sum(r["accepted_tokens"] for r in reqs),
-                                    [sum(r["accepted_per_pos"][i] for r in reqs) for i in range(c["k"])] if sd else []),
-               "predicted_tokens_per_s": None}  # vLLM's component costs are not measured here
+    summary = _summary(reqs, c["mode"], c["k"], "vllm", start_s)
     import vllm
     Path(out_path).write_text(json.dumps({
         "schema": "sdeth.results/1", "config": {**c, "engine": "vllm", "vllm": vllm.__version__, "vllm_args": {
@@ -143,7 +149,7 @@ def run_vllm_server(cfg, pair=None, port: int = 0, start_timeout_s: float = 600)
     api_server` in a subprocess, one streamed /v1/completions request at a time (token ids in, token ids
     out), the spec-decode counters scraped from its Prometheus /metrics before and after each request."""
     import urllib.request
-    from . import hardware, metrics
+    from . import hardware
     from .experiment import ConfigError, encode_prompts
     from .models import load_pair, model_dir
     from .testbed import free_port
@@ -210,12 +216,7 @@ def run_vllm_server(cfg, pair=None, port: int = 0, start_timeout_s: float = 600)
         os.killpg(proc.pid, 9) if proc.poll() is None else None
         proc.wait(timeout=30)
     import vllm
-    summary = {"mode": cfg.mode, "k": cfg.k if sd else None, "placement": "colocated", "engine": "vllm-server",
-               "engine_start_s": start_s, **metrics.timing(reqs),
-               **metrics.acceptance(sum(r["drafts"] for r in reqs), sum(r["draft_tokens"] for r in reqs),
-                                    sum(r["accepted_tokens"] for r in reqs),
-                                    [sum(r["accepted_per_pos"][i] for r in reqs) for i in range(cfg.k)] if sd else []),
-               "predicted_tokens_per_s": None,
+    summary = {**_summary(reqs, cfg.mode, cfg.k, "vllm-server", start_s),
                "note": "timings include HTTP and streaming; counters from the server's Prometheus /metrics"}
     return {"schema": "sdeth.results/1", "config": {**asdict(cfg), "vllm": vllm.__version__, "vllm_server_args": args[3:],
                                                     "pair_resolved": pair.describe()},
