@@ -34,6 +34,15 @@ def _reply(sock, ident: bytes, msg) -> None:
     sock.send_multipart([ident, W.encode(msg)])
 
 
+def _q_pairs(q, q_top: int):
+    """A sampled draft's q as (ids, probs) of its q_top non-zero entries per token (None, None for a
+    greedy draft): only those cross the wire."""
+    if q is None:
+        return None, None
+    top = torch.topk(q, min(q_top or q.shape[-1], q.shape[-1]), dim=-1)
+    return top.indices.tolist(), top.values.tolist()
+
+
 def _requests(bind: str, max_seconds: float = 0, idle=None):
     """The server loop both workers share: bind a ROUTER to exactly `bind`, yield (sock, ident, message,
     receive time) for each well-formed message; malformed or oversized ones get an Error reply here.
@@ -89,10 +98,7 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, eng
                     streams.pop(req)
                     _reply(sock, ident, W.Error("internal", f"{type(e).__name__}: {e}"))
                     return False
-                idx = val = None
-                if q is not None:
-                    top = torch.topk(q, min(d.q_top or q.shape[-1], q.shape[-1]))
-                    idx, val = top.indices.tolist(), top.values.tolist()
+                idx, val = _q_pairs(q, d.q_top)
                 _reply(sock, ident, W.Drafted(req, epoch, pos, tok, (d.compute_s - c0) * 1e3, idx, val))
                 served += 1
                 if die_after and served >= die_after:
@@ -139,10 +145,7 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, eng
                     continue
                 c0 = d.compute_s
                 toks, q = d.propose(msg.n_prev, msg.nxt, msg.k)
-                idx = val = None
-                if q is not None:  # only the q_top non-zero entries per token cross the wire
-                    top = torch.topk(q, min(d.q_top or q.shape[-1], q.shape[-1]), dim=-1)
-                    idx, val = top.indices.tolist(), top.values.tolist()
+                idx, val = _q_pairs(q, d.q_top)
                 _reply(sock, ident, W.Proposal(msg.req, toks, (d.compute_s - c0) * 1e3, idx, val))
                 served += 1
                 if die_after and served >= die_after:
@@ -175,16 +178,13 @@ class Client:
         self.sock.connect(self.addr)
 
     def call(self, msg, timeout_s: float | None = None):
-        data = W.encode(msg)
-        self.sock.send(data)
-        self.sent += len(data)
-        if not self.sock.poll(int((timeout_s or self.timeout_s) * 1000)):
+        self.send(msg)
+        reply = self.recv(timeout_s or self.timeout_s)
+        if reply is None:
             self.sock.close()
             self._open()
             raise TimeoutError(f"no answer from {self.addr} within {timeout_s or self.timeout_s:.1f} s")
-        reply = self.sock.recv()
-        self.received += len(reply)
-        return W.decode(reply)
+        return reply
 
     def send(self, msg) -> None:
         data = W.encode(msg)
