@@ -51,3 +51,23 @@ def test_greedy_sd_with_graphs_is_identical_to_target_only():
         sd = generate_sd(target, drafter, prompt, 48, 4, s, None)
         assert sd.output_ids == base.output_ids
     assert target.graphs_on and set(target.graphs) >= {1, 5}
+
+
+# ------------------------------------------------------------------ sampling on the GPU (temperature > 0)
+@pytest.mark.parametrize("k,draft_sampled", [(2, True), (3, False)])
+def test_sampled_sd_colocated_on_the_gpu_reproduces_the_target(k, draft_sampled):
+    """The chi-square check of test_verify with every tensor and generator on the device."""
+    from test_verify import _chi2_pvalue
+    assert _chi2_pvalue(k, Sampling(1.0, draft_sampled=draft_sampled), n=6000, device="cuda") > 1e-3
+
+
+def test_sampled_pipelined_in_process_on_the_gpu_reproduces_the_target():
+    from test_pipeline import _pvalue
+    assert _pvalue(Sampling(1.0, draft_sampled=True), n=4000, device="cuda") > 1e-3
+
+
+@pytest.mark.parametrize("mode,draft_sampled", [("target-only", False), ("sd", True), ("sd", False),
+                                                ("pipelined", True)])
+def test_sampled_decoding_over_the_link_on_the_gpu_reproduces_the_target(mode, draft_sampled):
+    from test_ethernet import link_sampling_pvalue
+    assert link_sampling_pvalue(mode, draft_sampled, "cuda", n=900) > 1e-3

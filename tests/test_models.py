@@ -8,9 +8,17 @@ def test_unknown_preset_names_the_value_and_the_choices():
         models.get_pair_config("qwen3-8b/0.5b")
 
 
-def test_mismatched_vocab_is_refused_naming_both_sizes():
-    with pytest.raises(models.ModelError, match=r"151936.*128256|128256.*151936"):
-        models.check_vocab("Qwen/Qwen3-8B", 151936, "meta-llama/Llama-3.2-1B", 128256)
+def test_mismatched_tokenizers_are_refused_naming_both_sizes():
+    t, d = models.RandomTokenizer(151936), models.RandomTokenizer(128256)
+    with pytest.raises(models.ModelError, match=r"128256 tokens.*151936 tokens"):
+        models.check_tokenizers("Qwen/Qwen3-8B", t, 151936, "meta-llama/Llama-3.2-1B", d, 128256)
+
+
+def test_padding_past_the_tokenizer_is_accepted_and_a_short_table_refused():
+    tok = models.RandomTokenizer(151665)
+    models.check_tokenizers("Qwen/Qwen2.5-7B-Instruct", tok, 152064, "Qwen/Qwen2.5-0.5B-Instruct", tok, 151936)
+    with pytest.raises(models.ModelError, match="151000 embedding rows, fewer than its tokenizer's 151665"):
+        models.check_tokenizers("a", tok, 152064, "b", tok, 151000)
 
 
 def test_hub_model_not_cached_gets_a_clear_error(monkeypatch):

@@ -23,9 +23,9 @@ class RandomPolicy(Estimator):
         return self.rng.randint(0, min(available + 1, m_max))
 
 
-def _run(seed, s, max_tokens=40, k=4, die_after=0, gen=None, start=0):
-    stream = pipeline.LocalStream(BigramEngine(DRAFT), s, seed=seed, die_after=die_after, window=2 * k + 2)
-    return pipeline.generate_pipelined(BigramEngine(TARGET), stream, [start], max_tokens, k, s, None, gen,
+def _run(seed, s, max_tokens=40, k=4, die_after=0, gen=None, start=0, device="cpu"):
+    stream = pipeline.LocalStream(BigramEngine(DRAFT, device), s, seed=seed, die_after=die_after, window=2 * k + 2)
+    return pipeline.generate_pipelined(BigramEngine(TARGET, device), stream, [start], max_tokens, k, s, None, gen,
                                        est=RandomPolicy(seed))
 
 
@@ -92,11 +92,11 @@ def test_commits_made_before_a_restart_is_seen_are_compared_in_the_new_epoch():
     assert view.epoch == d.epoch and [t for t, _ in view.chain(3, 8)] == [nxt[2]]
 
 
-def _pvalue(s, n=8000, seed=0):
-    gen = torch.Generator().manual_seed(seed)
+def _pvalue(s, n=8000, seed=0, device="cpu"):
+    gen = torch.Generator(device).manual_seed(seed)
     counts = torch.zeros(V * V)
     for i in range(n):
-        r = _run(seed * 100000 + i, s, max_tokens=3, k=3, gen=gen)
+        r = _run(seed * 100000 + i, s, max_tokens=3, k=3, gen=gen, device=device)
         b, c = r.output_ids[1:3]
         counts[b * V + c] += 1
     p = verify.probs(TARGET, s)

@@ -32,17 +32,17 @@ def test_top_k_top_p_filtering():
 
 class BigramEngine:
     """Stands in for Engine: the next-token logits depend on the current token only."""
-    device = torch.device("cpu")
 
-    def __init__(self, table):
-        self.table, self.pos, self.forward_s = table, 0, 0.0
+    def __init__(self, table, device="cpu"):
+        self.device = torch.device(device)
+        self.table, self.pos, self.forward_s = table.to(self.device), 0, 0.0
 
     def start(self, size):
         self.pos = 0
 
     def forward(self, ids):
         self.pos += len(ids)
-        return self.table[torch.as_tensor(ids)]
+        return self.table[torch.as_tensor(ids, device=self.device)]
 
     def rollback(self, pos):
         assert 0 <= pos <= self.pos
@@ -55,10 +55,10 @@ TARGET = torch.randn(V, V, generator=_g) * 1.5
 DRAFT = torch.randn(V, V, generator=_g) * 1.5      # deliberately a different model
 
 
-def _two_tokens(k, s, gen, drafter, start=0):
+def _two_tokens(k, s, gen, drafter, start=0, device="cpu"):
     """First two tokens after `start` from SD (target and draft bigram models), through the real
     round logic: Drafter's verdict bookkeeping and both rollbacks."""
-    t = BigramEngine(TARGET)
+    t = BigramEngine(TARGET, device)
     t.pos = 1                  # `start` is the prompt's last token, in neither cache yet
     drafter.start([0], 8)      # a one-token "prompt": only its length matters to a bigram
     out, last, n_prev = [], start, 0
@@ -69,12 +69,13 @@ def _two_tokens(k, s, gen, drafter, start=0):
     return out[:2]
 
 
-def _chi2_pvalue(k, s, n=12000, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    drafter = loop.Drafter(BigramEngine(DRAFT), s, seed=seed + 1)
+def _chi2_pvalue(k, s, n=12000, seed=0, device="cpu"):
+    """device 'cuda': the same check with every tensor and generator on the GPU."""
+    gen = torch.Generator(device).manual_seed(seed)
+    drafter = loop.Drafter(BigramEngine(DRAFT, device), s, seed=seed + 1)
     counts = torch.zeros(V * V)
     for _ in range(n):
-        a, b = _two_tokens(k, s, gen, drafter)
+        a, b = _two_tokens(k, s, gen, drafter, device=device)
         counts[a * V + b] += 1
     p = verify.probs(TARGET, s)
     expected = (p[0][:, None] * p).reshape(-1) * n     # P(a | start=0) * P(b | a)

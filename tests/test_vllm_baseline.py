@@ -5,7 +5,7 @@ import pytest
 from sdeth import experiment, metrics
 from sdeth.experiment import ConfigError, RunConfig
 
-pytestmark = pytest.mark.slow
+slow = pytest.mark.slow
 P, T = "sharegpt:4", 24
 
 
@@ -17,6 +17,7 @@ def runs(pair):
             "ours": experiment.run(RunConfig(mode="target-only", **kw), pair, progress=False)}
 
 
+@slow
 def test_vllm_sd_is_lossless_and_counts_consistently(runs):
     base, sd = runs["vllm-base"], runs["vllm-sd"]
     assert [r["output_ids"] for r in sd["requests"]] == [r["output_ids"] for r in base["requests"]]
@@ -28,6 +29,7 @@ def test_vllm_sd_is_lossless_and_counts_consistently(runs):
     assert sd["config"]["engine"] == "vllm" and sd["config"]["vllm_args"]["speculative_config"]["method"] == "draft_model"
 
 
+@slow
 def test_vllm_and_our_runtime_decode_the_same_tokens(runs):
     ours = [r["output_ids"] for r in runs["ours"]["requests"]]
     theirs = [r["output_ids"] for r in runs["vllm-base"]["requests"]]
@@ -41,6 +43,7 @@ def test_vllm_engine_is_colocated_only():
         RunConfig(engine="vllm", placement="ethernet").check()
 
 
+@slow
 def test_server_path_scrapes_the_same_counters_as_the_offline_engine(runs, pair):
     """`--engine vllm-server`: vLLM's OpenAI-compatible server, token ids in and out, counters from /metrics."""
     srv = experiment.run(RunConfig(engine="vllm-server", mode="sd", k=3, prompts=P, max_tokens=T, max_len=1024), pair)
@@ -50,3 +53,48 @@ def test_server_path_scrapes_the_same_counters_as_the_offline_engine(runs, pair)
         assert (a["drafts"], a["draft_tokens"], a["accepted_tokens"], a["accepted_per_pos"]) == \
                (b["drafts"], b["draft_tokens"], b["accepted_tokens"], b["accepted_per_pos"])
     assert srv["summary"]["engine"] == "vllm-server" and srv["summary"]["ttft_ms"] > 0
+
+
+# ------------------------------------------------------------------ KV cache sizing (no vLLM run: fast)
+SMOL = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
+DRAFT6 = {**SMOL, "num_hidden_layers": 6}
+
+
+def _job(mode="sd", max_len=1024, k=3):
+    return {"config": {"mode": mode, "max_len": max_len, "k": k, "seed": 0}, "target_dir": "t", "draft_dir": "d",
+            "dtype": "float32", "target_config": SMOL, "draft_config": DRAFT6}
+
+
+@pytest.mark.parametrize("node0_gib", [2.0, 9.0, 24.0])
+def test_kv_cache_is_sized_from_the_run_not_from_node0_memory(node0_gib, tmp_path, monkeypatch):
+    """The failure on a fresh machine: vLLM sized its KV cache as a share of NUMA node 0's meminfo (9 GB
+    there, growing as memory is used). The runner now asks for an explicit size from what one request
+    needs, the same whatever node 0 or the machine reports."""
+    import psutil
+    from sdeth import hardware, vllm_baseline as V
+    fake = tmp_path / "meminfo"
+    fake.write_text(f"Node 0 MemTotal:       {int(node0_gib * 2**20)} kB\nNode 0 MemFree:        1000 kB\n")
+    monkeypatch.setattr(hardware, "NODE0_MEMINFO", str(fake))
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: (_ for _ in ()).throw(AssertionError("read memory")))
+    monkeypatch.delenv(V.KV_ENV, raising=False)
+    assert hardware.node0_mem_gib() == pytest.approx(node0_gib, abs=0.01)
+    kw = V.engine_args(_job())
+    # SmolLM2-135M: 2 (K, V) x 30 layers x 3 kv heads x 64 dims x 4 bytes = 46,080 B per token; the draft 9,216
+    per_token = 2 * 3 * 64 * 4 * (30 + 6)
+    tokens = 1024 + 3 + 2                                   # max_model_len
+    blocks = -(-tokens // V.KV_BLOCK) * V.KV_BLOCK + V.KV_BLOCK
+    assert kw["kv_cache_memory_bytes"] == V.KV_HEADROOM * per_token * blocks        # ~ 120 MiB
+    assert "gpu_memory_utilization" not in kw              # no share of the machine's memory
+    assert V.engine_args(_job("target-only"))["kv_cache_memory_bytes"] == V.KV_HEADROOM * 2 * 3 * 64 * 4 * 30 * blocks
+    assert kw["kv_cache_memory_bytes"] < 0.1 * 2**30 * node0_gib + 2**30   # fits next to anything
+
+
+def test_kv_cache_override_and_the_error_that_names_it(monkeypatch):
+    from sdeth import vllm_baseline as V
+    monkeypatch.setenv(V.KV_ENV, "512")
+    assert V.engine_args(_job())["kv_cache_memory_bytes"] == 512 * 2**20
+    monkeypatch.setenv(V.KV_ENV, "lots")
+    with pytest.raises(V.VLLMStartError, match="SDETH_VLLM_KV_MIB='lots'"):
+        V.engine_args(_job())
+    err = V.start_error(1, "ValueError: To serve at least one request ... KV cache is needed", 100 * 2**20)
+    assert "SDETH_VLLM_KV_MIB=400" in str(err) and "100 MiB" in str(err)

@@ -39,6 +39,8 @@ def _next_token_logits(model, prompt: list[int], cont: list[int]) -> torch.Tenso
 
 def per_position_alpha(p_logits: torch.Tensor, q_logits: torch.Tensor, s: Sampling) -> torch.Tensor:
     """alpha at each position (see the module docstring), [n]."""
+    v = min(p_logits.shape[-1], q_logits.shape[-1])     # padded embedding tables: the shared ids only
+    p_logits, q_logits = p_logits[..., :v], q_logits[..., :v]
     if s.greedy:
         return (p_logits.argmax(-1) == q_logits.argmax(-1)).float()
     p = probs(p_logits, s)

@@ -27,8 +27,11 @@ class CacheFull(ValueError):
 
 class Engine:
     def __init__(self, model, name: str = "model", cuda_graphs: bool | None = None, capacity: int = 4096,
-                 max_graph_width: int = 16, impl: str = "hf", compile_mode: str | None = None):
-        """impl: 'hf' runs the transformers model with its StaticCache; 'fast' runs sdeth.fastmodel's
+                 max_graph_width: int = 16, impl: str = "hf", compile_mode: str | None = None,
+                 vocab: int | None = None):
+        """vocab: cut the logits to the pair's shared tokenizer size (embedding tables padded past it
+        have rows no token id reaches; both models are cut alike). None: the model's full width.
+        impl: 'hf' runs the transformers model with its StaticCache; 'fast' runs sdeth.fastmodel's
         FastDecoder built from the same weights (fused projections, plain-tensor cache). compile_mode
         (fast only): torch.compile the fixed-width forwards (e.g. 'max-autotune-no-cudagraphs'),
         which then run inside this engine's CUDA graphs."""
@@ -42,6 +45,10 @@ class Engine:
         self.graphs_on = (self.device.type == "cuda") if cuda_graphs is None else cuda_graphs
         self.capacity, self.max_graph_width = capacity, max_graph_width
         self.impl, self.compile_mode = impl, compile_mode
+        rows = getattr(getattr(model, "config", None), "vocab_size", None)
+        if vocab is not None and rows is not None and vocab > rows:
+            raise ValueError(f"{name}: vocab {vocab} exceeds the model's {rows} output rows")
+        self.vocab = vocab if vocab is not None and vocab != rows else None
         self.dec = None
         self._fixed = None      # the fixed-width forward (compiled or not), fast impl
         self.graphs: dict[int, tuple] = {}   # m -> (graph, static ids, static positions, static logits)
@@ -101,6 +108,8 @@ class Engine:
             logits = fn(ids[0], positions[0])
         else:
             logits = self._run(ids, positions)
+        if self.vocab is not None:
+            logits = logits[:, :self.vocab]
         self.pos += m
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

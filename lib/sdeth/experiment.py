@@ -123,8 +123,8 @@ def run(cfg: RunConfig, pair=None, progress: bool = True, on_testbed=None) -> di
     if cfg.placement == "ethernet":
         reqs, testbed = _run_ethernet(cfg, bar, on_testbed)
     else:
-        target = Engine(pair.target, "target")
-        drafter = Drafter(Engine(pair.draft, "draft"), s, seed=cfg.seed + 1)
+        target = Engine(pair.target, "target", vocab=pair.vocab_size)
+        drafter = Drafter(Engine(pair.draft, "draft", vocab=pair.vocab_size), s, seed=cfg.seed + 1)
         eos = pair.tokenizer.eos_token_id
         est = costmodel.Estimator()       # adaptive k: learns over the whole run
         reqs = []

@@ -25,13 +25,28 @@ def _mem_gib() -> float | None:
     return None
 
 
+NODE0_MEMINFO = "/sys/devices/system/node/node0/meminfo"
+
+
+def node0_mem_gib(path: str | None = None) -> float | None:
+    """NUMA node 0's MemTotal as the kernel reports it, for the record only: on some virtual machines it
+    reads far below `free` (a few GB of 24) and grows as memory is used, so nothing is sized from it."""
+    try:
+        for line in open(path or NODE0_MEMINFO):
+            if "MemTotal:" in line:
+                return round(int(line.split()[3]) / 2**20, 2)
+    except (OSError, IndexError, ValueError):
+        pass
+    return None
+
+
 def describe(device: str = "cpu") -> dict:
     import torch
     import transformers
     info = {
         "host": platform.node(), "os": platform.platform(), "python": platform.python_version(),
         "cpu": _cpu_model(), "cpu_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-        "memory_gib": _mem_gib(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "memory_gib": _mem_gib(), "numa_node0_memtotal_gib": node0_mem_gib(), "torch": torch.__version__, "transformers": transformers.__version__,
         "device": device, "gpu": None,
     }
     if device.startswith("cuda") and torch.cuda.is_available():

@@ -178,11 +178,14 @@ def begin_request(target: Engine, prompt_ids: list[int], max_tokens: int, k: int
     return req, t0, t_first, size, tok
 
 
-def start_draft(req: Request, start, *args) -> bool:
-    """Start the draft's side of a request; False (decode alone) when the draft is unavailable."""
+def start_draft(req: Request, start, *args, seed: int | None = None) -> bool:
+    """Start the draft's side of a request; False (decode alone) when the draft is unavailable.
+    seed: the draft's sampling seed for this request (None: its generator runs on). A sampled draft
+    needs fresh draws per request: re-using one seed makes its proposal a fixed function of the
+    context, and speculative sampling then no longer reproduces the target's distribution."""
     try:
         t_d = time.perf_counter()
-        start(*args)
+        start(*args, seed=seed)
         req.draft_prefill_s = time.perf_counter() - t_d
         return True
     except DraftUnavailable:
@@ -190,12 +193,13 @@ def start_draft(req: Request, start, *args) -> bool:
 
 
 def generate_sd(target: Engine, drafter, prompt_ids: list[int], max_tokens: int, k: int, s: Sampling,
-                eos: int | None, gen=None, prompt_id: str = "", est=None) -> Request:
+                eos: int | None, gen=None, prompt_id: str = "", est=None, draft_seed: int | None = None) -> Request:
     """SD for one request. `drafter` is a Drafter, or a remote one with the same two methods; if it
     becomes unavailable, the request finishes on the target alone (same output, greedy).
-    est (a costmodel.Estimator): adaptive k, chosen per round in 1..k from its running estimates."""
+    est (a costmodel.Estimator): adaptive k, chosen per round in 1..k from its running estimates.
+    draft_seed: the draft's seed for this request (a remote draft must get one per request)."""
     req, t0, t_first, size, tok = begin_request(target, prompt_ids, max_tokens, k, s, gen, prompt_id)
-    alive = start_draft(req, drafter.start, prompt_ids, size)
+    alive = start_draft(req, drafter.start, prompt_ids, size, seed=draft_seed)
     last, n_prev, wait_s = tok, 0, 0.0
     while not _done(req.output_ids, eos, max_tokens):
         k_round = est.choose_k(k, k) if est is not None else k

@@ -54,6 +54,12 @@ PAIRS: dict[str, PairConfig] = {
                                        151936, "Qwen3 shapes, random weights: timings only (synthetic acceptance)"),
     "random-tiny": PairConfig("random-tiny", "random:tiny-4L", "random:tiny-2L", "float32", 1000,
                               "tiny Qwen3-shaped models, random weights: tests of the synthetic mode"),
+    # the user's first pair: one tokenizer (151,665 ids), embedding tables padded to 152,064 (7B) and
+    # 151,936 (0.5B, 1.5B); the logits are cut to the tokenizer's size (padding rows no id reaches)
+    "qwen2.5-7b/0.5b": PairConfig("qwen2.5-7b/0.5b", "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct",
+                                  "bfloat16", None, "embedding tables differ by padding only (152064 vs 151936)"),
+    "qwen2.5-7b/1.5b": PairConfig("qwen2.5-7b/1.5b", "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct",
+                                  "bfloat16", None, "embedding tables differ by padding only (152064 vs 151936)"),
     "llama3.1-8b/3.2-1b": PairConfig("llama3.1-8b/3.2-1b", "meta-llama/Llama-3.1-8B-Instruct",
                                      "meta-llama/Llama-3.2-1B-Instruct", "bfloat16", 128256,
                                      "fallback pair (gated on the hub: needs an accepted licence)"),
@@ -83,6 +89,12 @@ class Pair:
     tokenizer: object
     card: dict = field(default_factory=dict)   # the draft's model card (embedded pair)
 
+    @property
+    def vocab_size(self) -> int:
+        """The shared tokenizer's size: both models' logits are cut to it (their embedding tables may
+        be padded past it with rows no token id reaches)."""
+        return tokenizer_size(self.tokenizer)
+
     def describe(self) -> dict:
         """What goes into every result's config: ids, sizes, dtype, vocab."""
         def n_params(m):
@@ -92,7 +104,9 @@ class Pair:
                 "target_params": n_params(t) if t else None, "draft_params": n_params(d) if d else None,
                 "target_layers": t.config.num_hidden_layers if t else None,
                 "draft_layers": d.config.num_hidden_layers if d else None,
-                "vocab_size": (t or d).config.vocab_size,
+                "vocab_size": self.vocab_size,
+                "embedding_rows": {"target": t.config.vocab_size if t else None, "draft": d.config.vocab_size if d else None},
+                "logits_cut_to": self.vocab_size,
                 "tokenizer_sha": tokenizer_hash(self.tokenizer),
                 "draft_card": self.card}
 
@@ -121,6 +135,9 @@ class RandomTokenizer:
     def get_vocab(self) -> dict:
         return {f"<{i}>": i for i in range(self.vocab_size)}
 
+    def __len__(self) -> int:
+        return self.vocab_size
+
 
 def random_model(name: str, device: str = "cpu", dtype=None, seed: int = 0):
     """A Qwen3-architecture model with random weights (initialised on `device`, in `dtype`)."""
@@ -143,7 +160,8 @@ def random_model(name: str, device: str = "cpu", dtype=None, seed: int = 0):
 
 def load_pair(name: str = "embedded", target: str | None = None, draft: str | None = None,
               device: str = "cpu", dtype: str | None = None, roles=("target", "draft")) -> Pair:
-    """Load target, draft and the target's tokenizer. Refuses pairs whose vocabularies differ.
+    """Load target, draft and their shared tokenizer. Refuses pairs whose tokenizers differ; accepts
+    embedding tables padded past the tokenizer (the engines cut the logits to it).
     roles: which models to load (a worker needs only its own; the other is None)."""
     import torch
     from transformers import AutoTokenizer
@@ -154,8 +172,9 @@ def load_pair(name: str = "embedded", target: str | None = None, draft: str | No
                   for role, mid, seed in (("target", cfg.target, 0), ("draft", cfg.draft, 1))]
         return Pair(cfg, *models, RandomTokenizer(cfg.vocab_size), {"note": "random weights"})
     tdir, ddir = model_dir(cfg.target), model_dir(cfg.draft)
-    check_vocab(cfg.target, _vocab_size(tdir), cfg.draft, _vocab_size(ddir))
     tok = AutoTokenizer.from_pretrained(tdir)
+    dtok = AutoTokenizer.from_pretrained(ddir) if _has_tokenizer(ddir) else tok
+    check_tokenizers(cfg.target, tok, _vocab_size(tdir), cfg.draft, dtok, _vocab_size(ddir))
     torch_dtype = getattr(torch, cfg.dtype)
     tmodel = _load_causal_lm(tdir, torch_dtype, device) if "target" in roles else None
     dmodel = _load_causal_lm(ddir, torch_dtype, device) if "draft" in roles else None
@@ -164,12 +183,30 @@ def load_pair(name: str = "embedded", target: str | None = None, draft: str | No
     return Pair(cfg, tmodel, dmodel, tok, card)
 
 
-def check_vocab(target_id: str, target_vocab: int, draft_id: str, draft_vocab: int) -> None:
-    if target_vocab != draft_vocab:
+def check_tokenizers(target_id: str, target_tok, target_rows: int, draft_id: str, draft_tok, draft_rows: int) -> None:
+    """A pair must share one tokenizer (same ids for the same text): compared by the vocabulary hash,
+    not by the embedding sizes, which may be padded (Qwen2.5-7B 152,064 rows, Qwen2.5-0.5B 151,936,
+    one tokenizer of 151,665 ids). Each table must cover the tokenizer."""
+    nt, nd = tokenizer_size(target_tok), tokenizer_size(draft_tok)
+    if tokenizer_hash(target_tok) != tokenizer_hash(draft_tok):
         raise ModelError(
-            f"draft {draft_id!r} has a vocabulary of {draft_vocab} tokens but target {target_id!r} has "
-            f"{target_vocab}: speculative decoding here needs one shared tokenizer. Pick a draft from the "
-            f"target's family (e.g. Qwen3-0.6B for Qwen3-8B, both 151936).")
+            f"draft {draft_id!r} has a tokenizer of {nd} tokens (embedding {draft_rows} rows) but target "
+            f"{target_id!r} has a different one of {nt} tokens (embedding {target_rows} rows): speculative "
+            f"decoding needs one shared tokenizer. Pick a draft from the target's family (e.g. Qwen3-0.6B "
+            f"for Qwen3-8B).")
+    for mid, rows in ((target_id, target_rows), (draft_id, draft_rows)):
+        if rows < nt:
+            raise ModelError(f"{mid!r} has {rows} embedding rows, fewer than its tokenizer's {nt} ids: the "
+                             f"checkpoint does not match its tokenizer")
+
+
+def tokenizer_size(tokenizer) -> int:
+    """Ids the tokenizer can produce (added tokens included)."""
+    return len(tokenizer)
+
+
+def _has_tokenizer(path: str) -> bool:
+    return any((Path(path) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
 
 
 def tokenizer_hash(tokenizer) -> str:

@@ -220,13 +220,13 @@ EXPLORE_EVERY = 16     # after this many plain steps in a row, verify the drafts
 
 def generate_pipelined(target: Engine, stream, prompt_ids: list[int], max_tokens: int, k_max: int,
                        s: Sampling, eos: int | None, gen=None, prompt_id: str = "", est: Estimator | None = None,
-                       draft_timeout_s: float = 5.0) -> Request:
+                       draft_timeout_s: float = 5.0, draft_seed: int | None = None) -> Request:
     """Pipelined SD for one request over a stream (RemoteStream, or LocalStream in tests). If the draft
     becomes unavailable, the request finishes on the target alone."""
     est = est or Estimator()
     req, t0, t_first, size, x = begin_request(target, prompt_ids, max_tokens, k_max, s, gen, prompt_id)
     out = req.output_ids
-    alive = start_draft(req, stream.start, prompt_ids, size, x)
+    alive = start_draft(req, stream.start, prompt_ids, size, x, seed=draft_seed)
     view = stream.view
     wait_s = 0.0
     plain_run = 0                                  # plain steps in a row while drafts were on offer

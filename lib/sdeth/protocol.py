@@ -36,7 +36,7 @@ class Hello(msgspec.Struct, tag="hello"):
     proto: int
     role: str
     model_id: str
-    vocab_size: int
+    vocab_size: int          # the shared tokenizer's size (logits are cut to it; embeddings may be padded)
     tokenizer_sha: str
     dtype: str
 
@@ -173,9 +173,9 @@ def check_hello(h: Hello, mine: Welcome) -> Error | None:
         return Error("version", f"protocol version {h.proto} from the target, this draft speaks "
                                 f"{PROTOCOL_VERSION}: run the same sdeth version on both nodes")
     if h.vocab_size != mine.vocab_size or h.tokenizer_sha != mine.tokenizer_sha:
-        return Error("mismatch", f"target {h.model_id!r} has vocab {h.vocab_size} (tokenizer {h.tokenizer_sha}), "
-                                 f"draft {mine.model_id!r} has vocab {mine.vocab_size} (tokenizer "
-                                 f"{mine.tokenizer_sha}): the pair must share one tokenizer")
+        return Error("mismatch", f"target {h.model_id!r} has a tokenizer of {h.vocab_size} ids (sha {h.tokenizer_sha}), "
+                                 f"draft {mine.model_id!r} one of {mine.vocab_size} ids (sha {mine.tokenizer_sha}): "
+                                 f"the pair must share one tokenizer (embedding tables may differ by padding)")
     if h.dtype != mine.dtype:
         return Error("mismatch", f"target runs {h.dtype}, draft {mine.dtype}: start both with the same --dtype")
     return None

@@ -47,12 +47,12 @@ class SyntheticEngine(Engine):
         if not 0 <= alpha <= 1:
             raise ValueError(f"synthetic alpha {alpha}: must be in [0, 1]")
         self.role, self.alpha, self.seed = role, alpha, seed
-        self.vocab = int(model.config.vocab_size)
+        self.vocab_size = int(self.vocab or model.config.vocab_size)
 
     def token_at(self, pos: int) -> int:
         if self.role == "target":
-            return true_token(self.seed, pos, self.vocab)
-        return draft_token(self.seed, pos, self.vocab, self.alpha)
+            return true_token(self.seed, pos, self.vocab_size)
+        return draft_token(self.seed, pos, self.vocab_size, self.alpha)
 
     def forward(self, ids) -> torch.Tensor:
         start = self.pos
@@ -65,9 +65,11 @@ class SyntheticEngine(Engine):
 
 
 def make_engine(model, name: str, role: str, impl: str = "hf", compile_mode: str | None = None,
-                capacity: int = 4096, synthetic_alpha: float | None = None, synthetic_seed: int = 0) -> Engine:
-    """The engine a worker runs: transformers or fast decoder, compiled or not, synthetic or real."""
-    kw = dict(impl=impl, compile_mode=compile_mode or None, capacity=capacity)
+                capacity: int = 4096, synthetic_alpha: float | None = None, synthetic_seed: int = 0,
+                vocab: int | None = None) -> Engine:
+    """The engine a worker runs: transformers or fast decoder, compiled or not, synthetic or real;
+    vocab: the pair's tokenizer size (logits cut to it)."""
+    kw = dict(impl=impl, compile_mode=compile_mode or None, capacity=capacity, vocab=vocab)
     if synthetic_alpha is None:
         return Engine(model, name, **kw)
     return SyntheticEngine(model, name, role=role, alpha=synthetic_alpha, seed=synthetic_seed, **kw)

@@ -21,18 +21,76 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+KV_ENV = "SDETH_VLLM_KV_MIB"      # overrides the KV cache size sdeth computes (MiB)
+KV_BLOCK = 128                   # tokens; vLLM allocates the cache in blocks of at most this many
+KV_HEADROOM = 2                  # x what the longest request needs: block rounding, one group per model
+
+
+class VLLMStartError(RuntimeError):
+    """vLLM did not start or failed; the message names the setting to change."""
+
+
+def kv_bytes_per_token(model_config: dict, dtype: str) -> int:
+    """K and V of one token over all layers: 2 x layers x kv_heads x head_dim x bytes per element."""
+    c = model_config.get("text_config", model_config)
+    heads = c["num_attention_heads"]
+    head_dim = c.get("head_dim") or c["hidden_size"] // heads
+    size = {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
+    return 2 * c["num_hidden_layers"] * c.get("num_key_value_heads", heads) * head_dim * size
+
+
+def kv_cache_bytes(target_config: dict, draft_config: dict | None, max_model_len: int, dtype: str) -> int:
+    """The KV cache vLLM is given, from what one request of this run needs (batch 1, like sdeth's
+    runner): both models' bytes per token x max_model_len rounded up to whole blocks, x KV_HEADROOM.
+    Never a fraction of the machine's memory: vLLM's CPU backend reads that from NUMA node 0's meminfo,
+    which on some machines reports a few GB of 24 and grows as memory is used. $SDETH_VLLM_KV_MIB
+    overrides it."""
+    if os.environ.get(KV_ENV):
+        try:
+            return int(float(os.environ[KV_ENV]) * 2**20)
+        except ValueError:
+            raise VLLMStartError(f"{KV_ENV}={os.environ[KV_ENV]!r}: give the KV cache size in MiB, e.g. 256") from None
+    per_token = kv_bytes_per_token(target_config, dtype)
+    if draft_config is not None:
+        per_token += kv_bytes_per_token(draft_config, dtype)
+    tokens = -(-max_model_len // KV_BLOCK) * KV_BLOCK + KV_BLOCK
+    return KV_HEADROOM * per_token * tokens
+
+
+def engine_args(job: dict) -> dict:
+    """vLLM's engine arguments for one job (both the offline engine and the server take these)."""
+    c = job["config"]
+    max_model_len = c["max_len"] + c["k"] + 2
+    sd = c["mode"] == "sd"
+    kw = dict(model=job["target_dir"], dtype=job["dtype"], disable_log_stats=False, enforce_eager=True,
+              max_model_len=max_model_len, seed=c["seed"],
+              kv_cache_memory_bytes=kv_cache_bytes(job["target_config"], job["draft_config"] if sd else None,
+                                                   max_model_len, job["dtype"]))
+    if sd:
+        kw["speculative_config"] = {"method": "draft_model", "model": job["draft_dir"], "num_speculative_tokens": c["k"]}
+    return kw
+
+
+def start_error(exit_code, log_tail: str, kv_bytes: int) -> VLLMStartError:
+    """What to say when vLLM stops: the KV setting and a value to try when the cache was the problem."""
+    hint = ""
+    if "KV cache" in log_tail or "kv cache" in log_tail:
+        hint = (f"\nvLLM was given a KV cache of {kv_bytes / 2**20:.0f} MiB (sized from this run's longest request). "
+                f"Try {KV_ENV}={max(256, 4 * kv_bytes // 2**20)} (MiB) to give it more, or lower --max-len.")
+    return VLLMStartError(f"vLLM run failed (exit {exit_code}); its last lines:\n{log_tail}{hint}")
+
+
 SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
                  "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_accepted_tokens_per_pos")
 
 
 def run_vllm(cfg, pair=None, timeout_s: float = 1800) -> dict:
     """Run cfg (an experiment.RunConfig with engine 'vllm') in a vLLM subprocess; the results dict."""
-    from .experiment import ConfigError, encode_prompts
-    from .models import load_pair, model_dir
+    from .experiment import encode_prompts
+    from .models import load_pair
     pair = pair or load_pair(cfg.pair, cfg.target, cfg.draft, device=cfg.device)
-    job = {"config": asdict(cfg), "target_dir": model_dir(pair.config.target),
-           "draft_dir": model_dir(pair.config.draft), "dtype": pair.config.dtype,
-           "eos": pair.tokenizer.eos_token_id, "prompts": encode_prompts(cfg, pair.tokenizer)}
+    job = _job(cfg, pair)
+    job["prompts"] = encode_prompts(cfg, pair.tokenizer)
     with tempfile.TemporaryDirectory(prefix="sdeth-vllm-") as tmp:
         cfg_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
         cfg_path.write_text(json.dumps(job))
@@ -40,12 +98,22 @@ def run_vllm(cfg, pair=None, timeout_s: float = 1800) -> dict:
                            capture_output=True, text=True, timeout=timeout_s, cwd=tmp)
         if p.returncode or not out_path.exists():
             tail = "\n".join((p.stdout + p.stderr).splitlines()[-25:])
-            raise ConfigError(f"vLLM run failed (exit {p.returncode}); its last lines:\n{tail}")
+            raise start_error(p.returncode, tail, engine_args(job)["kv_cache_memory_bytes"])
         res = json.loads(out_path.read_text())
     from . import hardware
     res["config"]["pair_resolved"] = pair.describe()
     res["hardware"] = hardware.describe(cfg.device)
     return res
+
+
+def _job(cfg, pair) -> dict:
+    """What the vLLM runner needs from sdeth: the config, model directories and their configs."""
+    from .models import model_dir
+    tdir, ddir = model_dir(pair.config.target), model_dir(pair.config.draft)
+    return {"config": asdict(cfg), "target_dir": tdir, "draft_dir": ddir, "dtype": pair.config.dtype,
+            "target_config": json.loads((Path(tdir) / "config.json").read_text()),
+            "draft_config": json.loads((Path(ddir) / "config.json").read_text()),
+            "eos": pair.tokenizer.eos_token_id}
 
 
 def _counters(llm) -> dict:
@@ -84,12 +152,7 @@ def _main(job_path: str, out_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
     c = job["config"]
     sd = c["mode"] == "sd"
-    kwargs = dict(model=job["target_dir"], dtype=job["dtype"], disable_log_stats=False, enforce_eager=True,
-                  max_model_len=c["max_len"] + c["k"] + 2, seed=c["seed"],
-                  gpu_memory_utilization=float(os.environ.get("SDETH_VLLM_MEMORY", "0.25")))  # CPU: share of RAM
-    if sd:
-        kwargs["speculative_config"] = {"method": "draft_model", "model": job["draft_dir"],
-                                        "num_speculative_tokens": c["k"]}
+    kwargs = engine_args(job)
     t0 = time.time()
     llm = LLM(**kwargs)
     start_s = time.time() - t0
@@ -150,21 +213,20 @@ def run_vllm_server(cfg, pair=None, port: int = 0, start_timeout_s: float = 600)
     out), the spec-decode counters scraped from its Prometheus /metrics before and after each request."""
     import urllib.request
     from . import hardware
-    from .experiment import ConfigError, encode_prompts
-    from .models import load_pair, model_dir
+    from .experiment import encode_prompts
+    from .models import load_pair
     from .testbed import free_port
     pair = pair or load_pair(cfg.pair, cfg.target, cfg.draft, device=cfg.device)
     sd = cfg.mode == "sd"
     port = port or free_port()
     base = f"http://127.0.0.1:{port}"
-    target_dir = model_dir(pair.config.target)
+    kw = engine_args(_job(cfg, pair))
+    target_dir = kw["model"]
     args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", target_dir, "--host", "127.0.0.1",
-            "--port", str(port), "--dtype", pair.config.dtype, "--max-model-len", str(cfg.max_len + cfg.k + 2),
-            "--seed", str(cfg.seed), "--enforce-eager",
-            "--gpu-memory-utilization", os.environ.get("SDETH_VLLM_MEMORY", "0.25")]
+            "--port", str(port), "--dtype", kw["dtype"], "--max-model-len", str(kw["max_model_len"]),
+            "--seed", str(kw["seed"]), "--enforce-eager", "--kv-cache-memory-bytes", str(kw["kv_cache_memory_bytes"])]
     if sd:
-        args += ["--speculative-config", json.dumps({"method": "draft_model", "model": model_dir(pair.config.draft),
-                                                     "num_speculative_tokens": cfg.k})]
+        args += ["--speculative-config", json.dumps(kw["speculative_config"])]
     log = tempfile.NamedTemporaryFile("w+", prefix="sdeth-vllm-server-", suffix=".log", delete=False)
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     t0 = time.time()
@@ -178,7 +240,7 @@ def run_vllm_server(cfg, pair=None, port: int = 0, start_timeout_s: float = 600)
             if proc.poll() is not None or time.time() - t0 > start_timeout_s:
                 log.seek(0)
                 tail = "\n".join(log.read().splitlines()[-25:])
-                raise ConfigError(f"vLLM server did not come up (exit {proc.poll()}); its last lines:\n{tail}")
+                raise start_error(proc.poll(), tail, kw["kv_cache_memory_bytes"])
             time.sleep(1)
         start_s = time.time() - t0
 

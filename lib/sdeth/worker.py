@@ -23,8 +23,8 @@ from .verify import Sampling
 
 def _welcome(pair, role_model) -> W.Welcome:
     from .models import tokenizer_hash
-    return W.Welcome(W.PROTOCOL_VERSION, role_model, int((pair.target or pair.draft).config.vocab_size),
-                     tokenizer_hash(pair.tokenizer), pair.config.dtype)
+    return W.Welcome(W.PROTOCOL_VERSION, role_model, pair.vocab_size, tokenizer_hash(pair.tokenizer),
+                     pair.config.dtype)
 
 
 WARM_WIDTHS = 10     # forward widths captured as CUDA graphs before serving (verify of k <= 9)
@@ -83,7 +83,7 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, eng
     streams: dict[str, tuple[bytes, StreamDrafter]] = {}
     served = 0
     # one engine (one cache, its CUDA graphs) for the worker's life
-    engine = make_engine(pair.draft, "draft", "draft", **(engine_opts or {}))
+    engine = make_engine(pair.draft, "draft", "draft", vocab=pair.vocab_size, **(engine_opts or {}))
     engine.warm(WARM_WIDTHS)
 
     def run_ahead(sock) -> bool:
@@ -206,9 +206,11 @@ class Client:
 class RemoteDrafter:
     """The target's handle on a draft worker: the Drafter interface over the wire."""
 
-    def __init__(self, addr: str, hello: W.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0):
+    def __init__(self, addr: str, hello: W.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0,
+                 device="cpu"):
         self.client = Client(addr, timeout_s)
         self.s, self.q_top, self.seq = s, q_top, 0
+        self.device = torch.device(device)        # the target's: q is rebuilt where the target verifies
         reply = self._call(hello)
         if isinstance(reply, W.Error):
             raise ConnectionRefusedError(f"draft worker at {addr} refused the handshake: {reply.message}")
@@ -225,7 +227,9 @@ class RemoteDrafter:
             raise DraftUnavailable(f"draft worker error ({reply.code}): {reply.message}")
         return reply
 
-    def start(self, prompt_ids, size, s=None, seed=0):
+    def start(self, prompt_ids, size, s=None, seed=None):
+        """seed: the draft's sampling seed for this request (None: a fresh one)."""
+        seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
         self.seq += 1
         self.req = f"{os.getpid()}-{self.seq}-{uuid.uuid4().hex[:6]}"
         s = s or self.s
@@ -236,11 +240,16 @@ class RemoteDrafter:
     def propose(self, n_prev: int, nxt: int, k: int):
         p = self._call(W.Propose(self.req, n_prev, nxt, k))
         self.compute_s += p.draft_ms / 1e3
-        q = None
-        if p.q_idx is not None:
-            V = self.peer.vocab_size
-            q = torch.zeros(len(p.tokens), V).scatter_(1, torch.tensor(p.q_idx), torch.tensor(p.q_val))
-        return p.tokens, q
+        return p.tokens, self._q(p.q_idx, p.q_val, len(p.tokens))
+
+    def _q(self, idx, val, rows: int | None = None):
+        """A sampled draft's q from its wire pairs: [rows, V] (or [V] for rows=None) on the target's
+        device, V the pair's shared tokenizer size (the logits are cut to it on both sides)."""
+        if idx is None:
+            return None
+        shape = (self.peer.vocab_size,) if rows is None else (rows, self.peer.vocab_size)
+        return torch.zeros(shape, device=self.device).scatter_(
+            -1, torch.tensor(idx, device=self.device), torch.tensor(val, device=self.device))
 
     def end(self):
         try:
@@ -254,8 +263,8 @@ class RemoteStream(RemoteDrafter):
     Commits go out without waiting; Drafted messages are taken in whenever the target looks."""
 
     def __init__(self, addr: str, hello: W.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0,
-                 window: int = 16):
-        super().__init__(addr, hello, s, q_top, timeout_s)
+                 device="cpu", window: int = 16):
+        super().__init__(addr, hello, s, q_top, timeout_s, device)
         self.window, self.view, self.est, self.by_commit = window, StreamView(), None, False
 
     def _expect(self, msg, kind, timeout_s: float):
@@ -270,7 +279,8 @@ class RemoteStream(RemoteDrafter):
                 return reply
         raise DraftUnavailable(f"no {kind.__name__} from {self.client.addr} within {timeout_s:.1f} s")
 
-    def start(self, prompt_ids, size, first, s=None, seed=0):
+    def start(self, prompt_ids, size, first, s=None, seed=None):
+        seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
         self.seq += 1
         self.req = f"{os.getpid()}-{self.seq}-{uuid.uuid4().hex[:6]}"
         s = s or self.s
@@ -294,9 +304,7 @@ class RemoteStream(RemoteDrafter):
             return
         self.compute_s += msg.draft_ms / 1e3
         self.streamed += 1
-        q = None
-        if msg.q_idx is not None:
-            q = torch.zeros(self.peer.vocab_size).scatter_(0, torch.tensor(msg.q_idx), torch.tensor(msg.q_val))
+        q = self._q(msg.q_idx, msg.q_val)
         fresh = msg.epoch == self.view.epoch and self.view.received == 0
         self.view.on_drafted(msg.epoch, msg.pos, msg.token, q)
         if self.est is not None:
@@ -328,10 +336,10 @@ def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float
                  max_seconds: float = 0, engine_opts: dict | None = None) -> None:
     """Decode requests from a controller; SD with the remote draft when it answers."""
     from .models import tokenizer_hash
-    target = make_engine(pair.target, "target", "target", **(engine_opts or {}))
+    target = make_engine(pair.target, "target", "target", vocab=pair.vocab_size, **(engine_opts or {}))
     target.warm(WARM_WIDTHS)
     eos = pair.tokenizer.eos_token_id
-    hello = W.Hello(W.PROTOCOL_VERSION, "target", pair.config.target, int(pair.target.config.vocab_size),
+    hello = W.Hello(W.PROTOCOL_VERSION, "target", pair.config.target, pair.vocab_size,
                     tokenizer_hash(pair.tokenizer), pair.config.dtype)
     drafter, why_not = None, ""
     estimators: dict[str, Estimator] = {}      # per mode; they carry what they learnt to the next request
@@ -345,7 +353,8 @@ def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float
             continue
         try:
             s = Sampling(msg.temperature, msg.top_p, msg.top_k, msg.draft_sampled)
-            gen = torch.Generator().manual_seed(msg.seed)
+            gen = torch.Generator(device=target.device).manual_seed(msg.seed)   # where the draws happen
+            draft_seed = msg.seed + 1_000_003           # the draft's own draws: fresh per request, reproducible
             if msg.mode == "target-only":
                 r = generate_target_only(target, msg.prompt_ids, msg.max_tokens, s, eos, gen, msg.req)
                 rec = {**r.__dict__, "bytes_sent": 0, "bytes_received": 0}
@@ -356,7 +365,7 @@ def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float
                     drafter = None
                 if drafter is None and draft_addr:
                     try:
-                        drafter = kind(draft_addr, hello, s, timeout_s=draft_timeout_s)
+                        drafter = kind(draft_addr, hello, s, timeout_s=draft_timeout_s, device=target.device)
                     except (DraftUnavailable, ConnectionRefusedError) as e:
                         why_not = str(e)
                 b0 = (drafter.client.sent, drafter.client.received) if drafter else (0, 0)
@@ -366,10 +375,10 @@ def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float
                     if drafter is not None:
                         drafter.window, drafter.est = 2 * msg.k + 2, est
                     r = generate_pipelined(target, drafter or _NoDraft(why_not), msg.prompt_ids, msg.max_tokens,
-                                           msg.k, s, eos, gen, msg.req, est, draft_timeout_s)
+                                           msg.k, s, eos, gen, msg.req, est, draft_timeout_s, draft_seed)
                 else:
                     r = generate_sd(target, drafter or _NoDraft(why_not), msg.prompt_ids, msg.max_tokens, msg.k, s,
-                                    eos, gen, msg.req, est if msg.adaptive else None)
+                                    eos, gen, msg.req, est if msg.adaptive else None, draft_seed)
                 if drafter is not None and r.tokens_without_draft:
                     drafter = None           # reconnect (and re-handshake) for the next request
                 elif drafter is not None and msg.mode != "pipelined":
