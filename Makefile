@@ -41,7 +41,7 @@ test-fast: venv
 	$(PY) -m pytest -q -m "not slow" tests
 
 report: prepare
-	$(PY) -m sdeth.report
+	$(PY) -m sdeth.study.report
 
 distill-cpu: venv
-	$(PY) -m sdeth.distill --out $(VENV)/draft-cpu --layers 6 --prompts 320 --gen-tokens 96 --train-minutes 8
+	$(PY) -m sdeth.models.distill --out $(VENV)/draft-cpu --layers 6 --prompts 320 --gen-tokens 96 --train-minutes 8

@@ -29,7 +29,7 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from sdeth.engine import Engine, prefill  # noqa: E402
+from sdeth.runtime.engine import Engine, prefill  # noqa: E402
 from sdeth.models import QWEN3_SHAPES, random_model  # noqa: E402
 
 CONTEXT, CAPACITY = 512, 1024
@@ -165,13 +165,14 @@ def cmd_sd(a) -> None:
     """Two-GPU SD with synthetic acceptance, on the engine variant given."""
     from dataclasses import replace
 
-    from sdeth import costmodel, experiment
-    from sdeth.experiment import RunConfig
-    from sdeth.loop import Drafter, generate_sd, generate_target_only
+    from sdeth import costmodel
+    from sdeth.study import experiment
+    from sdeth.study.experiment import RunConfig
+    from sdeth.runtime.loop import Drafter, generate_sd, generate_target_only
     from sdeth.models import load_pair
-    from sdeth.synthetic import SyntheticEngine
-    from sdeth.testbed import Testbed
-    from sdeth.verify import Sampling
+    from sdeth.runtime.synthetic import SyntheticEngine
+    from sdeth.place.testbed import Testbed
+    from sdeth.runtime.verify import Sampling
     variant = a.variant
     opts = VARIANTS[variant]
     if a.devices.startswith("cuda"):
@@ -238,12 +239,12 @@ def cmd_sd(a) -> None:
 
 def cmd_real(a) -> None:
     """The embedded pair with real weights on the GPU: lossless checks and tokens/s."""
-    from sdeth import experiment
-    from sdeth.experiment import RunConfig
-    from sdeth.testbed import Testbed
-    from sdeth.loop import Drafter, generate_sd, generate_target_only
+    from sdeth.study import experiment
+    from sdeth.study.experiment import RunConfig
+    from sdeth.place.testbed import Testbed
+    from sdeth.runtime.loop import Drafter, generate_sd, generate_target_only
     from sdeth.models import load_pair
-    from sdeth.verify import Sampling
+    from sdeth.runtime.verify import Sampling
     dev_t, dev_d = a.devices.split(",")
     out = {"env": env(), "devices": a.devices, "runs": {}}
     pair = load_pair("embedded", device=dev_t)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Distil the embedded draft on a lent GPU (device tool), with the same `sdeth.distill` as the CPU path.
+# Distil the embedded draft on a lent GPU (device tool), with the same `sdeth.models.distill` as the CPU path.
 # The 98 MB GGUF exceeds one device call's 64 MiB carry, so it travels in two parts over two calls
 # on a warm machine:
 #   here:    bash scripts/gpu_distill.sh pack            # .gguf/part-a, .gguf/part-b, .gguf/prompts.json.xz
@@ -10,10 +10,10 @@ set -euo pipefail
 cmd=${1:?pack|stage|train}; shift || true
 case "$cmd" in
 pack)
-  gguf=$(.venv/bin/python -c 'from sdeth.models import _gguf_path; print(_gguf_path())')
+  gguf=$(.venv/bin/python -c 'from sdeth.models.embedded import _gguf_path; print(_gguf_path())')
   head -c 55000000 "$gguf" > .gguf/part-a
   tail -c +55000001 "$gguf" > .gguf/part-b
-  .venv/bin/python -c 'from sdeth.prompts import sharegpt_first_turns; sharegpt_first_turns()'
+  .venv/bin/python -c 'from sdeth.models.prompts import sharegpt_first_turns; sharegpt_first_turns()'
   xz -T2 -c "${SDETH_CACHE:-$HOME/.cache/sdeth}/prompts/sharegpt_first_turns.json" > .gguf/prompts.json.xz
   ls -la .gguf ;;
 stage)
@@ -24,7 +24,7 @@ train)
   export PYTHONPATH=/tmp/site:$PWD/lib SDETH_GGUF=/tmp/model.gguf SDETH_CACHE=/tmp/cache PYTHONUNBUFFERED=1
   mkdir -p /tmp/cache/prompts && xz -dc .gguf/prompts.json.xz > /tmp/cache/prompts/sharegpt_first_turns.json
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  python3 -m sdeth.distill --out /tmp/draft --device cuda "$@" 2>&1 | grep -v 'it/s]' | tee "$OUT/distill.log"
+  python3 -m sdeth.models.distill --out /tmp/draft --device cuda "$@" 2>&1 | grep -v 'it/s]' | tee "$OUT/distill.log"
   for d in /tmp/draft /tmp/draft/L*; do [ -f "$d/draft.safetensors" ] || continue
     n=$(python3 -c "import json,sys; print('L%d' % json.load(open(sys.argv[1]))['layers'])" "$d/card.json")
     split -b 15M -d "$d/draft.safetensors" "$OUT/$n.safetensors.part"

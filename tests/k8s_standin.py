@@ -108,7 +108,7 @@ class StandIn:
             return 200, {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": [
                 {"metadata": {"name": n, "labels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}},
                  "status": {"allocatable": {"nvidia.com/gpu": "8"}, "conditions": [{"type": "Ready", "status": "True"}]}}
-                for n in ("massed-iowa-a100x8-3", "massed-iowa-a100x8-5")]}
+                for n in ("gpu-node-a", "gpu-node-b")]}
         m = re.match(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+)/log)?$", path)
         if m:
             return self._pods(m.group(1), m.group(2), query)

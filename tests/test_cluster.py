@@ -7,10 +7,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sdeth import cluster
-from sdeth.cluster import Cluster, ClusterError, WaitTimeout
+from sdeth.place import cluster
+from sdeth.place.cluster import Cluster, ClusterError, WaitTimeout
 
 from k8s_standin import StandIn
+
+NODES = ("gpu-node-a", "gpu-node-b")      # the stand-in cluster's nodes (a parameter, never a default)
 
 pytestmark = pytest.mark.skipif(not __import__("shutil").which("kubectl"), reason="kustomize rendering needs kubectl")
 RAW = sorted(p for p in cluster.MANIFESTS.rglob("*.yaml") if p.name != "kustomization.yaml")
@@ -23,7 +25,7 @@ def test_every_manifest_file_validates(path):
 
 @pytest.mark.parametrize("placement", cluster.OVERLAYS)
 def test_every_rendered_overlay_validates(placement):
-    objs = cluster.render(placement, image="registry.example/sdeth-worker:v1", pair="qwen3-8b/0.6b")
+    objs = cluster.render(placement, *NODES, image="registry.example/sdeth-worker:v1", pair="qwen3-8b/0.6b")
     cluster.validate(objs)
     assert all(o["metadata"]["namespace"] == "sdeth" for o in objs)
     assert all(o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "sdeth" for o in objs)
@@ -54,17 +56,17 @@ def test_colocated_puts_them_on_one_node():
 
 def test_vllm_sd_carries_the_speculative_config_json():
     import json
-    d = _by_name(cluster.render("vllm-sd", target_model="Qwen/Qwen3-8B", draft_model="Qwen/Qwen3-0.6B", k=4))
+    d = _by_name(cluster.render("vllm-sd", *NODES, target_model="Qwen/Qwen3-8B", draft_model="Qwen/Qwen3-0.6B", k=4))
     args = d["sdeth-vllm"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert json.loads(args[args.index("--speculative-config") + 1]) == {
         "method": "draft_model", "model": "Qwen/Qwen3-0.6B", "num_speculative_tokens": 4}
-    d = _by_name(cluster.render("vllm-target-only"))
+    d = _by_name(cluster.render("vllm-target-only", *NODES))
     assert "--speculative-config" not in d["sdeth-vllm"]["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
 def test_unknown_placement():
     with pytest.raises(ClusterError, match="unknown placement"):
-        cluster.render("etherent")
+        cluster.render("etherent", *NODES)
 
 
 @pytest.fixture
@@ -75,7 +77,7 @@ def api():
 
 
 def test_apply_wait_and_reapply(api):
-    objs = cluster.render("ethernet")
+    objs = cluster.render("ethernet", *NODES)
     with Cluster(api_client=api.client()) as c:
         assert sorted(c.apply(objs)) == sorted(f"{o['kind']}/{o['metadata']['name']}" for o in objs)
         c.wait_ready(["sdeth-target", "sdeth-draft"], timeout_s=10, poll_s=0.1)
@@ -88,7 +90,7 @@ def test_apply_wait_and_reapply(api):
 
 
 def test_wait_timeout_says_what_it_saw(api):
-    objs = cluster.render("ethernet")
+    objs = cluster.render("ethernet", *NODES)
     for o in objs:                                       # a draft that can never be scheduled
         if o["metadata"]["name"] == "sdeth-draft" and o["kind"] == "Deployment":
             o["metadata"]["name"] = "sdeth-draft-stuck"
@@ -104,14 +106,14 @@ def test_wait_timeout_says_what_it_saw(api):
 def test_scaled_to_zero_on_error_too(api):
     with pytest.raises(RuntimeError, match="experiment failed"):
         with Cluster(api_client=api.client()) as c:
-            c.apply(cluster.render("ethernet") + cluster.render("probe"))
+            c.apply(cluster.render("ethernet", *NODES) + cluster.render("probe", *NODES))
             raise RuntimeError("experiment failed")
     reps = {k[2]: d["spec"]["replicas"] for k, d in api.objects.items() if k[0] == "deployments"}
     assert reps == {"sdeth-target": 0, "sdeth-draft": 0, "sdeth-probe-server": 1}   # no GPU: left alone
 
 
 def test_down_finds_and_scales_what_was_left_running(api):
-    Cluster(api_client=api.client()).apply(cluster.render("ethernet") + cluster.render("vllm-sd"))
+    Cluster(api_client=api.client()).apply(cluster.render("ethernet", *NODES) + cluster.render("vllm-sd", *NODES))
     assert sorted(cluster.down(api_client=api.client())) == ["sdeth-draft", "sdeth-target", "sdeth-vllm"]
     assert cluster.down(api_client=api.client()) == []     # nothing left
 
@@ -143,3 +145,8 @@ def test_probe_between_two_nodes_through_the_api():
             "/apis/apps/v1/namespaces/sdeth/deployments")      # the client starts after the server is up
     finally:
         s.close()
+
+
+def test_node_names_are_required():
+    with pytest.raises(ClusterError, match="needs node names.*kubectl get nodes"):
+        cluster.render("ethernet", target_node="gpu-node-a")

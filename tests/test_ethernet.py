@@ -7,13 +7,15 @@ import psutil
 import pytest
 import zmq
 
-from sdeth import experiment
-from sdeth import protocol as W
-from sdeth.experiment import RunConfig
-from sdeth.testbed import Testbed, free_port, leftovers
-from sdeth.worker import Client, RemoteDrafter, serve_draft
-from sdeth.loop import DraftUnavailable
-from sdeth.verify import Sampling
+from sdeth.study import experiment
+from sdeth.wire import protocol as W
+from sdeth.study.experiment import RunConfig
+from sdeth.place.testbed import Testbed, free_port, leftovers
+from sdeth.wire.transport import Client
+from sdeth.wire.remote import RemoteDrafter
+from sdeth.wire.draft_worker import serve_draft
+from sdeth.runtime.loop import DraftUnavailable
+from sdeth.runtime.verify import Sampling
 
 pytestmark = pytest.mark.slow
 N, MAX_TOKENS = 16, 32
@@ -160,7 +162,7 @@ def test_testbed_leaves_nothing_behind_on_error():
 
 
 def test_four_timestamp_maths():
-    from sdeth.netprobe import analyse
+    from sdeth.place.netprobe import analyse
     # true one-way 10 ms up, 30 ms down, server clock 100 ms ahead, 1 ms server time
     s = [{"t0": 0.0, "t1": 0.110, "t2": 0.111, "t3": 0.041, "connect_s": 0.0, "first_on_connection": False}]
     a = analyse(s, clock_offset_s=0.100)
@@ -173,7 +175,7 @@ def test_four_timestamp_maths():
 
 
 def test_probe_recovers_an_injected_asymmetric_delay():
-    from sdeth.testbed import LINK_SCENARIOS, probe_link
+    from sdeth.place.testbed import LINK_SCENARIOS, probe_link
     five_twenty = [s for s in LINK_SCENARIOS if s[3] == (5.0, 20.0)]
     with Testbed(start_workers=False) as tb:
         row, = probe_link(tb, five_twenty, scale=0.5)
@@ -189,9 +191,9 @@ def link_sampling_pvalue(mode: str, draft_sampled: bool, device: str = "cpu", n:
     tokens' joint distribution (temperature 1, top-k 3: 9 cells) against the target's own."""
     import torch
     from scipy.stats import chisquare
-    from sdeth.engine import Engine
+    from sdeth.runtime.engine import Engine
     from sdeth.models import random_model
-    from sdeth.verify import probs
+    from sdeth.runtime.verify import probs
     s, prompt = Sampling(1.0, top_k=3, draft_sampled=draft_sampled), [3, 1, 4, 1, 5]
     counts, rounds = {}, 0
     with Testbed("random-tiny", device=device, netns=False) as tb:

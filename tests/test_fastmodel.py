@@ -3,7 +3,7 @@ cache, position masks), through prefill, decode, verify widths and rollbacks."""
 import pytest
 import torch
 
-from sdeth.engine import Engine
+from sdeth.runtime.engine import Engine
 
 
 def _tiny(kind):
@@ -44,8 +44,8 @@ def test_fast_decoder_matches_transformers(kind):
 
 
 def test_fast_engine_sd_is_lossless():
-    from sdeth.loop import Drafter, generate_sd, generate_target_only
-    from sdeth.verify import Sampling
+    from sdeth.runtime.loop import Drafter, generate_sd, generate_target_only
+    from sdeth.runtime.verify import Sampling
     target, draft = _tiny("qwen3"), _tiny("qwen3")
     torch.manual_seed(5)
     for p in draft.parameters():        # a different but related draft

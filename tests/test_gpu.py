@@ -3,9 +3,9 @@ Random-weight models: the check is that graph replay computes what eager does, t
 import pytest
 import torch
 
-from sdeth.engine import Engine, prefill
-from sdeth.loop import Drafter, generate_sd, generate_target_only
-from sdeth.verify import Sampling
+from sdeth.runtime.engine import Engine, prefill
+from sdeth.runtime.loop import Drafter, generate_sd, generate_target_only
+from sdeth.runtime.verify import Sampling
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

@@ -9,9 +9,9 @@ import torch
 from scipy.stats import chisquare
 
 from sdeth import models
-from sdeth.engine import Engine
-from sdeth.loop import Drafter, generate_sd, generate_target_only
-from sdeth.verify import Sampling, probs
+from sdeth.runtime.engine import Engine
+from sdeth.runtime.loop import Drafter, generate_sd, generate_target_only
+from sdeth.runtime.verify import Sampling, probs
 
 N_IDS = 1000            # the tokenizer
 ROWS = {"target": 1024, "draft": 1000}   # the target's table is padded, as Qwen2.5-7B's is

@@ -6,9 +6,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from sdeth import costmodel, loop, pipeline, verify
+from sdeth import costmodel
+from sdeth.runtime import loop, pipeline, verify
 from sdeth.costmodel import Costs, Estimator
-from sdeth.verify import Sampling
+from sdeth.runtime.verify import Sampling
+from doubles import LocalStream
 from test_verify import DRAFT, TARGET, V, BigramEngine
 
 
@@ -24,7 +26,7 @@ class RandomPolicy(Estimator):
 
 
 def _run(seed, s, max_tokens=40, k=4, die_after=0, gen=None, start=0, device="cpu"):
-    stream = pipeline.LocalStream(BigramEngine(DRAFT, device), s, seed=seed, die_after=die_after, window=2 * k + 2)
+    stream = LocalStream(BigramEngine(DRAFT, device), s, seed=seed, die_after=die_after, window=2 * k + 2)
     return pipeline.generate_pipelined(BigramEngine(TARGET, device), stream, [start], max_tokens, k, s, None, gen,
                                        est=RandomPolicy(seed))
 

@@ -1,6 +1,6 @@
 import pytest
 
-from sdeth import prompts as P
+from sdeth.models import prompts as P
 
 
 @pytest.mark.parametrize("spec", ["sharegtp:4", "sharegpt", "sharegpt:x", "sharegpt:0", "humaneval:2:z", "sharegpt:1:2:3"])

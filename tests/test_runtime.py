@@ -4,9 +4,9 @@ import json
 import pytest
 import torch
 
-from sdeth import experiment
-from sdeth.engine import CacheFull, Engine, prefill
-from sdeth.experiment import ConfigError, RunConfig
+from sdeth.study import experiment
+from sdeth.runtime.engine import CacheFull, Engine, prefill
+from sdeth.study.experiment import ConfigError, RunConfig
 
 pytestmark = pytest.mark.slow
 N_PROMPTS, MAX_TOKENS = 16, 32
@@ -73,3 +73,17 @@ def test_cli_bad_input_exits_2_with_message(capsys, args, msg):
     from sdeth.cli import main
     assert main(["run", *args]) == 2
     assert msg in capsys.readouterr().err
+
+
+def test_draft_classes_fulfil_their_roles():
+    """The contracts of sdeth.runtime.roles: each draft class against the role its loop needs."""
+    from doubles import LocalStream
+    from sdeth.runtime.loop import Drafter
+    from sdeth.runtime.roles import DraftSource, DraftStream
+    from sdeth.wire.remote import RemoteDrafter, RemoteStream
+    from sdeth.wire.target_worker import _NoDraft
+    for cls in (Drafter, RemoteDrafter, _NoDraft):
+        assert all(hasattr(cls, m) for m in ("start", "propose", "compute_s")), cls
+    for cls in (RemoteStream, LocalStream):
+        assert all(hasattr(cls, m) for m in ("start", "commit", "poll", "wait", "end", "compute_s", "streamed")), cls
+    assert not isinstance(object(), DraftSource) and not isinstance(object(), DraftStream)

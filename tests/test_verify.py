@@ -4,8 +4,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from sdeth import loop, verify
-from sdeth.verify import Sampling
+from sdeth.runtime import loop, verify
+from sdeth.runtime.verify import Sampling
 
 
 def test_greedy_accepts_longest_matching_prefix():

@@ -1,4 +1,5 @@
-"""Command line: `python -m sdeth run|prepare|calibrate` (also installed as `sdeth`)."""
+"""Command line: `python -m sdeth run|worker|prepare|calibrate|render|down` (also installed as `sdeth`):
+the top layer, which wires the others together."""
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="sdeth", description="Speculative decoding over Ethernet: runtime and study")
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="decode a prompt set, target-only or speculative, and write a results JSON")
-    r.add_argument("--pair", default="embedded", help="model pair preset (sdeth.models.PAIRS)")
+    r.add_argument("--pair", default="embedded", help="model pair preset (sdeth.models.presets.PAIRS)")
     r.add_argument("--target", help="override the preset's target (hub id or local dir)")
     r.add_argument("--draft", help="override the preset's draft (hub id or local dir)")
     r.add_argument("--mode", default="sd", choices=["target-only", "sd", "pipelined"],
@@ -55,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--context", help="kubeconfig context (default: the current one)")
     rd = sub.add_parser("render", help="print a placement's manifests with parameters (| kubectl apply -f -)")
     rd.add_argument("placement", help="colocated | ethernet | vllm-target-only | vllm-sd | probe")
-    rd.add_argument("--target-node", default="massed-iowa-a100x8-3")
-    rd.add_argument("--draft-node", default="massed-iowa-a100x8-5")
+    rd.add_argument("--target-node", required=True, help="the node for the target (and, colocated, the draft)")
+    rd.add_argument("--draft-node", default="", help="the draft's node (ethernet, probe)")
     rd.add_argument("--pair", help="model pair preset for the workers")
     rd.add_argument("--target-model", default="Qwen/Qwen3-8B"), rd.add_argument("--draft-model", default="Qwen/Qwen3-1.7B")
     rd.add_argument("--k", type=int, default=5, help="vLLM's num_speculative_tokens")
@@ -73,24 +74,23 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["worker"]:
-        from .worker import main as worker_main
         return worker_main(argv[1:])
     a = build_parser().parse_args(argv)
-    from .experiment import ConfigError
-    from .models import ModelError
-    from .prompts import PromptError
+    from .models.embedded import ModelError
+    from .models.prompts import PromptError
+    from .study.config import ConfigError
     if a.cmd in ("down", "render"):
         return _cluster(a)
     try:
         if a.cmd == "prepare":
-            from .models import load_pair
+            from .models.presets import load_pair
             pair = load_pair("embedded")
             print(json.dumps({k: v for k, v in pair.describe().items() if k != "draft_card"}, indent=1))
             print("draft greedy agreement (card):", pair.card.get("eval", {}).get("greedy_agreement"))
             return 0
         if a.cmd == "calibrate":
-            from .experiment import calibrate
-            from .models import load_pair
+            from .models.presets import load_pair
+            from .study.experiment import calibrate
             print(json.dumps(calibrate(load_pair(a.pair, device=a.device), a.context), indent=1))
             return 0
         return _run(a)
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
 
 
 def _cluster(a) -> int:
-    from . import cluster
+    from .place import cluster
     try:
         if a.cmd == "down":
             names = cluster.down(a.namespace, a.context)
@@ -118,7 +118,7 @@ def _cluster(a) -> int:
 
 
 def _run(a) -> int:
-    from .experiment import RunConfig, run, save
+    from .study.experiment import RunConfig, run, save
     cfg = RunConfig(pair=a.pair, target=a.target, draft=a.draft, mode=a.mode, k=a.k, temperature=a.temperature,
                     top_p=a.top_p, top_k=a.top_k, draft_sampled=a.draft_sampled, prompts=a.prompts,
                     max_tokens=a.max_tokens, chat=not a.raw_prompts, thinking=a.thinking, seed=a.seed,
@@ -143,7 +143,7 @@ def _run(a) -> int:
 
 
 def _sweep(cfg, a) -> int:
-    from .experiment import ConfigError, save, sweep
+    from .study.experiment import ConfigError, save, sweep
     try:
         rtts = [float(x) for x in a.rtt_sweep.split(",") if x.strip()]
     except ValueError:
@@ -159,6 +159,51 @@ def _sweep(cfg, a) -> int:
               f"{r['identical_to_target_only']}")
     if a.json:
         print(f"wrote {save(res, a.json)}")
+    return 0
+
+
+def worker_main(argv=None) -> int:
+    """`python -m sdeth worker --role draft|target ...`: one worker process, until killed."""
+    ap = argparse.ArgumentParser(prog="python -m sdeth worker")
+    ap.add_argument("--role", required=True, choices=["draft", "target"])
+    ap.add_argument("--bind", required=True, help="tcp://ADDR:PORT to listen on (only that address)")
+    ap.add_argument("--pair", default="embedded")
+    ap.add_argument("--target"), ap.add_argument("--draft")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--draft-addr", help="target role: tcp://ADDR:PORT of the draft worker")
+    ap.add_argument("--draft-timeout", type=float, default=5.0, help="seconds before the target stops waiting for a proposal")
+    ap.add_argument("--die-after", type=int, default=0, help="fault injection: exit after N proposals")
+    ap.add_argument("--max-seconds", type=float, default=0, help="exit after this long (0: run until killed)")
+    ap.add_argument("--impl", default="hf", choices=["hf", "fast"], help="model code: transformers, or sdeth.fastmodel")
+    ap.add_argument("--compile", default="", help="fast impl: torch.compile mode for the graph widths "
+                                                  "(e.g. max-autotune-no-cudagraphs); empty: off")
+    ap.add_argument("--capacity", type=int, default=4096, help="CUDA-graph cache length (tokens)")
+    ap.add_argument("--synthetic-alpha", type=float, default=None,
+                    help="timing with random weights: accept each draft token with this probability (sdeth.synthetic)")
+    ap.add_argument("--synthetic-seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    if a.bind.startswith("tcp://*") or a.bind.startswith("tcp://0.0.0.0"):
+        print("sdeth worker: binding every interface; pass the node's own address unless you mean it", file=sys.stderr)
+    try:
+        import setproctitle
+        setproctitle.setproctitle(f"sdeth-worker --role {a.role} --bind {a.bind}")
+    except ImportError:
+        pass
+    import os
+    import torch
+    from .models.presets import load_pair
+    from .wire.draft_worker import serve_draft
+    from .wire.target_worker import serve_target
+    torch.set_num_threads(max(1, int(os.environ.get("SDETH_THREADS", torch.get_num_threads()))))
+    if a.device.startswith("cuda"):
+        torch.cuda.set_device(a.device)      # streams, graphs and syncs on this worker's GPU
+    pair = load_pair(a.pair, a.target, a.draft, device=a.device, roles=(a.role,))
+    opts = dict(impl=a.impl, compile_mode=a.compile or None, capacity=a.capacity,
+                synthetic_alpha=a.synthetic_alpha, synthetic_seed=a.synthetic_seed)
+    if a.role == "draft":
+        serve_draft(a.bind, pair, a.die_after, a.max_seconds, opts)
+    else:
+        serve_target(a.bind, pair, a.draft_addr, a.draft_timeout, a.max_seconds, opts)
     return 0
 
 

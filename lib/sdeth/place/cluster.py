@@ -1,6 +1,6 @@
 """Cluster control (Kubernetes): render the manifests with parameters, apply, wait, scale to zero.
 
-    objs = render("ethernet", target_node="massed-iowa-a100x8-3", draft_node="massed-iowa-a100x8-5",
+    objs = render("ethernet", target_node="gpu-node-a", draft_node="gpu-node-b",
                   pair="qwen3-8b/1.7b", image="registry/sdeth-worker:v1")
     with Cluster(namespace="sdeth", context="my-cluster") as c:   # GPU workloads scaled to 0 on exit
         c.apply(objs)
@@ -20,11 +20,10 @@ import shutil
 import socket
 import subprocess
 import time
-from pathlib import Path
 
 import yaml
 
-from .paths import REPO
+from ..paths import REPO
 
 MANIFESTS = REPO / "manifests"
 OVERLAYS = ("colocated", "ethernet", "vllm-target-only", "vllm-sd", "probe")
@@ -53,10 +52,14 @@ def kustomize(overlay: str, kubectl: str = "kubectl") -> list[dict]:
     return [o for o in yaml.safe_load_all(p.stdout) if o]
 
 
-def render(placement: str, target_node: str = "massed-iowa-a100x8-3", draft_node: str = "massed-iowa-a100x8-5",
-           pair: str | None = None, target_model: str = "Qwen/Qwen3-8B", draft_model: str = "Qwen/Qwen3-1.7B",
+def render(placement: str, target_node: str, draft_node: str = "", pair: str | None = None, target_model: str = "Qwen/Qwen3-8B", draft_model: str = "Qwen/Qwen3-1.7B",
            k: int = 5, image: str | None = None, namespace: str = "sdeth", kubectl: str = "kubectl") -> list[dict]:
-    """The placement's objects with parameters set. colocated puts both workers on target_node."""
+    """The placement's objects with parameters set. colocated puts both workers on target_node. The node
+    names are the cluster's own (`kubectl get nodes`): parameters, never defaults."""
+    if not target_node or (placement in ("ethernet", "probe") and not draft_node):
+        raise ClusterError(f"placement {placement!r} needs node names: target_node={target_node!r}, "
+                           f"draft_node={draft_node!r}; pass your cluster's (`kubectl get nodes`), e.g. "
+                           f"`-f params/cluster.example.yaml` in 00_provision or --target-node/--draft-node")
     if placement == "ethernet" and target_node == draft_node:
         raise ClusterError(f"placement 'ethernet' needs two nodes, got {target_node!r} twice: "
                            "use placement 'colocated' for one node")
@@ -305,7 +308,7 @@ def wait_job(c: Cluster, name: str, timeout_s: float = 600, poll_s: float = 2.0)
 def run_probe(c: Cluster, target_node: str, draft_node: str, image: str | None = None,
               timeout_s: float = 600, poll_s: float = 2.0) -> list[dict]:
     """The link probe between two nodes: server on the draft node, client Job on the target node.
-    Returns the client's four-timestamp samples (sdeth.netprobe.analyse reads them); removes both."""
+    Returns the client's four-timestamp samples (sdeth.place.netprobe.analyse reads them); removes both."""
     objs = render("probe", target_node=target_node, draft_node=draft_node, image=image, namespace=c.namespace)
     c.apply([o for o in objs if o["kind"] != "Job"])
     try:

@@ -1,7 +1,7 @@
 """Results JSON -> tables, plots, HTML.
 
-    python -m sdeth.report              # run every notebooks/NN_*.ipynb with papermill, render reports/
-    python -m sdeth.report 00_provision # just one
+    python -m sdeth.study.report              # run every notebooks/NN_*.ipynb with papermill, render reports/
+    python -m sdeth.study.report 00_provision # just one
 
 Each notebook writes its results JSON to reports/<name>.json through `write_results`, with a
 one-line `status`; the index links each rendered notebook and its JSON with that line.
@@ -17,7 +17,7 @@ import time
 import traceback
 from pathlib import Path
 
-from .paths import REPO
+from ..paths import REPO
 
 NOTEBOOKS = REPO / "notebooks"
 REPORTS = REPO / "reports"
@@ -120,7 +120,7 @@ the hardware, models and settings behind its numbers; synthetic or emulated figu
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sdeth.report", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m sdeth.study.report", description=__doc__.split("\n\n")[0])
     ap.add_argument("names", nargs="*", help="notebook names (default: all notebooks/NN_*.ipynb)")
     a = ap.parse_args(argv)
     names = a.names or sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))

@@ -83,7 +83,7 @@ class Testbed:
                 "target_node": self.ns_target if self.netns else "localhost",
                 "link": f"veth {self.ip_target} <-> {self.ip_draft}" if self.netns else "loopback",
                 "one_way_delay_ms": {"target->draft": self.up_ms, "draft->target": self.down_ms},
-                "delay": "user-space TCP relay (sdeth.testbed.DelayProxy); no netem in this kernel",
+                "delay": "user-space TCP relay (sdeth.place.testbed.DelayProxy); no netem in this kernel",
                 "rate_mbit": self.rate_mbit or None, "torch_threads_per_worker": self.threads,
                 "devices": {"target": self.device, "draft": self.draft_device}, "worker_args": self.worker_args,
                 "shared_cpu": "both nodes share this machine's cores"}
@@ -154,7 +154,7 @@ class Testbed:
 
     def _start_relay(self) -> None:
         upstream = self.draft_bind().removeprefix("tcp://")
-        self.run_in("target", ["-m", "sdeth.testbed", "relay", "--listen", f"127.0.0.1:{self._relay_port}",
+        self.run_in("target", ["-m", "sdeth.place.testbed", "relay", "--listen", f"127.0.0.1:{self._relay_port}",
                                "--to", upstream, "--up-ms", str(self.up_ms), "--down-ms", str(self.down_ms)], "relay")
         _wait_for(self, "relay", "relay ")
 
@@ -257,7 +257,7 @@ def _hostport(v: str) -> tuple[str, int]:
 
 def main(argv=None) -> int:
     import argparse
-    ap = argparse.ArgumentParser(prog="python -m sdeth.testbed")
+    ap = argparse.ArgumentParser(prog="python -m sdeth.place.testbed")
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("relay", help="TCP relay with a one-way delay per direction")
     r.add_argument("--listen", required=True), r.add_argument("--to", required=True)
@@ -297,20 +297,20 @@ def probe(tb: Testbed, server_flags=(), client_flags=(), relay=None, skew_ms=0.0
     import json
     port = free_port()
     bind = f"{tb.ip_draft}:{port}" if tb.netns else f"127.0.0.1:{port}"
-    srv = tb.run_in("draft", ["-m", "sdeth.netprobe", "serve", "--bind", bind, "--skew-ms", str(skew_ms),
+    srv = tb.run_in("draft", ["-m", "sdeth.place.netprobe", "serve", "--bind", bind, "--skew-ms", str(skew_ms),
                               "--max-seconds", str(timeout_s), *server_flags], f"probe-server-{port}")
     to, names = bind, [f"probe-server-{port}"]
     try:
         _wait_for(tb, names[0], "netprobe server on")
         if relay is not None:
             rport = free_port()
-            tb.run_in("target", ["-m", "sdeth.testbed", "relay", "--listen", f"127.0.0.1:{rport}", "--to", bind,
+            tb.run_in("target", ["-m", "sdeth.place.testbed", "relay", "--listen", f"127.0.0.1:{rport}", "--to", bind,
                                  "--up-ms", str(relay[0]), "--down-ms", str(relay[1])], f"probe-relay-{port}")
             names.append(f"probe-relay-{port}")
             _wait_for(tb, names[-1], "relay ")
             to = f"127.0.0.1:{rport}"
         out = os.path.join(tb.tmp, f"probe-{port}.json")
-        cli = tb.run_in("target", ["-m", "sdeth.netprobe", "measure", "--to", to, "--n", str(n), "--json", out,
+        cli = tb.run_in("target", ["-m", "sdeth.place.netprobe", "measure", "--to", to, "--n", str(n), "--json", out,
                                    *client_flags], f"probe-client-{port}")
         if cli.wait(timeout=timeout_s) != 0:
             raise TestbedError(f"probe client failed: {tb.log(f'probe-client-{port}')[-1500:]}")

@@ -11,8 +11,8 @@ assumes symmetry and so always returns up = down = rtt/2, and an uncorrected clo
 from one direction to the other one-for-one. 85 ms vs 215 ms is exactly a symmetric 150/150 ms path
 seen through clocks 65 ms apart.
 
-    python -m sdeth.netprobe serve --bind HOST:PORT [--skew-ms S] [--split --no-nodelay]
-    python -m sdeth.netprobe measure --to HOST:PORT --n 200 [--split --no-nodelay --new-conn] --json OUT
+    python -m sdeth.place.netprobe serve --bind HOST:PORT [--skew-ms S] [--split --no-nodelay]
+    python -m sdeth.place.netprobe measure --to HOST:PORT --n 200 [--split --no-nodelay --new-conn] --json OUT
 """
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ def analyse(samples: list[dict], clock_offset_s: float | None = 0.0) -> dict:
 
 def main(argv=None) -> int:
     import argparse
-    ap = argparse.ArgumentParser(prog="python -m sdeth.netprobe", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m sdeth.place.netprobe", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve")
     s.add_argument("--bind", required=True)

@@ -29,14 +29,14 @@ token accepted against the q the draft used, in the context the target committed
 """
 from __future__ import annotations
 
-import random
 import time
 
 import torch
 
-from .costmodel import Estimator
+from ..costmodel import Estimator
 from .engine import Engine
 from .loop import DraftUnavailable, Request, _done, _finish, begin_request, note_width, pick, start_draft
+from .roles import DraftStream
 from .verify import Sampling, accept, probs, sample
 
 
@@ -155,73 +155,13 @@ class StreamView:
         return out
 
 
-class LocalStream:
-    """An in-process stream for tests: the draft and both directions of the 'link' are simulated,
-    with a seeded random interleaving of drafting and delivery, so that every path of the protocol
-    (run-ahead kept, dropped, adopted; stale epochs) is exercised deterministically."""
-
-    def __init__(self, engine, s: Sampling = Sampling(), seed: int = 0, q_top: int = 0, window: int = 8,
-                 max_steps_per_poll: int = 3, die_after: int = 0):
-        self.d = StreamDrafter(engine, q_top, window)
-        self.s, self.seed = s, seed
-        self.rng = random.Random(seed)
-        self.view = StreamView()
-        self.max_steps, self.die_after, self.sent = max_steps_per_poll, die_after, 0
-        self.to_draft: list[tuple[int, int]] = []
-        self.to_target: list[tuple] = []
-
-    @property
-    def compute_s(self) -> float:
-        return self.d.compute_s
-
-    @property
-    def streamed(self) -> int:
-        return self.sent
-
-    def start(self, prompt_ids, size, first, s=None, seed=None):
-        self.view.reset()
-        self.to_draft.clear(), self.to_target.clear()
-        self.d.start(prompt_ids, size, first, s or self.s, self.seed if seed is None else seed)
-        self.sent = 0
-
-    def commit(self, pos: int, token: int) -> None:
-        self.view.on_commit(pos, token)
-        self.to_draft.append((pos, token))
-
-    def _tick(self, at_least_one: bool) -> None:
-        for _ in range(self.rng.randint(0, len(self.to_draft))):
-            self.d.commit(*self.to_draft.pop(0))
-        for _ in range(self.rng.randint(1 if at_least_one else 0, self.max_steps)):
-            if self.die_after and self.sent >= self.die_after:
-                raise DraftUnavailable("simulated draft death")
-            if not self.d.can_step():
-                while self.to_draft:             # the draft is blocked: let verdicts through
-                    self.d.commit(*self.to_draft.pop(0))
-                if not self.d.can_step():
-                    break
-            self.to_target.append(self.d.step())
-            self.sent += 1
-        n = len(self.to_target)
-        for _ in range(self.rng.randint(min(n, 1 if at_least_one else 0), n)):
-            self.view.on_drafted(*self.to_target.pop(0))
-
-    def poll(self) -> None:
-        self._tick(False)
-
-    def wait(self, timeout_s: float) -> None:
-        self._tick(True)
-
-    def end(self) -> None:
-        pass
-
-
 EXPLORE_EVERY = 16     # after this many plain steps in a row, verify the drafts on offer once
 
 
-def generate_pipelined(target: Engine, stream, prompt_ids: list[int], max_tokens: int, k_max: int,
+def generate_pipelined(target: Engine, stream: DraftStream, prompt_ids: list[int], max_tokens: int, k_max: int,
                        s: Sampling, eos: int | None, gen=None, prompt_id: str = "", est: Estimator | None = None,
                        draft_timeout_s: float = 5.0, draft_seed: int | None = None) -> Request:
-    """Pipelined SD for one request over a stream (RemoteStream, or LocalStream in tests). If the draft
+    """Pipelined SD for one request over a draft stream (roles.DraftStream). If the draft
     becomes unavailable, the request finishes on the target alone."""
     est = est or Estimator()
     req, t0, t_first, size, x = begin_request(target, prompt_ids, max_tokens, k_max, s, gen, prompt_id)

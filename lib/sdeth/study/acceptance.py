@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .verify import Sampling, probs
+from ..runtime.verify import Sampling, probs
 
 
 @dataclass
@@ -67,8 +67,8 @@ def expected_alpha(target, draft, seqs: list[Sequence], s: Sampling) -> dict:
 def continuations(target, prompts: list[tuple[str, list[int]]], max_new: int, s: Sampling, eos: int | None,
                   seed: int = 0) -> list[Sequence]:
     """The target's own continuations of each prompt, at the run's sampling settings."""
-    from .engine import Engine
-    from .loop import generate_target_only
+    from ..runtime.engine import Engine
+    from ..runtime.loop import generate_target_only
     eng = Engine(target, "target")
     gen = torch.Generator(device=eng.device).manual_seed(seed)
     out = []
@@ -102,7 +102,7 @@ QWEN3_SAMPLING = {"thinking": Sampling(0.6, top_p=0.95, top_k=20), "non-thinking
 
 def _draft_step_ms(model, context: int = 128, reps: int = 7) -> float:
     import time
-    from .engine import Engine, decode_one_token, prefill
+    from ..runtime.engine import Engine, decode_one_token, prefill
     eng = Engine(model, "draft")
     eng.start(context + reps + 2)
     prefill(eng, list(range(100, 100 + context)))
@@ -120,9 +120,9 @@ def factor_table(pair, prompt_spec: str, max_new: int, k: int = 5, thinking_mode
     chat template, the pair as loaded). Every row: what changed, alpha +- se, and what vLLM would report
     at k (draft acceptance rate, mean acceptance length)."""
     import copy
-    from . import metrics
-    from . import prompts as P
-    from .distill import make_draft
+    from .. import metrics
+    from ..models import prompts as P
+    from ..models.distill import make_draft
     tok = pair.tokenizer
     eos = tok.eos_token_id
     plist = P.load(prompt_spec)

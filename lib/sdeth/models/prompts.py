@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from .paths import cache_dir
+from ..paths import cache_dir
 
 SETS = ("sharegpt", "sharegpt-train", "humaneval")
 SHAREGPT_MIN_CHARS = 16      # shorter first turns ("hi") say nothing about decoding

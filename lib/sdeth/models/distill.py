@@ -1,7 +1,7 @@
 """Distil the embedded draft from the embedded target, on the target's own greedy completions.
 
-    python -m sdeth.distill --out lib/sdeth/assets/embedded-draft            # CPU, ~15 min budget
-    python -m sdeth.distill --out DIR --device cuda --prompts 6000 --train-steps 3000   # GPU recipe
+    python -m sdeth.models.distill --out lib/sdeth/assets/embedded-draft            # CPU, ~15 min budget
+    python -m sdeth.models.distill --out DIR --device cuda --prompts 6000 --train-steps 3000   # GPU recipe
 
 Recipe (deterministic for a seed): a draft of L layers initialised from the target's first L layers,
 sharing the target's tied embedding / output layer (frozen) and
@@ -219,29 +219,8 @@ def save_draft(draft, idx, out: Path, card: dict) -> None:
     (out / "card.json").write_text(json.dumps(card, indent=1) + "\n")
 
 
-def assemble_draft(target_dir, asset_dir, out: Path) -> Path:
-    """Plain HF directory: committed draft layers + the target's embeddings and tokenizer."""
-    from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    asset_dir, out = Path(asset_dir), Path(out)
-    cfg = AutoConfig.from_pretrained(asset_dir)
-    draft = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    sd = {k: v.float() for k, v in load_file(str(asset_dir / "draft.safetensors")).items()}
-    tsd = load_file(str(Path(target_dir) / "model.safetensors"))
-    sd["model.embed_tokens.weight"] = tsd["model.embed_tokens.weight"].float()
-    draft.load_state_dict(sd, strict=False)
-    draft.tie_weights()
-    tmp = out.with_name(out.name + ".tmp")
-    draft.save_pretrained(tmp)
-    AutoTokenizer.from_pretrained(target_dir).save_pretrained(tmp)
-    (tmp / "card.json").write_text((asset_dir / "card.json").read_text())
-    if not out.exists():
-        os.replace(tmp, out)
-    return out
-
-
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m sdeth.distill", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m sdeth.models.distill", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="directory for draft.safetensors, config.json, card.json")
     ap.add_argument("--layers", type=lambda v: [int(x) for x in v.split(",")], default=[6],
                     help="draft depth (target has 30); a comma list trains each on the same data into OUT/L<n>")
@@ -260,7 +239,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from .models import EMBEDDED_DRAFT, EMBEDDED_TARGET, prepare_embedded_target
+    from .embedded import EMBEDDED_DRAFT, EMBEDDED_TARGET, prepare_embedded_target
     torch.manual_seed(a.seed)
     random.seed(a.seed)
     t_start = time.time()
@@ -287,7 +266,7 @@ def main(argv=None) -> dict:
         n_trained = sum(p.numel() for p in draft.parameters() if p.requires_grad)
         card = {
             "model": EMBEDDED_DRAFT, "target": EMBEDDED_TARGET,
-            "made": "distilled on the target's own greedy completions (sdeth.distill)",
+            "made": "distilled on the target's own greedy completions (sdeth.models.distill)",
             "layers": n_layers, "layers_from_target": idx,
             "shared_with_target": "tokenizer, tied embedding/output layer",
             "trained_params": int(n_trained), "stored_dtype": "float16",

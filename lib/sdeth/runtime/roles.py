@@ -1,0 +1,63 @@
+"""The roles a draft plays, as contracts (typing.Protocol): a new draft (another device, another engine,
+another transport) is one class against one of these, and both loops take it unchanged.
+
+    DraftSource  the sync loop's draft (loop.generate_sd): loop.Drafter in-process,
+                 wire.remote.RemoteDrafter over the link
+    DraftStream  the pipelined loop's draft (pipeline.generate_pipelined): wire.remote.RemoteStream over
+                 the link; tests/doubles.LocalStream simulates the link in-process
+
+Either raises loop.DraftUnavailable when the draft cannot go on; the request then finishes on the
+target alone.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from .verify import Sampling
+
+
+@runtime_checkable
+class DraftSource(Protocol):
+    @property
+    def compute_s(self) -> float:
+        """Draft model seconds spent in propose() since start()."""
+
+    def start(self, prompt_ids: list[int], size: int, s: "Sampling | None" = None, seed: int | None = None) -> None:
+        """Prefill the prompt into a cache of `size` tokens; seed: this request's sampling seed."""
+
+    def propose(self, n_prev: int, nxt: int, k: int) -> "tuple[list[int], torch.Tensor | None]":
+        """Apply the verdict on the previous proposal (n_prev of its tokens accepted, then the target's
+        token nxt), then propose k tokens: (ids [k], q [k, V] on the target's device, or None when the
+        draft is greedy)."""
+
+
+@runtime_checkable
+class DraftStream(Protocol):
+    view: object                # the target's picture of what the draft streamed: a pipeline.StreamView
+
+    @property
+    def compute_s(self) -> float:
+        """Draft model seconds since start()."""
+
+    @property
+    def streamed(self) -> int:
+        """Tokens the draft streamed in this request."""
+
+    def start(self, prompt_ids: list[int], size: int, first: int, s: "Sampling | None" = None,
+              seed: int | None = None) -> None:
+        """Begin drafting after the prompt and the target's first token `first`, without waiting."""
+
+    def commit(self, pos: int, token: int) -> None:
+        """The target's own token at `pos` (pipeline's rules); returns at once."""
+
+    def poll(self) -> None:
+        """Take in whatever drafts have arrived (into view), without waiting."""
+
+    def wait(self, timeout_s: float) -> None:
+        """Wait for at least one more message, then poll; DraftUnavailable after timeout_s."""
+
+    def end(self) -> None:
+        """The request is over: free its state on the draft side."""

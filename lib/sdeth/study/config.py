@@ -1,0 +1,97 @@
+"""A run's configuration (what every results JSON stores), its checks, and the prompts it encodes.
+Both the experiment runner and the vLLM baseline build on it."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..models import prompts as P
+from ..runtime.verify import Sampling
+
+MODES = ("target-only", "sd", "pipelined")
+ENGINES = ("sdeth", "vllm", "vllm-server")
+PLACEMENTS = ("colocated", "ethernet")
+SCHEMA = "sdeth.results/1"
+
+
+class ConfigError(ValueError):
+    """A run configuration that cannot run, with the value and what to use instead."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    pair: str = "embedded"
+    target: str | None = None       # override the preset's target id
+    draft: str | None = None        # override the preset's draft id
+    mode: str = "sd"                # target-only | sd (synchronous rounds) | pipelined (draft streams ahead)
+    k: int = 3                      # speculative tokens per round (the most, when adaptive or pipelined)
+    adaptive: bool | None = None    # choose k per round from measured alpha and costs (None: on for pipelined only)
+    temperature: float = 0.0        # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0
+    draft_sampled: bool = False     # draft samples from q (else greedy draft, q one-hot)
+    prompts: str = "sharegpt:8"
+    max_tokens: int = 64
+    chat: bool = True               # apply the chat template (False: raw prompt text)
+    thinking: bool | None = None    # Qwen3's enable_thinking; None = template default
+    seed: int = 0
+    device: str = "cpu"
+    placement: str = "colocated"    # colocated: one process | ethernet: draft and target workers on two nodes
+    rtt_ms: float = 0.0             # ethernet: injected round trip, split evenly between the directions
+    netns: bool | None = None       # ethernet: namespaces + veth (None: when root), else loopback
+    max_len: int = 2048             # longest prompt + max_tokens accepted
+    engine: str = "sdeth"           # sdeth (this runtime) | vllm (the reference engine, colocated only)
+
+    def check(self) -> "RunConfig":
+        if self.mode not in MODES:
+            raise ConfigError(f"mode {self.mode!r}: use one of {MODES}")
+        if self.k < 1:
+            raise ConfigError(f"k={self.k}: speculative tokens per round must be >= 1")
+        if self.max_tokens < 1:
+            raise ConfigError(f"max_tokens={self.max_tokens}: must be >= 1")
+        if self.placement not in PLACEMENTS:
+            raise ConfigError(f"placement {self.placement!r}: use one of {PLACEMENTS}")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"engine {self.engine!r}: use one of {ENGINES}")
+        if self.mode == "pipelined" and self.placement != "ethernet":
+            raise ConfigError("mode 'pipelined' drafts ahead on its own worker while the target verifies: use "
+                              "placement 'ethernet' (two workers; on one machine they share it)")
+        if self.engine != "sdeth" and self.mode == "pipelined":
+            raise ConfigError("engine 'vllm' has no pipelined mode: use mode 'sd' or 'target-only'")
+        if self.engine != "sdeth" and self.placement != "colocated":
+            raise ConfigError(f"engine {self.engine!r} runs its draft in the same process: use placement 'colocated'")
+        if self.rtt_ms < 0:
+            raise ConfigError(f"rtt_ms={self.rtt_ms}: must be >= 0")
+        self.sampling()                 # raises on bad temperature / top-p / top-k
+        P.parse_spec(self.prompts)      # raises on a bad prompt spec
+        return self
+
+    @property
+    def adapts(self) -> bool:
+        return self.adaptive if self.adaptive is not None else self.mode == "pipelined"
+
+    def sampling(self) -> Sampling:
+        try:
+            return Sampling(self.temperature, self.top_p, self.top_k, self.draft_sampled)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
+def encode_prompts(cfg: RunConfig, tokenizer) -> list[tuple[str, list[int]]]:
+    out = []
+    for p in P.load(cfg.prompts):
+        ids = P.encode(p, tokenizer, chat=cfg.chat, thinking=cfg.thinking)
+        if len(ids) + cfg.max_tokens > cfg.max_len:
+            raise ConfigError(
+                f"prompt {p.id} has {len(ids)} tokens; with max_tokens={cfg.max_tokens} it exceeds the cache of "
+                f"max_len={cfg.max_len}: raise max_len (--max-len) or lower max_tokens")
+        out.append((p.id, ids))
+    return out
+
+
+def save(res: dict, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=1, default=str) + "\n")
+    return path

@@ -1,0 +1,134 @@
+"""One experiment = a config -> a results dict (config, hardware, requests, summary) -> JSON.
+
+    res = run(RunConfig(mode="sd", k=3, prompts="sharegpt:8"))
+    save(res, "out.json")
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import asdict
+
+import torch
+
+from .. import costmodel, hardware
+from ..runtime.engine import Engine, decode_one_token, prefill
+from ..runtime.loop import Drafter, generate_sd, generate_target_only
+from .config import SCHEMA, ConfigError, RunConfig, encode_prompts, save  # noqa: F401  (the study's API)
+from .summary import model_curves, summarize, sweep_table  # noqa: F401
+
+
+def run(cfg: RunConfig, pair=None, progress: bool = True, on_testbed=None) -> dict:
+    """Run every prompt of cfg.prompts through cfg.mode; returns the results dict. on_testbed: a
+    running Testbed to use for placement 'ethernet' (its delay must be cfg.rtt_ms; see sweep())."""
+    from tqdm.auto import tqdm
+    from ..models.presets import load_pair
+    cfg = cfg.check()
+    pair = pair or load_pair(cfg.pair, cfg.target, cfg.draft, device=cfg.device)
+    if cfg.engine == "vllm":
+        from .vllm_baseline import run_vllm
+        return run_vllm(cfg, pair)
+    if cfg.engine == "vllm-server":
+        from .vllm_baseline import run_vllm_server
+        return run_vllm_server(cfg, pair)
+    s = cfg.sampling()
+    torch.manual_seed(cfg.seed)
+    gen = torch.Generator(device=cfg.device).manual_seed(cfg.seed)
+    encoded = encode_prompts(cfg, pair.tokenizer)
+    bar = tqdm(encoded, desc=f"{cfg.mode} k={cfg.k} {cfg.placement}", disable=not progress)
+    testbed = None
+    if cfg.placement == "ethernet":
+        reqs, testbed = _run_ethernet(cfg, bar, on_testbed)
+    else:
+        target = Engine(pair.target, "target", vocab=pair.vocab_size)
+        drafter = Drafter(Engine(pair.draft, "draft", vocab=pair.vocab_size), s, seed=cfg.seed + 1)
+        eos = pair.tokenizer.eos_token_id
+        est = costmodel.Estimator()       # adaptive k: learns over the whole run
+        reqs = []
+        for pid, ids in bar:
+            if cfg.mode == "target-only":
+                r = generate_target_only(target, ids, cfg.max_tokens, s, eos, gen, pid)
+            else:
+                r = generate_sd(target, drafter, ids, cfg.max_tokens, cfg.k, s, eos, gen, pid,
+                                est if cfg.adapts else None)
+            reqs.append(asdict(r))
+    return {"schema": SCHEMA, "config": {**asdict(cfg), "pair_resolved": pair.describe()},
+            "hardware": hardware.describe(cfg.device), "testbed": testbed,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "requests": reqs, "summary": summarize(reqs, cfg)}
+
+
+def _run_ethernet(cfg: RunConfig, prompts, testbed=None, **testbed_kw) -> tuple[list[dict], dict]:
+    """Send each request to the target worker of a two-node testbed (started here and torn down
+    after, unless one is passed in)."""
+    from contextlib import nullcontext
+    from ..place.testbed import Testbed
+    from ..wire import protocol as W
+    from ..wire.transport import Client
+    reqs = []
+    with nullcontext(testbed) if testbed is not None else Testbed(
+            cfg.pair, up_ms=cfg.rtt_ms / 2, down_ms=cfg.rtt_ms / 2, netns=cfg.netns, device=cfg.device,
+            target=cfg.target, draft=cfg.draft, **testbed_kw) as tb:
+        # a request's whole decode; SDETH_CLIENT_TIMEOUT (seconds) overrides it, e.g. to see a stall sooner
+        client = Client(tb.target_addr, timeout_s=float(os.environ.get("SDETH_CLIENT_TIMEOUT", 60 + 5 * cfg.max_tokens)))
+        try:
+            for i, (pid, ids) in enumerate(prompts):
+                reply = client.call(W.Generate(pid, ids, cfg.max_tokens, cfg.mode, cfg.k, cfg.adapts, cfg.temperature,
+                                               cfg.top_p, cfg.top_k, cfg.draft_sampled, cfg.seed + i))
+                if isinstance(reply, W.Error):
+                    raise ConfigError(f"target worker failed on {pid}: {reply.message}\n{tb.log('target')[-1500:]}")
+                reqs.append(reply.record)
+        finally:
+            client.close()
+        return reqs, tb.describe()
+
+
+@torch.inference_mode()
+def calibrate(pair, context: int = 256, widths=(1, 2, 3, 4, 5, 6, 8), reps: int = 9) -> dict:
+    """Median cost (s) of a target step, a draft step, and a target forward of m tokens, at a
+    given context length: the inputs of the cost model, measured on the hardware at hand."""
+    ids = list(range(100, 100 + context))
+    out = {"context": context, "verify_s": {}}
+    for role, model in (("target", pair.target), ("draft", pair.draft)):
+        eng = Engine(model, role)
+        eng.start(context + max(widths) + 2)
+        prefill(eng, ids)
+        times = []
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            decode_one_token(eng, 7)
+            times.append(time.perf_counter() - t0)
+            eng.rollback(context)
+        out[f"{role}_step"] = statistics.median(times[1:])
+        if role == "target":
+            for m in widths:
+                ts = []
+                for _ in range(reps + 1):
+                    t0 = time.perf_counter()
+                    eng.forward(ids[:m])
+                    ts.append(time.perf_counter() - t0)
+                    eng.rollback(context)
+                out["verify_s"][m] = statistics.median(ts[1:])
+    return out
+
+
+SWEEP_RTTS = (0.0, 0.2, 1.0, 5.0, 20.0)
+
+
+def sweep(cfg: RunConfig, rtts=SWEEP_RTTS, pair=None, progress: bool = True) -> dict:
+    """The RTT sweep: target-only and colocated SD once, then sync SD and pipelined SD over the link
+    at each injected round trip, on one testbed whose relay is re-set between RTTs. Returns
+    {"runs": [results dicts], "table": rows with measured and predicted speedups}."""
+    from dataclasses import replace
+    from ..models.presets import load_pair
+    from ..place.testbed import Testbed
+    cfg = cfg.check()
+    pair = pair or load_pair(cfg.pair, cfg.target, cfg.draft, device=cfg.device)
+    runs = [run(replace(cfg, mode="target-only", placement="colocated", rtt_ms=0.0), pair, progress),
+            run(replace(cfg, mode="sd", placement="colocated", rtt_ms=0.0), pair, progress)]
+    with Testbed(cfg.pair, netns=cfg.netns, device=cfg.device, target=cfg.target, draft=cfg.draft, relay=True) as tb:
+        for rtt in rtts:
+            tb.set_delay(rtt / 2, rtt / 2)
+            for mode in ("sd", "pipelined"):
+                runs.append(run(replace(cfg, mode=mode, placement="ethernet", rtt_ms=rtt), pair, progress, tb))
+    return {"schema": "sdeth.sweep/1", "runs": runs, "table": sweep_table(runs)}

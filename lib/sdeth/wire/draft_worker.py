@@ -1,0 +1,119 @@
+"""The draft worker: serves proposals (sync SD) and streams of drafts (pipelined SD) to target workers.
+`python -m sdeth worker --role draft --bind tcp://ADDR:PORT` (the CLI is in `sdeth.cli`).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from ..models.presets import tokenizer_hash
+from ..runtime.loop import Drafter
+from ..runtime.pipeline import StreamDrafter
+from ..runtime.synthetic import make_engine
+from ..runtime.verify import Sampling
+from . import protocol as W
+from .transport import reply, serve_requests
+
+WARM_WIDTHS = 10     # forward widths captured as CUDA graphs before serving (verify of k <= 9)
+
+
+def welcome(pair, role_model) -> W.Welcome:
+    return W.Welcome(W.PROTOCOL_VERSION, role_model, pair.vocab_size, tokenizer_hash(pair.tokenizer),
+                     pair.config.dtype)
+
+
+def q_pairs(q, q_top: int):
+    """A sampled draft's q as (ids, probs) of its q_top non-zero entries per token (None, None for a
+    greedy draft): only those cross the wire."""
+    if q is None:
+        return None, None
+    top = torch.topk(q, min(q_top or q.shape[-1], q.shape[-1]), dim=-1)
+    return top.indices.tolist(), top.values.tolist()
+
+
+def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, engine_opts: dict | None = None) -> None:
+    """Serve proposals until killed (or max_seconds). die_after > 0 exits the process abruptly
+    after that many proposals: fault injection for tests. engine_opts: synthetic.make_engine's."""
+    me = welcome(pair, pair.config.draft)
+    welcomed: set[bytes] = set()
+    drafters: dict[str, Drafter] = {}
+    streams: dict[str, tuple[bytes, StreamDrafter]] = {}
+    served = 0
+    # one engine (one cache, its CUDA graphs) for the worker's life
+    engine = make_engine(pair.draft, "draft", "draft", vocab=pair.vocab_size, **(engine_opts or {}))
+    engine.warm(WARM_WIDTHS)
+
+    def run_ahead(sock) -> bool:
+        """One draft step for the first stream with room in its window; True if any stepped."""
+        nonlocal served
+        for req, (ident, d) in streams.items():
+            if d.can_step():
+                c0 = d.compute_s
+                try:
+                    epoch, pos, tok, q = d.step()
+                except Exception as e:      # this request's stream ends; the worker serves on
+                    streams.pop(req)
+                    reply(sock, ident, W.Error("internal", f"{type(e).__name__}: {e}"))
+                    return False
+                idx, val = q_pairs(q, d.q_top)
+                reply(sock, ident, W.Drafted(req, epoch, pos, tok, (d.compute_s - c0) * 1e3, idx, val))
+                served += 1
+                if die_after and served >= die_after:
+                    os._exit(17)
+                return True
+        return False
+
+    print(f"sdeth draft worker: {pair.config.draft} on {bind}", flush=True)
+    for sock, ident, msg, t1 in serve_requests(bind, max_seconds, run_ahead):
+        try:
+            if isinstance(msg, W.Ping):
+                reply(sock, ident, W.Pong(msg.t0, t1, time.time()))
+            elif isinstance(msg, W.Hello):
+                err = W.check_hello(msg, me)
+                if err is None:
+                    welcomed.add(ident)
+                reply(sock, ident, err or me)
+            elif ident not in welcomed:
+                reply(sock, ident, W.Error("version", "send Hello first (protocol handshake)"))
+            elif isinstance(msg, W.Start):
+                s = Sampling(msg.temperature, msg.top_p, msg.top_k, msg.draft_sampled)
+                if msg.stream:
+                    sd = StreamDrafter(engine, msg.q_top, msg.window)
+                    sd.start(msg.prompt_ids, msg.size, msg.first, s, msg.seed)
+                    streams.clear()            # one request at a time per draft worker (batch 1)
+                    streams[msg.req] = (ident, sd)
+                    reply(sock, ident, W.Started(msg.req, sd.prefill_s * 1e3))
+                    continue
+                d = Drafter(engine, q_top=msg.q_top)
+                d.start(msg.prompt_ids, msg.size, s, msg.seed)
+                drafters.clear()
+                drafters[msg.req] = d
+                reply(sock, ident, W.Started(msg.req, d.prefill_s * 1e3))
+            elif isinstance(msg, W.Commit):
+                st = streams.get(msg.req)
+                if st is None:
+                    reply(sock, ident, W.Error("unknown-request", f"no stream {msg.req!r} (send Start first)"))
+                    continue
+                st[1].commit(msg.pos, msg.token)
+            elif isinstance(msg, W.Propose):
+                d = drafters.get(msg.req)
+                if d is None:
+                    reply(sock, ident, W.Error("unknown-request", f"no request {msg.req!r} (send Start first)"))
+                    continue
+                c0 = d.compute_s
+                toks, q = d.propose(msg.n_prev, msg.nxt, msg.k)
+                idx, val = q_pairs(q, d.q_top)
+                reply(sock, ident, W.Proposal(msg.req, toks, (d.compute_s - c0) * 1e3, idx, val))
+                served += 1
+                if die_after and served >= die_after:
+                    os._exit(17)           # a crash, as far as the target can tell
+            elif isinstance(msg, W.End):
+                drafters.pop(msg.req, None)
+                streams.pop(msg.req, None)
+                reply(sock, ident, W.Ended(msg.req))
+            else:
+                reply(sock, ident, W.Error("bad-message", f"a draft worker does not take {type(msg).__name__}"))
+        except Exception as e:  # keep serving others
+            reply(sock, ident, W.Error("internal", f"{type(e).__name__}: {e}"))

@@ -1,0 +1,145 @@
+"""The target's handles on a remote draft worker: `RemoteDrafter` (a draft source for the sync loop)
+and `RemoteStream` (a draft stream for the pipelined loop), over the transport.
+"""
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import torch
+
+from ..runtime.loop import DraftUnavailable
+from ..runtime.pipeline import StreamView
+from ..runtime.verify import Sampling
+from . import protocol as W
+from .transport import Client
+
+
+class RemoteDrafter:
+    """The target's handle on a draft worker: the Drafter interface over the wire."""
+
+    def __init__(self, addr: str, hello: W.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0,
+                 device="cpu"):
+        self.client = Client(addr, timeout_s)
+        self.s, self.q_top, self.seq = s, q_top, 0
+        self.device = torch.device(device)        # the target's: q is rebuilt where the target verifies
+        reply = self._call(hello)
+        if isinstance(reply, W.Error):
+            raise ConnectionRefusedError(f"draft worker at {addr} refused the handshake: {reply.message}")
+        self.peer = reply
+        self.compute_s = 0.0
+        self.req = ""
+
+    def _call(self, msg):
+        try:
+            reply = self.client.call(msg)
+        except TimeoutError as e:
+            raise DraftUnavailable(str(e)) from None
+        if isinstance(reply, W.Error) and not isinstance(msg, W.Hello):
+            raise DraftUnavailable(f"draft worker error ({reply.code}): {reply.message}")
+        return reply
+
+    def start(self, prompt_ids, size, s=None, seed=None):
+        """seed: the draft's sampling seed for this request (None: a fresh one)."""
+        seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
+        self.seq += 1
+        self.req = f"{os.getpid()}-{self.seq}-{uuid.uuid4().hex[:6]}"
+        s = s or self.s
+        self.compute_s = 0.0
+        self._call(W.Start(self.req, list(prompt_ids), size, s.temperature, s.top_p, s.top_k, s.draft_sampled,
+                           self.q_top, seed))
+
+    def propose(self, n_prev: int, nxt: int, k: int):
+        p = self._call(W.Propose(self.req, n_prev, nxt, k))
+        self.compute_s += p.draft_ms / 1e3
+        return p.tokens, self._q(p.q_idx, p.q_val, len(p.tokens))
+
+    def _q(self, idx, val, rows: int | None = None):
+        """A sampled draft's q from its wire pairs: [rows, V] (or [V] for rows=None) on the target's
+        device, V the pair's shared tokenizer size (the logits are cut to it on both sides)."""
+        if idx is None:
+            return None
+        shape = (self.peer.vocab_size,) if rows is None else (rows, self.peer.vocab_size)
+        return torch.zeros(shape, device=self.device).scatter_(
+            -1, torch.tensor(idx, device=self.device), torch.tensor(val, device=self.device))
+
+    def end(self):
+        try:
+            self.client.call(W.End(self.req), timeout_s=1.0)
+        except (TimeoutError, W.ProtocolError):
+            pass
+
+
+class RemoteStream(RemoteDrafter):
+    """The target's handle on a draft worker in pipelined mode (sdeth.pipeline's stream interface):
+    Commits go out without waiting; Drafted messages are taken in whenever the target looks."""
+
+    def __init__(self, addr: str, hello: W.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0,
+                 device="cpu", window: int = 16):
+        super().__init__(addr, hello, s, q_top, timeout_s, device)
+        self.window, self.view, self.est, self.by_commit = window, StreamView(), None, False
+
+    def _expect(self, msg, kind, timeout_s: float):
+        """Send msg; the reply of type `kind` for this request (stale Drafted messages are skipped)."""
+        self.client.send(msg)
+        t_end = time.perf_counter() + timeout_s
+        while (left := t_end - time.perf_counter()) > 0:
+            reply = self.client.recv(left)
+            if isinstance(reply, W.Error):
+                raise DraftUnavailable(f"draft worker error ({reply.code}): {reply.message}")
+            if isinstance(reply, kind) and reply.req == self.req:
+                return reply
+        raise DraftUnavailable(f"no {kind.__name__} from {self.client.addr} within {timeout_s:.1f} s")
+
+    def start(self, prompt_ids, size, first, s=None, seed=None):
+        seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
+        self.seq += 1
+        self.req = f"{os.getpid()}-{self.seq}-{uuid.uuid4().hex[:6]}"
+        s = s or self.s
+        self.compute_s, self.streamed = 0.0, 0
+        self.view.reset()
+        # not waiting for Started: the draft's prefill overlaps the target's first steps
+        self.client.send(W.Start(self.req, list(prompt_ids), size, s.temperature, s.top_p, s.top_k, s.draft_sampled,
+                                 self.q_top, seed, stream=True, first=first, window=self.window))
+
+    def commit(self, pos: int, token: int) -> None:
+        epoch = self.view.epoch
+        self.view.on_commit(pos, token)
+        if self.view.epoch != epoch:
+            self.by_commit = True          # a correction: time its round trip on the first new token
+        self.client.send(W.Commit(self.req, pos, token))
+
+    def _take(self, msg) -> None:
+        if isinstance(msg, W.Error):
+            raise DraftUnavailable(f"draft worker error ({msg.code}): {msg.message}")
+        if not isinstance(msg, W.Drafted) or msg.req != self.req:
+            return
+        self.compute_s += msg.draft_ms / 1e3
+        self.streamed += 1
+        q = self._q(msg.q_idx, msg.q_val)
+        fresh = msg.epoch == self.view.epoch and self.view.received == 0
+        self.view.on_drafted(msg.epoch, msg.pos, msg.token, q)
+        if self.est is not None:
+            self.est.observe_draft(msg.draft_ms / 1e3)
+            if fresh and self.by_commit:   # the first token after a correction: a round trip + one step
+                self.est.observe_rtt(time.perf_counter() - self.view.t_epoch - msg.draft_ms / 1e3)
+        if fresh:
+            self.by_commit = False
+
+    def poll(self) -> None:
+        while (msg := self.client.recv(0)) is not None:
+            self._take(msg)
+
+    def wait(self, timeout_s: float) -> None:
+        msg = self.client.recv(timeout_s)
+        if msg is None:
+            raise DraftUnavailable(f"no draft token from {self.client.addr} within {timeout_s:.1f} s")
+        self._take(msg)
+        self.poll()
+
+    def end(self):
+        try:
+            self._expect(W.End(self.req), W.Ended, 1.0)
+        except (DraftUnavailable, W.ProtocolError):
+            pass

@@ -1,0 +1,93 @@
+"""The target worker: decodes requests from a controller, with SD against a remote draft worker when
+one answers, alone otherwise. `python -m sdeth worker --role target --bind ... --draft-addr ...`.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..costmodel import Estimator, TakeWhatIsThere
+from ..models.presets import tokenizer_hash
+from ..runtime.loop import DraftUnavailable, generate_sd, generate_target_only
+from ..runtime.pipeline import StreamView, generate_pipelined
+from ..runtime.synthetic import make_engine
+from ..runtime.verify import Sampling
+from . import protocol as W
+from .draft_worker import WARM_WIDTHS
+from .remote import RemoteDrafter, RemoteStream
+from .transport import reply, serve_requests
+
+
+def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float = 5.0,
+                 max_seconds: float = 0, engine_opts: dict | None = None) -> None:
+    """Decode requests from a controller; SD with the remote draft when it answers."""
+    target = make_engine(pair.target, "target", "target", vocab=pair.vocab_size, **(engine_opts or {}))
+    target.warm(WARM_WIDTHS)
+    eos = pair.tokenizer.eos_token_id
+    hello = W.Hello(W.PROTOCOL_VERSION, "target", pair.config.target, pair.vocab_size,
+                    tokenizer_hash(pair.tokenizer), pair.config.dtype)
+    drafter, why_not = None, ""
+    estimators: dict[str, Estimator] = {}      # per mode; they carry what they learnt to the next request
+    print(f"sdeth target worker: {pair.config.target} on {bind}, draft at {draft_addr}", flush=True)
+    for sock, ident, msg, t1 in serve_requests(bind, max_seconds):
+        if isinstance(msg, W.Ping):
+            reply(sock, ident, W.Pong(msg.t0, t1, time.time()))
+            continue
+        if not isinstance(msg, W.Generate):
+            reply(sock, ident, W.Error("bad-message", f"a target worker takes Generate, not {type(msg).__name__}"))
+            continue
+        try:
+            s = Sampling(msg.temperature, msg.top_p, msg.top_k, msg.draft_sampled)
+            gen = torch.Generator(device=target.device).manual_seed(msg.seed)   # where the draws happen
+            draft_seed = msg.seed + 1_000_003           # the draft's own draws: fresh per request, reproducible
+            if msg.mode == "target-only":
+                r = generate_target_only(target, msg.prompt_ids, msg.max_tokens, s, eos, gen, msg.req)
+                rec = {**r.__dict__, "bytes_sent": 0, "bytes_received": 0}
+            else:
+                kind = RemoteStream if msg.mode == "pipelined" else RemoteDrafter
+                if drafter is not None and type(drafter) is not kind:
+                    drafter.client.close()
+                    drafter = None
+                if drafter is None and draft_addr:
+                    try:
+                        drafter = kind(draft_addr, hello, s, timeout_s=draft_timeout_s, device=target.device)
+                    except (DraftUnavailable, ConnectionRefusedError) as e:
+                        why_not = str(e)
+                b0 = (drafter.client.sent, drafter.client.received) if drafter else (0, 0)
+                est = estimators.setdefault(f"{msg.mode}-{msg.k}-{msg.adaptive}",
+                                            Estimator() if msg.adaptive or msg.mode != "pipelined" else TakeWhatIsThere())
+                if msg.mode == "pipelined":
+                    if drafter is not None:
+                        drafter.window, drafter.est = 2 * msg.k + 2, est
+                    r = generate_pipelined(target, drafter or _NoDraft(why_not), msg.prompt_ids, msg.max_tokens,
+                                           msg.k, s, eos, gen, msg.req, est, draft_timeout_s, draft_seed)
+                else:
+                    r = generate_sd(target, drafter or _NoDraft(why_not), msg.prompt_ids, msg.max_tokens, msg.k, s,
+                                    eos, gen, msg.req, est if msg.adaptive else None, draft_seed)
+                if drafter is not None and r.tokens_without_draft:
+                    drafter = None           # reconnect (and re-handshake) for the next request
+                elif drafter is not None and msg.mode != "pipelined":
+                    drafter.end()          # (generate_pipelined ends its stream itself)
+                b1 = (drafter.client.sent, drafter.client.received) if drafter else b0
+                rec = {**r.__dict__, "bytes_sent": b1[0] - b0[0], "bytes_received": b1[1] - b0[1],
+                       "draft_unavailable": why_not if r.tokens_without_draft else ""}
+            reply(sock, ident, W.Generated(msg.req, rec))
+        except Exception as e:
+            reply(sock, ident, W.Error("internal", f"{type(e).__name__}: {e}"))
+
+
+class _NoDraft:
+    """Stands in when no draft worker answered: every round falls back to the target."""
+    compute_s = 0.0
+    streamed = 0
+    view = StreamView()
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def start(self, *a, **kw):
+        raise DraftUnavailable(self.why or "no draft worker configured")
+
+    def propose(self, *a, **kw):
+        raise DraftUnavailable(self.why)

@@ -1,0 +1,91 @@
+"""The transport both workers and the controller use: zmq ROUTER (servers) and DEALER (clients), one
+msgpack frame per message (`sdeth.wire.protocol`). Servers bind to the address they are given, never to
+every interface by default.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+
+import zmq
+
+from . import protocol as W
+
+
+def reply(sock, ident: bytes, msg) -> None:
+    sock.send_multipart([ident, W.encode(msg)])
+
+
+
+def serve_requests(bind: str, max_seconds: float = 0, idle=None):
+    """The server loop both workers share: bind a ROUTER to exactly `bind`, yield (sock, ident, message,
+    receive time) for each well-formed message; malformed or oversized ones get an Error reply here.
+    idle(sock) -> bool: background work (the pipelined draft's run-ahead), one step per call, done
+    only when no message is waiting; True while there is more."""
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind(bind)
+    t_end = time.time() + max_seconds if max_seconds else float("inf")
+    busy = False
+    try:
+        while time.time() < t_end:
+            if not sock.poll(0 if busy else 500):
+                busy = bool(idle and idle(sock))
+                continue
+            busy = idle is not None
+            frames = sock.recv_multipart()
+            t_recv = time.time()
+            if len(frames) != 2:
+                continue                   # not a DEALER peer speaking our framing
+            ident, data = frames
+            try:
+                msg = W.decode(data)
+            except W.ProtocolError as e:
+                reply(sock, ident, W.Error(e.code, str(e)))
+                continue
+            yield sock, ident, msg, t_recv
+    finally:
+        sock.close()
+
+
+class Client:
+    """A DEALER socket with request/reply, a timeout, and byte counters. After a timeout the socket is
+    replaced (a late reply must not be taken for the next one)."""
+
+    def __init__(self, addr: str, timeout_s: float = 5.0):
+        self.addr, self.timeout_s = addr, timeout_s
+        self.sent = self.received = 0
+        self._open()
+
+    def _open(self):
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        # a fixed routing id per socket: after a dropped TCP connection (a relay restarted) zmq
+        # reconnects and the server still knows this peer's handshake
+        self.sock.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
+        self.sock.connect(self.addr)
+
+    def call(self, msg, timeout_s: float | None = None):
+        self.send(msg)
+        reply = self.recv(timeout_s or self.timeout_s)
+        if reply is None:
+            self.sock.close()
+            self._open()
+            raise TimeoutError(f"no answer from {self.addr} within {timeout_s or self.timeout_s:.1f} s")
+        return reply
+
+    def send(self, msg) -> None:
+        data = W.encode(msg)
+        self.sock.send(data)
+        self.sent += len(data)
+
+    def recv(self, timeout_s: float):
+        """The next message, or None after timeout_s (0: only what has already arrived)."""
+        if not self.sock.poll(int(timeout_s * 1000)):
+            return None
+        data = self.sock.recv()
+        self.received += len(data)
+        return W.decode(data)
+
+    def close(self):
+        self.sock.close()

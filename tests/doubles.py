@@ -1,0 +1,66 @@
+"""Test doubles for the runtime's roles (sdeth.runtime.roles)."""
+import random
+
+from sdeth.runtime.loop import DraftUnavailable
+from sdeth.runtime.pipeline import StreamDrafter, StreamView
+from sdeth.runtime.verify import Sampling
+
+
+class LocalStream:
+    """An in-process stream for tests: the draft and both directions of the 'link' are simulated,
+    with a seeded random interleaving of drafting and delivery, so that every path of the protocol
+    (run-ahead kept, dropped, adopted; stale epochs) is exercised deterministically."""
+
+    def __init__(self, engine, s: Sampling = Sampling(), seed: int = 0, q_top: int = 0, window: int = 8,
+                 max_steps_per_poll: int = 3, die_after: int = 0):
+        self.d = StreamDrafter(engine, q_top, window)
+        self.s, self.seed = s, seed
+        self.rng = random.Random(seed)
+        self.view = StreamView()
+        self.max_steps, self.die_after, self.sent = max_steps_per_poll, die_after, 0
+        self.to_draft: list[tuple[int, int]] = []
+        self.to_target: list[tuple] = []
+
+    @property
+    def compute_s(self) -> float:
+        return self.d.compute_s
+
+    @property
+    def streamed(self) -> int:
+        return self.sent
+
+    def start(self, prompt_ids, size, first, s=None, seed=None):
+        self.view.reset()
+        self.to_draft.clear(), self.to_target.clear()
+        self.d.start(prompt_ids, size, first, s or self.s, self.seed if seed is None else seed)
+        self.sent = 0
+
+    def commit(self, pos: int, token: int) -> None:
+        self.view.on_commit(pos, token)
+        self.to_draft.append((pos, token))
+
+    def _tick(self, at_least_one: bool) -> None:
+        for _ in range(self.rng.randint(0, len(self.to_draft))):
+            self.d.commit(*self.to_draft.pop(0))
+        for _ in range(self.rng.randint(1 if at_least_one else 0, self.max_steps)):
+            if self.die_after and self.sent >= self.die_after:
+                raise DraftUnavailable("simulated draft death")
+            if not self.d.can_step():
+                while self.to_draft:             # the draft is blocked: let verdicts through
+                    self.d.commit(*self.to_draft.pop(0))
+                if not self.d.can_step():
+                    break
+            self.to_target.append(self.d.step())
+            self.sent += 1
+        n = len(self.to_target)
+        for _ in range(self.rng.randint(min(n, 1 if at_least_one else 0), n)):
+            self.view.on_drafted(*self.to_target.pop(0))
+
+    def poll(self) -> None:
+        self._tick(False)
+
+    def wait(self, timeout_s: float) -> None:
+        self._tick(True)
+
+    def end(self) -> None:
+        pass

@@ -1,0 +1,142 @@
+"""The package's layers: each imports only layers below it (function-level imports included), no import
+cycle anywhere, the place layer and the wire's protocol free of torch. Parses the source; imports nothing."""
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "lib" / "sdeth"
+
+# lowest first; a module may import its own layer and those before it
+LAYERS = [
+    ("leaves", {"sdeth", "sdeth.paths", "sdeth.hardware", "sdeth.metrics", "sdeth.costmodel", "sdeth.envcheck"}),
+    ("models", {"sdeth.models"}),
+    ("runtime", {"sdeth.runtime"}),
+    ("wire", {"sdeth.wire"}),
+    ("place", {"sdeth.place"}),
+    ("study", {"sdeth.study"}),
+    ("cli", {"sdeth.cli", "sdeth.__main__"}),
+]
+# beyond the order: what a layer may not import even though it lies below
+FORBIDDEN = {
+    "leaves": {"sdeth."},                                   # leaves import nothing of sdeth
+    "place": {"sdeth.models", "sdeth.runtime", "sdeth.wire", "torch", "transformers"},
+}
+NO_TORCH = {"sdeth.wire.protocol"}                            # plain data on the wire
+
+
+def layer_of(mod: str) -> int:
+    best = None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (mod == p or mod.startswith(p + ".")) and (best is None or len(p) > len(best[1])):
+                best = (i, p)
+    if best is None:
+        raise AssertionError(f"{mod} is in no layer: add it to LAYERS in tests/test_layers.py")
+    return best[0]
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, root: Path) -> set[str]:
+    """Every module `path` imports, at any depth of the code, relative imports resolved; `from P import n`
+    counts as P.n where P.n is a module of the package."""
+    me = module_name(path, root)
+    pkg = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module
+            out.add(target)
+            for a in node.names:
+                sub = target + "." + a.name
+                if (root.parent / Path(*sub.split("."))).with_suffix(".py").exists() or \
+                        (root.parent / Path(*sub.split(".")) / "__init__.py").exists():
+                    out.add(sub)
+    return out
+
+
+def graph(root: Path = ROOT) -> dict[str, set[str]]:
+    return {module_name(p, root): imports_of(p, root) for p in sorted(root.rglob("*.py"))}
+
+
+def violations(g: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for mod, deps in g.items():
+        mine = layer_of(mod)
+        name = LAYERS[mine][0]
+        for d in sorted(deps):
+            if d.split(".")[0] == "sdeth" and d != mod:
+                if layer_of(d) > mine:
+                    bad.append(f"{mod} ({name}) imports {d} ({LAYERS[layer_of(d)][0]}): upward")
+                if name == "leaves" and mod != "sdeth" and d.startswith("sdeth."):
+                    bad.append(f"{mod} is a leaf but imports {d}")
+            for f in FORBIDDEN.get(name, ()):
+                if name != "leaves" and (d == f or d.startswith(f + ".") or (f.endswith(".") and d.startswith(f))):
+                    bad.append(f"{mod} ({name}) imports {d}, which that layer must not")
+            if mod in NO_TORCH and d.split(".")[0] == "torch":
+                bad.append(f"{mod} imports torch: the wire carries plain data")
+    return bad
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Import cycles among the package's modules (a package's __init__ counts as importing what it names)."""
+    found, state = [], {}
+
+    def visit(m, stack):
+        state[m] = 1
+        for d in sorted(g.get(m, ())):
+            if d not in g or d == m:
+                continue
+            if state.get(d) == 1:
+                found.append(stack[stack.index(d):] + [d])
+            elif d not in state:
+                visit(d, stack + [d])
+        state[m] = 2
+
+    for m in g:
+        if m not in state:
+            visit(m, [m])
+    # a package importing its own submodules (re-exports) is not a cycle of the design
+    return [c for c in found if not all(c[i + 1].startswith(c[i] + ".") or c[i].startswith(c[i + 1] + ".")
+                                        for i in range(len(c) - 1))]
+
+
+def test_every_module_imports_only_downward():
+    assert violations(graph()) == []
+
+
+def test_no_import_cycles_even_through_function_level_imports():
+    assert cycles(graph()) == []
+
+
+def test_the_check_catches_an_upward_import_and_a_cycle(tmp_path):
+    """The check itself: a runtime module importing the study, and a models <-> models cycle, are caught."""
+    root = tmp_path / "sdeth"
+    for d in ("runtime", "study", "models"):
+        (root / d).mkdir(parents=True)
+        (root / d / "__init__.py").write_text("")
+    (root / "__init__.py").write_text("")
+    (root / "runtime" / "engine.py").write_text("def f():\n    from ..study import experiment\n")
+    (root / "study" / "experiment.py").write_text("")
+    (root / "models" / "a.py").write_text("from . import b\n")
+    (root / "models" / "b.py").write_text("def g():\n    from .a import x\n")
+    g = graph(root)
+    assert any("sdeth.runtime.engine (runtime) imports sdeth.study" in v for v in violations(g))
+    assert cycles(g) and set(cycles(g)[0]) == {"sdeth.models.a", "sdeth.models.b"}
+
+
+@pytest.mark.parametrize("mod", ["sdeth.place.testbed", "sdeth.place.cluster", "sdeth.place.netprobe"])
+def test_place_layer_knows_nothing_of_torch(mod):
+    g = graph()
+    assert not any(d.split(".")[0] in ("torch", "transformers") for d in g[mod])
