@@ -196,12 +196,12 @@ def cmd_sd(a) -> None:
         with Testbed(pair, netns=False, device=dev_t, draft_device=dev_d, worker_args=wargs + syn,
                      draft_timeout_s=300, ready_timeout_s=500) as tb:
             for mode, adaptive, k in modes:   # warm-up: compile and capture every width the mode uses
-                experiment._run_ethernet(replace(base, mode=mode, adaptive=adaptive, k=k, max_tokens=48),
+                experiment.run_requests(replace(base, mode=mode, adaptive=adaptive, k=k, max_tokens=48),
                                          prompts[:1], testbed=tb)
             for mode, adaptive, k in modes:
                 cfg = replace(base, mode=mode, adaptive=adaptive, k=k)
                 try:
-                    reqs, desc = experiment._run_ethernet(cfg, prompts, testbed=tb)
+                    reqs, desc = experiment.run_requests(cfg, prompts, testbed=tb)
                 except Exception:
                     print("target log:", tb.log("target")[-4000:], "\ndraft log:", tb.log("draft")[-4000:], flush=True)
                     raise
@@ -270,7 +270,7 @@ def cmd_real(a) -> None:
         for mode, adaptive in (("sd", False), ("pipelined", True), ("pipelined", False)):
             c = RunConfig(mode=mode, k=3, adaptive=adaptive, placement="ethernet", prompts=cfg.prompts,
                           max_tokens=a.max_tokens, device=dev_t)
-            reqs, desc = experiment._run_ethernet(c, prompts, testbed=tb)
+            reqs, desc = experiment.run_requests(c, prompts, testbed=tb)
             same = [r["output_ids"] for r in reqs] == ref
             out["runs"][f"two-gpu {mode} adaptive={adaptive}"] = {"summary": experiment.summarize(reqs, c),
                                                                   "identical": same}

@@ -37,7 +37,7 @@ def test_greedy_sd_over_the_link_is_identical_to_target_only(pair):
 
 def test_draft_killed_mid_request_finishes_on_the_target(pair):
     cfg = RunConfig(mode="sd", k=3, placement="ethernet", prompts="sharegpt:2", max_tokens=48)
-    reqs, _ = experiment._run_ethernet(cfg, experiment.encode_prompts(cfg, pair.tokenizer), draft_die_after=3,
+    reqs, _ = experiment.run_requests(cfg, experiment.encode_prompts(cfg, pair.tokenizer), draft_die_after=3,
                                        draft_timeout_s=2.0)
     base = experiment.run(RunConfig(mode="target-only", prompts="sharegpt:2", max_tokens=48), pair, progress=False)
     assert [r["output_ids"] for r in reqs] == [r["output_ids"] for r in base["requests"]]
@@ -78,7 +78,7 @@ def test_pipelined_over_the_link_is_identical_at_rtt_0_and_5(pair, target_only_1
 def test_pipelined_draft_killed_mid_request_finishes_on_the_target(pair, target_only_16, rtt):
     cfg = RunConfig(mode="pipelined", k=3, adaptive=False, placement="ethernet", prompts="sharegpt:2",
                     max_tokens=MAX_TOKENS, rtt_ms=rtt)
-    reqs, _ = experiment._run_ethernet(cfg, experiment.encode_prompts(cfg, pair.tokenizer), draft_die_after=12,
+    reqs, _ = experiment.run_requests(cfg, experiment.encode_prompts(cfg, pair.tokenizer), draft_die_after=12,
                                        draft_timeout_s=2.0)
     assert [r["output_ids"] for r in reqs] == [r["output_ids"] for r in target_only_16["requests"][:2]]
     assert reqs[0]["rounds"] >= 1 and reqs[0]["tokens_without_draft"] > 0

@@ -70,4 +70,4 @@ def test_sampled_pipelined_in_process_on_the_gpu_reproduces_the_target():
                                                 ("pipelined", True)])
 def test_sampled_decoding_over_the_link_on_the_gpu_reproduces_the_target(mode, draft_sampled):
     from test_ethernet import link_sampling_pvalue
-    assert link_sampling_pvalue(mode, draft_sampled, "cuda", n=900) > 1e-3
+    assert link_sampling_pvalue(mode, draft_sampled, "cuda:0", n=900) > 1e-3

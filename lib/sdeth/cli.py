@@ -63,6 +63,23 @@ def build_parser() -> argparse.ArgumentParser:
     rd.add_argument("--k", type=int, default=5, help="vLLM's num_speculative_tokens")
     rd.add_argument("--image", help="the sdeth worker image (registry/name:tag)")
     rd.add_argument("--namespace", default="sdeth")
+    b = sub.add_parser("bench", help="compare decoding modes on the same requests, with 95%% intervals (JSON)")
+    b.add_argument("what", choices=["sd"], help="sd: target-only, colocated, sync, adaptive, pipelined SD")
+    b.add_argument("--pair", default="random-qwen3-8b/1.7b")
+    b.add_argument("--synthetic-alpha", type=float, default=0.71,
+                   help="random weights: accept each draft token with this probability; -1 for real acceptance")
+    b.add_argument("--device", default="cuda:0"), b.add_argument("--draft-device", default="cuda:1")
+    b.add_argument("--impl", default="fast", choices=["hf", "fast"])
+    b.add_argument("--compile", default="default", help="torch.compile mode for the fast decoder ('' = off)")
+    b.add_argument("--capacity", type=int, default=1024, help="CUDA-graph cache length (tokens)")
+    b.add_argument("--requests", type=int, default=16, help="requests, each its own prompt and seed")
+    b.add_argument("--context", type=int, default=512, help="prompt length (random token ids)")
+    b.add_argument("--max-tokens", type=int, default=128, help="generated tokens per request")
+    b.add_argument("--k", type=int, default=3, help="k of the fixed-k modes (colocated, sync)")
+    b.add_argument("--k-max", type=int, default=8, help="the most k of adaptive and pipelined")
+    b.add_argument("--modes", default="target-only,colocated,sync,adaptive,pipelined")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--json", required=True)
     sub.add_parser("prepare", help="prepare the embedded pair (dequantize the target, assemble the draft)")
     c = sub.add_parser("calibrate", help="time a target step, a draft step and target forwards of m tokens")
     c.add_argument("--pair", default="embedded")
@@ -81,6 +98,8 @@ def main(argv=None) -> int:
     from .study.config import ConfigError
     if a.cmd in ("down", "render"):
         return _cluster(a)
+    if a.cmd == "bench":
+        return _bench(a)
     try:
         if a.cmd == "prepare":
             from .models.presets import load_pair
@@ -115,6 +134,23 @@ def _cluster(a) -> int:
     except cluster.ClusterError as e:
         print(f"sdeth: error: {e}", file=sys.stderr)
         return 2
+
+
+def _bench(a) -> int:
+    from .study import bench
+    from .study.config import ConfigError, RunConfig, save
+    try:
+        base = RunConfig(pair=a.pair, device=a.device, draft_device=a.draft_device or None, impl=a.impl,
+                         compile=a.compile, capacity=a.capacity, prompts=f"random:{a.requests}:{a.context}:{a.seed}",
+                         max_tokens=a.max_tokens, k=a.k, seed=a.seed, max_len=a.capacity,
+                         synthetic_alpha=None if a.synthetic_alpha < 0 else a.synthetic_alpha, netns=False)
+        res = bench.bench_sd(base, tuple(m for m in a.modes.split(",") if m), a.k_max)
+    except (ConfigError, ValueError) as e:
+        print(f"sdeth: error: {e}", file=sys.stderr)
+        return 2
+    print(bench.table(res))
+    print(f"wrote {save(res, a.json)}")
+    return 0
 
 
 def _run(a) -> int:

@@ -83,3 +83,25 @@ def timing(requests: list[dict]) -> dict:
         "e2e_s": statistics.mean(r["e2e_s"] for r in requests),
         "e2e_total_s": e2e,
     }
+
+
+def ratio_ci(num: list[float], den: list[float], base_num: list[float] | None = None,
+             base_den: list[float] | None = None, level: float = 0.95, n_boot: int = 4000,
+             seed: int = 0) -> tuple[float, float, float]:
+    """(point, low, high) of sum(num)/sum(den), or of that over sum(base_num)/sum(base_den) when a base
+    is given (a speedup: tokens/s over the base's tokens/s). The interval is a percentile bootstrap over
+    requests; with a base it is paired: request i of both runs is the same prompt with the same seed,
+    so its difficulty cancels."""
+    import random
+    n = len(num)
+    if n == 0 or len(den) != n or (base_num is not None and (len(base_num) != n or len(base_den) != n)):
+        raise ValueError(f"ratio_ci needs equal, non-empty per-request lists (got {n}, {len(den)})")
+
+    def stat(idx):
+        r = sum(num[i] for i in idx) / sum(den[i] for i in idx)
+        return r / (sum(base_num[i] for i in idx) / sum(base_den[i] for i in idx)) if base_num is not None else r
+
+    rng = random.Random(seed)
+    boots = sorted(stat([rng.randrange(n) for _ in range(n)]) for _ in range(n_boot))
+    lo, hi = boots[int((1 - level) / 2 * n_boot)], boots[min(n_boot - 1, int((1 + level) / 2 * n_boot))]
+    return stat(range(n)), lo, hi

@@ -4,6 +4,8 @@ Spec strings (what `--prompts` takes):
   sharegpt:N[:seed]   first human turn of N ShareGPT V3 conversations (the file vLLM's serving
                       benchmark uses), from the held-out split, length-filtered, sampled by seed
   humaneval:N[:seed]  N HumanEval problems (the function signature and docstring)
+  random:N:LEN[:seed] N prompts of LEN token ids drawn uniformly, prompt i from seed + i (timing with
+                      random weights, where text means nothing)
 
 ShareGPT is split by conversation index: every 10th conversation is held out for evaluation
 (`sharegpt`), the rest (`sharegpt-train`) is what the embedded draft was distilled on, so a
@@ -36,8 +38,26 @@ class Prompt:
     source: str
 
 
+def random_ids(spec: str, vocab: int) -> list[tuple[str, list[int]]]:
+    """'random:N:LEN[:seed]' -> N (id, token ids) prompts of LEN ids in [0, vocab), prompt i from seed + i."""
+    parts = str(spec).split(":")
+    try:
+        n, length, seed = int(parts[1]), int(parts[2]), int(parts[3]) if len(parts) == 4 else 0
+        assert len(parts) in (3, 4) and n >= 1 and length >= 1
+    except (ValueError, IndexError, AssertionError):
+        raise PromptError(f"prompt set {spec!r}: use 'random:N:LEN[:seed]', e.g. 'random:16:512'") from None
+    out = []
+    for i in range(n):
+        rng = random.Random(seed + i)
+        out.append((f"random/{seed + i}", [rng.randrange(vocab) for _ in range(length)]))
+    return out
+
+
 def parse_spec(spec: str) -> tuple[str, int, int]:
     """'sharegpt:16:7' -> ('sharegpt', 16, 7). Seed defaults to 0."""
+    if str(spec).startswith("random:"):
+        random_ids(spec, 2)                      # raises on a bad spec
+        return "random", int(str(spec).split(":")[1]), 0
     parts = str(spec).split(":")
     if len(parts) not in (2, 3) or parts[0] not in SETS:
         raise PromptError(

@@ -9,6 +9,11 @@ put all mass on those tokens. Then greedy verification accepts each draft token 
 probability alpha, the bonus token is guessed by the draft with probability alpha (as with a real
 pair, where it is the same event), and target-only decoding produces T. Figures from this mode are
 labelled synthetic.
+
+Each request gets its own sequences: T and the coins are keyed by (seed, the request's prompt), so a
+benchmark whose requests have different prompts averages over independent coin sequences (keyed by
+position alone, every request replayed one sequence), while the target and the draft, which see the
+same prompt, still agree on them.
 """
 from __future__ import annotations
 
@@ -25,6 +30,14 @@ def _mix(x: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
     return x ^ (x >> 31)
+
+
+def prompt_key(ids) -> int:
+    """A 64-bit key of a prompt's token ids (the same in every process)."""
+    key = 0
+    for t in ids:
+        key = _mix(key ^ int(t))
+    return key
 
 
 def true_token(seed: int, pos: int, vocab: int) -> int:
@@ -48,14 +61,17 @@ class SyntheticEngine(Engine):
             raise ValueError(f"synthetic alpha {alpha}: must be in [0, 1]")
         self.role, self.alpha, self.seed = role, alpha, seed
         self.vocab_size = int(self.vocab or model.config.vocab_size)
+        self.request_seed = seed
 
     def token_at(self, pos: int) -> int:
         if self.role == "target":
-            return true_token(self.seed, pos, self.vocab_size)
-        return draft_token(self.seed, pos, self.vocab_size, self.alpha)
+            return true_token(self.request_seed, pos, self.vocab_size)
+        return draft_token(self.request_seed, pos, self.vocab_size, self.alpha)
 
     def forward(self, ids) -> torch.Tensor:
         start = self.pos
+        if start == 0:          # a new request (its prefill): its own sequences, keyed by its prompt
+            self.request_seed = _mix(self.seed ^ prompt_key(torch.as_tensor(ids).reshape(-1).tolist()))
         logits = super().forward(ids)
         m = logits.shape[0]
         toks = torch.tensor([self.token_at(start + i + 1) for i in range(m)], device=logits.device)

@@ -42,6 +42,11 @@ class RunConfig:
     netns: bool | None = None       # ethernet: namespaces + veth (None: when root), else loopback
     max_len: int = 2048             # longest prompt + max_tokens accepted
     engine: str = "sdeth"           # sdeth (this runtime) | vllm (the reference engine, colocated only)
+    impl: str = "hf"                # model code: hf (transformers) | fast (sdeth.runtime.fastmodel)
+    compile: str = ""               # fast impl: torch.compile mode inside the CUDA graphs ("" = off)
+    capacity: int = 4096            # CUDA-graph cache length (tokens); the CPU sizes each request's cache
+    synthetic_alpha: float | None = None   # random-weight timing: accept each draft token with this probability
+    draft_device: str | None = None # ethernet: the draft worker's device (None: the target's)
 
     def check(self) -> "RunConfig":
         if self.mode not in MODES:
@@ -63,6 +68,12 @@ class RunConfig:
             raise ConfigError(f"engine {self.engine!r} runs its draft in the same process: use placement 'colocated'")
         if self.rtt_ms < 0:
             raise ConfigError(f"rtt_ms={self.rtt_ms}: must be >= 0")
+        if self.impl not in ("hf", "fast"):
+            raise ConfigError(f"impl {self.impl!r}: use 'hf' (transformers) or 'fast' (sdeth.runtime.fastmodel)")
+        if self.compile and self.impl != "fast":
+            raise ConfigError(f"compile={self.compile!r} needs impl 'fast'")
+        if self.synthetic_alpha is not None and not 0 <= self.synthetic_alpha <= 1:
+            raise ConfigError(f"synthetic_alpha={self.synthetic_alpha}: a probability in [0, 1]")
         self.sampling()                 # raises on bad temperature / top-p / top-k
         P.parse_spec(self.prompts)      # raises on a bad prompt spec
         return self
@@ -70,6 +81,16 @@ class RunConfig:
     @property
     def adapts(self) -> bool:
         return self.adaptive if self.adaptive is not None else self.mode == "pipelined"
+
+    def engine_opts(self) -> dict:
+        """What runtime.synthetic.make_engine takes (in-process engines)."""
+        return dict(impl=self.impl, compile_mode=self.compile or None, capacity=self.capacity,
+                    synthetic_alpha=self.synthetic_alpha)
+
+    def worker_args(self) -> list[str]:
+        """The same options as `sdeth worker` flags (both workers of a testbed)."""
+        args = ["--impl", self.impl, "--capacity", str(self.capacity)] + (["--compile", self.compile] if self.compile else [])
+        return args + (["--synthetic-alpha", str(self.synthetic_alpha)] if self.synthetic_alpha is not None else [])
 
     def sampling(self) -> Sampling:
         try:
@@ -79,6 +100,10 @@ class RunConfig:
 
 
 def encode_prompts(cfg: RunConfig, tokenizer) -> list[tuple[str, list[int]]]:
+    """(prompt id, token ids) for each prompt of cfg.prompts; `random:N:LEN[:seed]` draws ids uniformly
+    from the tokenizer's range, each prompt from its own seed (random-weight timing runs)."""
+    if str(cfg.prompts).startswith("random:"):
+        return P.random_ids(cfg.prompts, len(tokenizer))
     out = []
     for p in P.load(cfg.prompts):
         ids = P.encode(p, tokenizer, chat=cfg.chat, thinking=cfg.thinking)

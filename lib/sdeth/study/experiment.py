@@ -15,6 +15,7 @@ import torch
 from .. import costmodel, hardware
 from ..runtime.engine import Engine, decode_one_token, prefill
 from ..runtime.loop import Drafter, generate_sd, generate_target_only
+from ..runtime.synthetic import make_engine
 from .config import SCHEMA, ConfigError, RunConfig, encode_prompts, save  # noqa: F401  (the study's API)
 from .summary import model_curves, summarize, sweep_table  # noqa: F401
 
@@ -39,10 +40,14 @@ def run(cfg: RunConfig, pair=None, progress: bool = True, on_testbed=None) -> di
     bar = tqdm(encoded, desc=f"{cfg.mode} k={cfg.k} {cfg.placement}", disable=not progress)
     testbed = None
     if cfg.placement == "ethernet":
-        reqs, testbed = _run_ethernet(cfg, bar, on_testbed)
+        reqs, testbed = run_requests(cfg, bar, on_testbed)
     else:
-        target = Engine(pair.target, "target", vocab=pair.vocab_size)
-        drafter = Drafter(Engine(pair.draft, "draft", vocab=pair.vocab_size), s, seed=cfg.seed + 1)
+        opts = dict(vocab=pair.vocab_size, **cfg.engine_opts())
+        target = make_engine(pair.target, "target", "target", **opts)
+        drafter = Drafter(make_engine(pair.draft, "draft", "draft", **opts), s, seed=cfg.seed + 1)
+        if cfg.device.startswith("cuda"):      # capture (and compile) the widths before the clock runs
+            target.warm(cfg.k + 1)
+            drafter.engine.warm(2)
         eos = pair.tokenizer.eos_token_id
         est = costmodel.Estimator()       # adaptive k: learns over the whole run
         reqs = []
@@ -58,17 +63,23 @@ def run(cfg: RunConfig, pair=None, progress: bool = True, on_testbed=None) -> di
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "requests": reqs, "summary": summarize(reqs, cfg)}
 
 
-def _run_ethernet(cfg: RunConfig, prompts, testbed=None, **testbed_kw) -> tuple[list[dict], dict]:
-    """Send each request to the target worker of a two-node testbed (started here and torn down
-    after, unless one is passed in)."""
-    from contextlib import nullcontext
+def testbed_for(cfg: RunConfig, **testbed_kw):
+    """A two-node testbed whose workers run cfg's pair, devices and engine options (not started yet)."""
     from ..place.testbed import Testbed
+    kw = dict(up_ms=cfg.rtt_ms / 2, down_ms=cfg.rtt_ms / 2, netns=cfg.netns, device=cfg.device,
+              draft_device=cfg.draft_device, target=cfg.target, draft=cfg.draft, worker_args=tuple(cfg.worker_args()))
+    return Testbed(cfg.pair, **{**kw, **testbed_kw})
+
+
+def run_requests(cfg: RunConfig, prompts, testbed=None, **testbed_kw) -> tuple[list[dict], dict]:
+    """Send each (id, token ids) prompt to the target worker of a two-node testbed, request i with seed
+    cfg.seed + i; the testbed is started here and torn down after, unless a running one is passed in.
+    Returns (request records, the testbed's description)."""
+    from contextlib import nullcontext
     from ..wire import protocol as W
     from ..wire.transport import Client
     reqs = []
-    with nullcontext(testbed) if testbed is not None else Testbed(
-            cfg.pair, up_ms=cfg.rtt_ms / 2, down_ms=cfg.rtt_ms / 2, netns=cfg.netns, device=cfg.device,
-            target=cfg.target, draft=cfg.draft, **testbed_kw) as tb:
+    with nullcontext(testbed) if testbed is not None else testbed_for(cfg, **testbed_kw) as tb:
         # a request's whole decode; SDETH_CLIENT_TIMEOUT (seconds) overrides it, e.g. to see a stall sooner
         client = Client(tb.target_addr, timeout_s=float(os.environ.get("SDETH_CLIENT_TIMEOUT", 60 + 5 * cfg.max_tokens)))
         try:
@@ -121,12 +132,11 @@ def sweep(cfg: RunConfig, rtts=SWEEP_RTTS, pair=None, progress: bool = True) -> 
     {"runs": [results dicts], "table": rows with measured and predicted speedups}."""
     from dataclasses import replace
     from ..models.presets import load_pair
-    from ..place.testbed import Testbed
     cfg = cfg.check()
     pair = pair or load_pair(cfg.pair, cfg.target, cfg.draft, device=cfg.device)
     runs = [run(replace(cfg, mode="target-only", placement="colocated", rtt_ms=0.0), pair, progress),
             run(replace(cfg, mode="sd", placement="colocated", rtt_ms=0.0), pair, progress)]
-    with Testbed(cfg.pair, netns=cfg.netns, device=cfg.device, target=cfg.target, draft=cfg.draft, relay=True) as tb:
+    with testbed_for(cfg, up_ms=0.0, down_ms=0.0, relay=True) as tb:
         for rtt in rtts:
             tb.set_delay(rtt / 2, rtt / 2)
             for mode in ("sd", "pipelined"):

@@ -8,6 +8,11 @@ from .. import costmodel, metrics
 from .config import RunConfig
 
 
+def identical_outputs(run: dict, reference: dict) -> bool:
+    """Whether two results decoded the same token ids for every request (lossless against a reference)."""
+    return [q["output_ids"] for q in run["requests"]] == [q["output_ids"] for q in reference["requests"]]
+
+
 def _widths(reqs: list[dict]) -> dict[int, float]:
     """Mean seconds of a target forward of m tokens during rounds, per m, over a run."""
     tot: dict[int, list] = {}
@@ -107,8 +112,7 @@ def sweep_table(runs: list[dict]) -> list[dict]:
                      "predicted_tokens_per_s": s.get("predicted_tokens_per_s"),
                      "predicted_speedup": (s["predicted_tokens_per_s"] / base["predicted_tokens_per_s"]
                                            if s.get("predicted_tokens_per_s") else None),
-                     "identical_to_target_only": [q["output_ids"] for q in r["requests"]]
-                     == [q["output_ids"] for q in runs[0]["requests"]]})
+                     "identical_to_target_only": identical_outputs(r, runs[0])})
     return rows
 
 

@@ -17,7 +17,8 @@ from .transport import Client
 
 
 class RemoteDrafter:
-    """The target's handle on a draft worker: the Drafter interface over the wire."""
+    """The target's handle on a draft worker: a draft source (runtime.roles.DraftSource) over the wire."""
+    compute_s: float = 0.0      # the draft's model time since start(), as the draft worker reports it
 
     def __init__(self, addr: str, hello: W.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0,
                  device="cpu"):
@@ -74,6 +75,7 @@ class RemoteDrafter:
 class RemoteStream(RemoteDrafter):
     """The target's handle on a draft worker in pipelined mode (sdeth.pipeline's stream interface):
     Commits go out without waiting; Drafted messages are taken in whenever the target looks."""
+    streamed: int = 0           # tokens the draft streamed in this request
 
     def __init__(self, addr: str, hello: W.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0,
                  device="cpu", window: int = 16):

@@ -1,0 +1,122 @@
+"""Benchmarks that compare decoding modes, with intervals: `python -m sdeth bench sd ...`.
+
+    python -m sdeth bench sd --pair random-qwen3-8b/1.7b --synthetic-alpha 0.71 --device cuda:0 \
+        --draft-device cuda:1 --impl fast --compile default --json reports/gpu/bench_sd_1.7b.json
+
+Every mode decodes the same requests (prompt i drawn from its own seed; with synthetic acceptance each
+prompt keys its own accept/reject sequence), at least `requests x max_tokens` generated tokens. A
+speedup is tokens/s over target-only's on the same requests, with a 95% paired bootstrap interval over
+requests; alpha has its interval too; the cost model's predicted speedup stands beside each. The JSON
+says what acceptance was (synthetic on random weights, or real) and holds the resolved configs, the
+hardware and the per-request records. Public functions only: any host with the package installed runs it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, replace
+
+from .. import hardware, metrics
+from .config import RunConfig
+from .experiment import run, testbed_for
+from .summary import identical_outputs
+
+# name -> the RunConfig fields that make the mode (k: the run's k; k_max: the most, where k adapts)
+MODES = {
+    "target-only": dict(mode="target-only", placement="ethernet"),
+    "colocated": dict(mode="sd", placement="colocated", adaptive=False),
+    "sync": dict(mode="sd", placement="ethernet", adaptive=False),
+    "adaptive": dict(mode="sd", placement="ethernet", adaptive=True),
+    "pipelined": dict(mode="pipelined", placement="ethernet", adaptive=True),
+}
+ADAPTS = ("adaptive", "pipelined")     # these take k_max as their k
+
+
+def mode_config(base: RunConfig, name: str, k_max: int) -> RunConfig:
+    if name not in MODES:
+        raise ValueError(f"mode {name!r}: use some of {list(MODES)}")
+    return replace(base, **MODES[name], k=k_max if name in ADAPTS else base.k)
+
+
+def per_request(res: dict) -> dict:
+    """The per-request lists the intervals resample."""
+    reqs = res["requests"]
+    return {"tokens": [len(r["output_ids"]) for r in reqs], "seconds": [r["e2e_s"] for r in reqs],
+            "accepted": [r["accepted_tokens"] for r in reqs],
+            "judged": [r["accepted_tokens"] + r.get("rejections", 0) for r in reqs]}
+
+
+def compare(results: dict[str, dict]) -> list[dict]:
+    """One row per mode: tokens/s, speedup over target-only with its interval, alpha with its interval,
+    the model's predicted speedup, and whether the output equals target-only's."""
+    base = results["target-only"]
+    b = per_request(base)
+    rows = []
+    for name, res in results.items():
+        p, s = per_request(res), res["summary"]
+        sp = metrics.ratio_ci(p["tokens"], p["seconds"], b["tokens"], b["seconds"])
+        row = {"mode": name, "tokens_per_s": s["tokens_per_s"], "output_tokens": sum(p["tokens"]),
+               "speedup": sp[0], "speedup_ci95": [sp[1], sp[2]],
+               "resolves_10pct": (sp[2] - sp[1]) < 0.10 * sp[0],
+               "predicted_speedup": (s["predicted_tokens_per_s"] / base["summary"]["predicted_tokens_per_s"]
+                                     if s.get("predicted_tokens_per_s") and base["summary"].get("predicted_tokens_per_s")
+                                     else None),
+               "identical_to_target_only": identical_outputs(res, base)}
+        if sum(p["judged"]):
+            a = metrics.ratio_ci(p["accepted"], p["judged"])
+            row.update(alpha=a[0], alpha_ci95=[a[1], a[2]])
+        for key in ("wire_ms_per_round", "tokens_without_draft", "plain_steps", "time_breakdown_s"):
+            if key in s:
+                row[key] = s[key]
+        rows.append(row)
+    return rows
+
+
+def bench_sd(base: RunConfig, modes=tuple(MODES), k_max: int = 8, warmup_tokens: int = 32, pair=None,
+             progress: bool = False) -> dict:
+    """Run each mode on base's requests (ethernet modes on one testbed, colocated in this process) and
+    compare them. base: pair, devices, engine options, prompts (e.g. random:16:512), max_tokens, k."""
+    from ..models.presets import load_pair
+    base = base.check()
+    if "target-only" not in modes:
+        modes = ("target-only", *modes)
+    pair = pair or load_pair(base.pair, base.target, base.draft, device=base.device,
+                             roles=("target", "draft") if "colocated" in modes else ())
+    warm = replace(base, prompts=f"random:1:{_prompt_len(base)}:999983", max_tokens=warmup_tokens)
+    results: dict[str, dict] = {}
+    t0 = time.time()
+    link = [m for m in modes if MODES[m]["placement"] == "ethernet"]
+    if link:
+        with testbed_for(base, ready_timeout_s=1200, draft_timeout_s=300) as tb:
+            for name in link:
+                run(mode_config(warm, name, k_max), pair, False, tb)          # first use of each width
+                results[name] = run(mode_config(base, name, k_max), pair, progress, tb)
+    if "colocated" in modes:
+        run(mode_config(warm, "colocated", k_max), pair, False)
+        results["colocated"] = run(mode_config(base, "colocated", k_max), pair, progress)
+    rows = compare({m: results[m] for m in modes})
+    return {"schema": "sdeth.bench/1", "bench": "sd", "config": asdict(base), "k_max": k_max,
+            "acceptance": ("synthetic: random weights, each draft token accepted with probability "
+                           f"{base.synthetic_alpha} (sdeth.runtime.synthetic)") if base.synthetic_alpha is not None
+            else "real: the pair's own models", "hardware": hardware.describe(base.device),
+            "draft_hardware": hardware.describe(base.draft_device) if base.draft_device else None,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "wall_s": time.time() - t0,
+            "rows": rows, "runs": results}
+
+
+def _prompt_len(cfg: RunConfig) -> int:
+    parts = str(cfg.prompts).split(":")
+    return int(parts[2]) if parts[0] == "random" else 64
+
+
+def table(res: dict) -> str:
+    """The comparison as aligned text (the CLI prints it)."""
+    out = [f"{res['acceptance']}; {res['hardware'].get('label')}",
+           f"{'mode':12s} {'tok/s':>8s} {'speedup':>8s} {'95% interval':>15s} {'predicted':>9s} {'alpha':>6s} "
+           f"{'tokens':>7s} identical"]
+    for r in res["rows"]:
+        ci = "[{:.3f}, {:.3f}]".format(*r["speedup_ci95"])
+        pred = f"{r['predicted_speedup']:.3f}" if r["predicted_speedup"] else "-"
+        alpha = f"{r['alpha']:.3f}" if "alpha" in r else "-"
+        out.append(f"{r['mode']:12s} {r['tokens_per_s']:8.1f} {r['speedup']:8.3f} {ci:>15s} {pred:>9s} {alpha:>6s} "
+                   f"{r['output_tokens']:7d} {r['identical_to_target_only']}")
+    return "\n".join(out)
