@@ -78,6 +78,46 @@ def plot_breakdown(runs: dict[str, dict], hw: dict, title: str):
     return df
 
 
+def bench_table(benches: dict[str, dict]):
+    """The rows of `python -m sdeth bench` results (name -> results JSON), one per pair and mode."""
+    import pandas as pd
+    rows = []
+    for name, b in benches.items():
+        for r in b["rows"]:
+            rows.append({"pair": b["config"]["pair"], "alpha set": b["config"].get("synthetic_alpha"),
+                         "mode": r["mode"], "tokens/s": r["tokens_per_s"], "speedup": r["speedup"],
+                         "95% low": r["speedup_ci95"][0], "95% high": r["speedup_ci95"][1],
+                         "predicted": r["predicted_speedup"], "alpha measured": r.get("alpha"),
+                         "tokens": r["output_tokens"], "identical": r["identical_to_target_only"]})
+    return pd.DataFrame(rows)
+
+
+def plot_bench(benches: dict[str, dict]):
+    """Speedup over target-only per mode, with 95% intervals, one group per pair."""
+    import matplotlib.pyplot as plt
+    df = bench_table(benches)
+    pairs = list(dict.fromkeys(df["pair"]))
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(df) + 1.2))
+    labels, y = [], 0
+    for p in pairs:
+        for _, r in df[df["pair"] == p].iterrows():
+            ax.errorbar(r["speedup"], y, xerr=[[r["speedup"] - r["95% low"]], [r["95% high"] - r["speedup"]]],
+                        fmt="o", color="C0", capsize=3)
+            if r["predicted"]:
+                ax.plot(r["predicted"], y, "x", color="C3")
+            labels.append(f"{p} (alpha {r['alpha set']}): {r['mode']}")
+            y += 1
+    ax.axvline(1.0, color="grey", lw=0.8)
+    ax.set(yticks=range(len(labels)), yticklabels=labels, xlabel="speedup over target-only (x), 95% interval; x = model",
+           title="SD modes on two GPUs: synthetic acceptance, random weights")
+    ax.invert_yaxis()
+    b = next(iter(benches.values()))
+    ax.figure.text(0.01, -0.02, caption(b["hardware"], f"measured, {b['acceptance'].split(':')[0]} acceptance, "
+                                        f"{b['rows'][0]['output_tokens']} tokens per mode"), fontsize=8)
+    plt.show()
+    return df
+
+
 def render(name: str, parameters: dict | None = None) -> tuple[bool, str]:
     """Execute notebooks/<name>.ipynb headless and render reports/<name>.html. Returns (ok, status)."""
     import nbformat
