@@ -34,6 +34,10 @@ class Request:
     draft_prefill_s: float = 0.0
     draft_s: float = 0.0        # draft model compute during rounds
     wire_s: float = 0.0         # waiting for proposals beyond the draft's compute (the link; ~0 colocated)
+    link_s: float = 0.0         # remote draft: the wait minus the time the draft worker held the requests
+                                # (transport both ways: zmq, TCP, (de)serialisation on the target's side)
+    draft_host_s: float = 0.0   # remote draft: held minus its model time (the draft worker's own host work)
+    bare_rtt_ms: float | None = None   # remote draft: median bare Ping/Pong round trip, the transport's floor
     verify_s: float = 0.0       # target forwards during rounds (or decode steps, target-only)
     tokens_without_draft: int = 0   # decoded by the target alone because the draft was unavailable
     tail_steps: int = 0             # target-only steps at the end, with no room left to draft
@@ -240,4 +244,8 @@ def generate_sd(target: Engine, drafter: DraftSource, prompt_ids: list[int], max
     req.verify_s = target.forward_s
     req.draft_s = drafter.compute_s if req.rounds else 0.0
     req.wire_s = max(wait_s - req.draft_s, 0.0)
+    held = getattr(drafter, "held_s", None)       # remote drafts report how long they held each request
+    if held is not None and req.rounds:
+        req.link_s, req.draft_host_s = max(wait_s - held, 0.0), max(held - req.draft_s, 0.0)
+    req.bare_rtt_ms = getattr(drafter, "bare_rtt_ms", None)
     return _finish(req, t0, t_first, eos, max_tokens)

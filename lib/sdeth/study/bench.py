@@ -64,7 +64,8 @@ def compare(results: dict[str, dict]) -> list[dict]:
         if sum(p["judged"]):
             a = metrics.ratio_ci(p["accepted"], p["judged"])
             row.update(alpha=a[0], alpha_ci95=[a[1], a[2]])
-        for key in ("wire_ms_per_round", "tokens_without_draft", "plain_steps", "time_breakdown_s"):
+        for key in ("wire_ms_per_round", "link_ms_per_round", "draft_host_ms_per_round", "bare_rtt_ms",
+                    "tokens_without_draft", "plain_steps", "time_breakdown_s"):
             if key in s:
                 row[key] = s[key]
         rows.append(row)

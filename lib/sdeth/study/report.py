@@ -84,7 +84,7 @@ def bench_table(benches: dict[str, dict]):
     rows = []
     for name, b in benches.items():
         for r in b["rows"]:
-            rows.append({"pair": b["config"]["pair"], "alpha set": b["config"].get("synthetic_alpha"),
+            rows.append({"run": name, "pair": b["config"]["pair"], "alpha set": b["config"].get("synthetic_alpha"),
                          "mode": r["mode"], "tokens/s": r["tokens_per_s"], "speedup": r["speedup"],
                          "95% low": r["speedup_ci95"][0], "95% high": r["speedup_ci95"][1],
                          "predicted": r["predicted_speedup"], "alpha measured": r.get("alpha"),
@@ -93,19 +93,18 @@ def bench_table(benches: dict[str, dict]):
 
 
 def plot_bench(benches: dict[str, dict]):
-    """Speedup over target-only per mode, with 95% intervals, one group per pair."""
+    """Speedup over target-only per mode, with 95% intervals, one group per run (name -> results)."""
     import matplotlib.pyplot as plt
     df = bench_table(benches)
-    pairs = list(dict.fromkeys(df["pair"]))
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(df) + 1.2))
     labels, y = [], 0
-    for p in pairs:
-        for _, r in df[df["pair"] == p].iterrows():
+    for name in benches:
+        for _, r in df[df["run"] == name].iterrows():
             ax.errorbar(r["speedup"], y, xerr=[[r["speedup"] - r["95% low"]], [r["95% high"] - r["speedup"]]],
                         fmt="o", color="C0", capsize=3)
             if r["predicted"]:
                 ax.plot(r["predicted"], y, "x", color="C3")
-            labels.append(f"{p} (alpha {r['alpha set']}): {r['mode']}")
+            labels.append(f"{name.removeprefix('bench_sd_')} (alpha {r['alpha set']}): {r['mode']}")
             y += 1
     ax.axvline(1.0, color="grey", lw=0.8)
     ax.set(yticks=range(len(labels)), yticklabels=labels, xlabel="speedup over target-only (x), 95% interval; x = model",

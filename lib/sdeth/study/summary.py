@@ -90,6 +90,11 @@ def summarize(reqs: list[dict], cfg: RunConfig) -> dict:
         rate = (sum(costmodel.expected_tokens(alpha, k) for k in ks)
                 / sum(costmodel.round_time(c, k) for k in ks))
         out["wire_ms_per_round"] = wire_s / rounds * 1e3
+        if cfg.placement == "ethernet":    # the wire split by the draft's own timestamps, beside the floor
+            out["link_ms_per_round"] = sum(r.get("link_s", 0.0) for r in reqs) / rounds * 1e3
+            out["draft_host_ms_per_round"] = sum(r.get("draft_host_s", 0.0) for r in reqs) / rounds * 1e3
+            bare = [r["bare_rtt_ms"] for r in reqs if r.get("bare_rtt_ms") is not None]
+            out["bare_rtt_ms"] = statistics.median(bare) if bare else None
     if cfg.placement == "ethernet":
         out["bytes_per_round"] = sum(r["bytes_sent"] + r["bytes_received"] for r in reqs) / rounds
     out["costs"] = {**c.to_dict(), "target_step": c.target_step or None}

@@ -33,7 +33,8 @@ def q_pairs(q, q_top: int):
     return top.indices.tolist(), top.values.tolist()
 
 
-def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, engine_opts: dict | None = None) -> None:
+def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, engine_opts: dict | None = None,
+                spin_s: float = 0.0) -> None:
     """Serve proposals until killed (or max_seconds). die_after > 0 exits the process abruptly
     after that many proposals: fault injection for tests. engine_opts: synthetic.make_engine's."""
     me = welcome(pair, pair.config.draft)
@@ -66,7 +67,7 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, eng
         return False
 
     print(f"sdeth draft worker: {pair.config.draft} on {bind}", flush=True)
-    for sock, ident, msg, t1 in serve_requests(bind, max_seconds, run_ahead):
+    for sock, ident, msg, t1 in serve_requests(bind, max_seconds, run_ahead, spin_s):
         try:
             if isinstance(msg, W.Ping):
                 reply(sock, ident, W.Pong(msg.t0, t1, time.time()))
@@ -105,7 +106,8 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, eng
                 c0 = d.compute_s
                 toks, q = d.propose(msg.n_prev, msg.nxt, msg.k)
                 idx, val = q_pairs(q, d.q_top)
-                reply(sock, ident, W.Proposal(msg.req, toks, (d.compute_s - c0) * 1e3, idx, val))
+                reply(sock, ident, W.Proposal(msg.req, toks, (d.compute_s - c0) * 1e3, idx, val,
+                                              (time.time() - t1) * 1e3))
                 served += 1
                 if die_after and served >= die_after:
                     os._exit(17)           # a crash, as far as the target can tell

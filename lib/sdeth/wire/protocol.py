@@ -82,6 +82,8 @@ class Proposal(msgspec.Struct, tag="proposal"):
     draft_ms: float                          # the draft model's compute for this proposal
     q_idx: list[list[int]] | None = None     # sampled draft: [k][q_top] token ids
     q_val: list[list[float]] | None = None   # and their probabilities
+    held_ms: float = 0.0                     # the draft's time from receiving Propose to sending this (its own
+                                             # clock, a difference: the target's wait minus it is the link's share)
 
 
 class Commit(msgspec.Struct, tag="commit"):

@@ -21,16 +21,26 @@ class RemoteDrafter:
     compute_s: float = 0.0      # the draft's model time since start(), as the draft worker reports it
 
     def __init__(self, addr: str, hello: W.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0,
-                 device="cpu"):
-        self.client = Client(addr, timeout_s)
+                 device="cpu", spin_s: float = 0.0):
+        self.client = Client(addr, timeout_s, spin_s)
         self.s, self.q_top, self.seq = s, q_top, 0
         self.device = torch.device(device)        # the target's: q is rebuilt where the target verifies
         reply = self._call(hello)
         if isinstance(reply, W.Error):
             raise ConnectionRefusedError(f"draft worker at {addr} refused the handshake: {reply.message}")
         self.peer = reply
-        self.compute_s = 0.0
+        self.compute_s = self.held_s = 0.0
         self.req = ""
+        self.bare_rtt_ms = self.ping()
+
+    def ping(self, n: int = 20) -> float:
+        """Median round trip (ms) of a bare Ping/Pong with the draft worker: the transport's floor."""
+        rtts = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            if isinstance(self.client.call(W.Ping(time.time()), timeout_s=1.0), W.Pong):
+                rtts.append((time.perf_counter() - t0) * 1e3)
+        return sorted(rtts)[len(rtts) // 2] if rtts else float("nan")
 
     def _call(self, msg):
         try:
@@ -47,13 +57,14 @@ class RemoteDrafter:
         self.seq += 1
         self.req = f"{os.getpid()}-{self.seq}-{uuid.uuid4().hex[:6]}"
         s = s or self.s
-        self.compute_s = 0.0
+        self.compute_s = self.held_s = 0.0
         self._call(W.Start(self.req, list(prompt_ids), size, s.temperature, s.top_p, s.top_k, s.draft_sampled,
                            self.q_top, seed))
 
     def propose(self, n_prev: int, nxt: int, k: int):
         p = self._call(W.Propose(self.req, n_prev, nxt, k))
         self.compute_s += p.draft_ms / 1e3
+        self.held_s += p.held_ms / 1e3
         return p.tokens, self._q(p.q_idx, p.q_val, len(p.tokens))
 
     def _q(self, idx, val, rows: int | None = None):
@@ -78,8 +89,8 @@ class RemoteStream(RemoteDrafter):
     streamed: int = 0           # tokens the draft streamed in this request
 
     def __init__(self, addr: str, hello: W.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0,
-                 device="cpu", window: int = 16):
-        super().__init__(addr, hello, s, q_top, timeout_s, device)
+                 device="cpu", spin_s: float = 0.0, window: int = 16):
+        super().__init__(addr, hello, s, q_top, timeout_s, device, spin_s)
         self.window, self.view, self.est, self.by_commit = window, StreamView(), None, False
 
     def _expect(self, msg, kind, timeout_s: float):

@@ -20,7 +20,7 @@ from .transport import reply, serve_requests
 
 
 def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float = 5.0,
-                 max_seconds: float = 0, engine_opts: dict | None = None) -> None:
+                 max_seconds: float = 0, engine_opts: dict | None = None, spin_s: float = 0.0) -> None:
     """Decode requests from a controller; SD with the remote draft when it answers."""
     target = make_engine(pair.target, "target", "target", vocab=pair.vocab_size, **(engine_opts or {}))
     target.warm(WARM_WIDTHS)
@@ -51,7 +51,7 @@ def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float
                     drafter = None
                 if drafter is None and draft_addr:
                     try:
-                        drafter = kind(draft_addr, hello, s, timeout_s=draft_timeout_s, device=target.device)
+                        drafter = kind(draft_addr, hello, s, timeout_s=draft_timeout_s, device=target.device, spin_s=spin_s)
                     except (DraftUnavailable, ConnectionRefusedError) as e:
                         why_not = str(e)
                 b0 = (drafter.client.sent, drafter.client.received) if drafter else (0, 0)
