@@ -1,4 +1,5 @@
-"""Test doubles for the runtime's roles (sdeth.runtime.roles)."""
+"""Test doubles for the runtime's roles (sdeth.runtime.roles), and the exact-distribution check of sampled
+decoding that several tests share."""
 import random
 
 from sdeth.runtime.loop import DraftUnavailable
@@ -64,3 +65,27 @@ class LocalStream:
 
     def end(self) -> None:
         pass
+
+
+def two_token_chi2(engine, prompt: list[int], s: Sampling, counts: dict[tuple, int]) -> float:
+    """p-value of observed (first, second) generated-token counts against the engine's exact joint
+    distribution after `prompt` (tiny expected cells folded into one). Asserts that nothing was drawn
+    outside the distribution's support (top-k, top-p, a vocabulary cut)."""
+    from scipy.stats import chisquare
+    from sdeth.runtime.verify import probs
+    n = sum(counts.values())
+    engine.start(len(prompt) + 4)
+    p0 = probs(engine.forward(prompt)[-1], s)
+    expected = {}
+    for a in p0.nonzero().flatten().tolist():
+        engine.rollback(len(prompt))
+        p1 = probs(engine.forward([a])[-1], s)
+        for b in p1.nonzero().flatten().tolist():
+            expected[(a, b)] = float(p0[a] * p1[b]) * n
+    assert set(counts) <= set(expected), set(counts) - set(expected)
+    big = sorted(c for c in expected if expected[c] > 5)
+    obs, exp = [counts.get(c, 0) for c in big], [expected[c] for c in big]
+    if len(big) < len(expected):       # the tiny cells, folded into one
+        obs.append(sum(v for c, v in counts.items() if c not in big))
+        exp.append(sum(e for c, e in expected.items() if c not in big))
+    return chisquare(obs, [e * sum(obs) / sum(exp) for e in exp]).pvalue

@@ -15,6 +15,9 @@ def test_ratio_ci_brackets_the_point_and_pairs_requests():
     assert (p, lo, hi) == pytest.approx((2.0, 2.0, 2.0))
     with pytest.raises(ValueError, match="equal, non-empty"):
         metrics.ratio_ci([1], [1, 2])
+    # a request that judged no draft (a pipelined run of plain steps) leaves resamples of it out
+    p, lo, hi = metrics.ratio_ci([3, 0, 5], [4, 0, 6])
+    assert p == pytest.approx(0.8) and 0.75 <= lo <= p <= hi <= 5 / 6 + 1e-9
 
 
 def test_each_prompt_keys_its_own_synthetic_sequence():

@@ -190,10 +190,9 @@ def link_sampling_pvalue(mode: str, draft_sampled: bool, device: str = "cpu", n:
     """Real workers (the random-tiny pair on `device`), one request per seed: chi-square of the first two
     tokens' joint distribution (temperature 1, top-k 3: 9 cells) against the target's own."""
     import torch
-    from scipy.stats import chisquare
-    from sdeth.runtime.engine import Engine
+    from doubles import two_token_chi2
     from sdeth.models import random_model
-    from sdeth.runtime.verify import probs
+    from sdeth.runtime.engine import Engine
     s, prompt = Sampling(1.0, top_k=3, draft_sampled=draft_sampled), [3, 1, 4, 1, 5]
     counts, rounds = {}, 0
     with Testbed("random-tiny", device=device, netns=False) as tb:
@@ -208,18 +207,7 @@ def link_sampling_pvalue(mode: str, draft_sampled: bool, device: str = "cpu", n:
         client.close()
     assert rounds == 0 if mode == "target-only" else rounds > n // 2     # the draft took part
     eng = Engine(random_model("tiny-4L", device, torch.float32, seed=0), "ref")   # the worker's weights
-    eng.start(16)
-    p0 = probs(eng.forward(prompt)[-1], s)
-    expected = {}
-    for a in p0.nonzero().flatten().tolist():
-        eng.rollback(len(prompt))
-        p1 = probs(eng.forward([a])[-1], s)
-        for b in p1.nonzero().flatten().tolist():
-            expected[(a, b)] = float(p0[a] * p1[b]) * n
-    assert set(counts) <= set(expected)
-    cells = sorted(expected)
-    obs, exp = [counts.get(c, 0) for c in cells], [expected[c] for c in cells]
-    return chisquare(obs, [e * sum(obs) / sum(exp) for e in exp]).pvalue
+    return two_token_chi2(eng, prompt, s, counts)
 
 
 @pytest.mark.parametrize("mode,draft_sampled", [("target-only", False), ("sd", True), ("pipelined", True)])

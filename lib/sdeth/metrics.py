@@ -98,10 +98,16 @@ def ratio_ci(num: list[float], den: list[float], base_num: list[float] | None = 
         raise ValueError(f"ratio_ci needs equal, non-empty per-request lists (got {n}, {len(den)})")
 
     def stat(idx):
-        r = sum(num[i] for i in idx) / sum(den[i] for i in idx)
+        d = sum(den[i] for i in idx)
+        if d == 0 or (base_num is not None and (sum(base_den[i] for i in idx) == 0 or sum(base_num[i] for i in idx) == 0)):
+            return None            # e.g. only requests that judged no draft: a resample that says nothing
+        r = sum(num[i] for i in idx) / d
         return r / (sum(base_num[i] for i in idx) / sum(base_den[i] for i in idx)) if base_num is not None else r
 
+    point = stat(range(n))
+    if point is None:
+        raise ValueError("ratio_ci: the denominators sum to zero over all requests")
     rng = random.Random(seed)
-    boots = sorted(stat([rng.randrange(n) for _ in range(n)]) for _ in range(n_boot))
-    lo, hi = boots[int((1 - level) / 2 * n_boot)], boots[min(n_boot - 1, int((1 + level) / 2 * n_boot))]
-    return stat(range(n)), lo, hi
+    boots = sorted(b for b in (stat([rng.randrange(n) for _ in range(n)]) for _ in range(n_boot)) if b is not None)
+    lo, hi = boots[int((1 - level) / 2 * len(boots))], boots[min(len(boots) - 1, int((1 + level) / 2 * len(boots)))]
+    return point, lo, hi

@@ -49,6 +49,17 @@ class Request:
     verify_widths: dict = field(default_factory=dict)   # "m" -> [forwards of m tokens, seconds] during rounds
 
 
+def note_round(req: Request, n: int, m: int) -> None:
+    """The counters of one verified round: m drafts judged, the first n accepted."""
+    req.rejections += n < m
+    req.rounds += 1
+    req.drafts += 1
+    req.draft_tokens += m
+    req.accepted_tokens += n
+    for i in range(n):
+        req.accepted_per_pos[i] += 1
+
+
 def note_width(req: Request, m: int, seconds: float) -> None:
     c = req.verify_widths.setdefault(str(m), [0, 0.0])
     c[0] += 1
@@ -218,7 +229,7 @@ def generate_sd(target: Engine, drafter: DraftSource, prompt_ids: list[int], max
                 continue
             wait_s += wait
             req.k_trace.append(k_eff)
-            req.rejections += n < k_eff
+            note_round(req, n, k_eff)
             note_width(req, k_eff + 1, target.forward_s - v0)
             if est is not None:
                 d = drafter.compute_s - d0
@@ -228,12 +239,6 @@ def generate_sd(target: Engine, drafter: DraftSource, prompt_ids: list[int], max
                 est.observe_rtt(wait - d)
             req.output_ids.extend(new)
             last, n_prev = new[-1], n
-            req.rounds += 1
-            req.drafts += 1
-            req.draft_tokens += k_eff
-            req.accepted_tokens += n
-            for i in range(n):
-                req.accepted_per_pos[i] += 1
             continue
         last = pick(decode_one_token(target, last), s, gen)
         req.output_ids.append(last)

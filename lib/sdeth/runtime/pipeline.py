@@ -35,7 +35,8 @@ import torch
 
 from ..costmodel import Estimator
 from .engine import Engine
-from .loop import DraftUnavailable, Request, _done, _finish, begin_request, note_width, pick, start_draft
+from .loop import (DraftUnavailable, Request, _done, _finish, begin_request, note_round, note_width, pick,
+                   start_draft)
 from .roles import DraftStream
 from .verify import Sampling, accept, probs, sample
 
@@ -205,13 +206,7 @@ def generate_pipelined(target: Engine, stream: DraftStream, prompt_ids: list[int
             n, y = accept(toks, q, logits, s, gen)
             target.rollback(target.pos - m + n)    # keep x and the n accepted
             est.observe_round(n, m)
-            req.rejections += n < m
-            req.rounds += 1
-            req.drafts += 1
-            req.draft_tokens += m
-            req.accepted_tokens += n
-            for i in range(n):
-                req.accepted_per_pos[i] += 1
+            note_round(req, n, m)
             out.extend(d for d, _ in drafts[:n])
         else:
             y = pick(logits[-1], s, gen)
