@@ -38,8 +38,11 @@ class RemoteDrafter:
         rtts = []
         for _ in range(n):
             t0 = time.perf_counter()
-            if isinstance(self.client.call(W.Ping(time.time()), timeout_s=1.0), W.Pong):
-                rtts.append((time.perf_counter() - t0) * 1e3)
+            try:
+                if isinstance(self.client.call(W.Ping(time.time()), timeout_s=1.0), W.Pong):
+                    rtts.append((time.perf_counter() - t0) * 1e3)
+            except TimeoutError:       # a draft gone quiet: the first Propose will say so (DraftUnavailable)
+                break
         return sorted(rtts)[len(rtts) // 2] if rtts else float("nan")
 
     def _call(self, msg):
