@@ -39,3 +39,13 @@ def test_chat_template_and_raw(pair):
     raw = pair.tokenizer.decode(P.encode(p, pair.tokenizer, chat=False))
     assert chat.startswith("<|im_start|>system") and chat.rstrip().endswith("<|im_start|>assistant")
     assert "<|im_start|>" not in raw
+
+
+def test_random_prompt_spec():
+    assert P.parse_spec("random:16:512:3") == ("random", 16, 3)
+    ids = P.random_ids("random:2:5:7", 100)
+    assert [i for i, _ in ids] == ["random/7", "random/8"] and all(len(t) == 5 and max(t) < 100 for _, t in ids)
+    assert ids[0][1] != ids[1][1] and P.random_ids("random:2:5:7", 100) == ids
+    for bad in ("random:16", "random:0:5", "random:a:5", "random:2:5:1:9"):
+        with pytest.raises(P.PromptError, match="random:N:LEN"):
+            P.parse_spec(bad)

@@ -38,14 +38,20 @@ class Prompt:
     source: str
 
 
-def random_ids(spec: str, vocab: int) -> list[tuple[str, list[int]]]:
-    """'random:N:LEN[:seed]' -> N (id, token ids) prompts of LEN ids in [0, vocab), prompt i from seed + i."""
+def random_spec(spec: str) -> tuple[int, int, int]:
+    """'random:N:LEN[:seed]' -> (N, LEN, seed); PromptError for anything else."""
     parts = str(spec).split(":")
     try:
         n, length, seed = int(parts[1]), int(parts[2]), int(parts[3]) if len(parts) == 4 else 0
-        assert len(parts) in (3, 4) and n >= 1 and length >= 1
+        assert parts[0] == "random" and len(parts) in (3, 4) and n >= 1 and length >= 1
     except (ValueError, IndexError, AssertionError):
         raise PromptError(f"prompt set {spec!r}: use 'random:N:LEN[:seed]', e.g. 'random:16:512'") from None
+    return n, length, seed
+
+
+def random_ids(spec: str, vocab: int) -> list[tuple[str, list[int]]]:
+    """'random:N:LEN[:seed]' -> N (id, token ids) prompts of LEN ids in [0, vocab), prompt i from seed + i."""
+    n, length, seed = random_spec(spec)
     out = []
     for i in range(n):
         rng = random.Random(seed + i)
@@ -56,8 +62,8 @@ def random_ids(spec: str, vocab: int) -> list[tuple[str, list[int]]]:
 def parse_spec(spec: str) -> tuple[str, int, int]:
     """'sharegpt:16:7' -> ('sharegpt', 16, 7). Seed defaults to 0."""
     if str(spec).startswith("random:"):
-        random_ids(spec, 2)                      # raises on a bad spec
-        return "random", int(str(spec).split(":")[1]), 0
+        n, _, seed = random_spec(spec)
+        return "random", n, seed
     parts = str(spec).split(":")
     if len(parts) not in (2, 3) or parts[0] not in SETS:
         raise PromptError(

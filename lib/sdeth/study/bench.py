@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, replace
 
 from .. import hardware, metrics
+from ..models import prompts as P
 from .config import RunConfig
 from .experiment import run, testbed_for
 from .summary import identical_outputs
@@ -82,7 +83,8 @@ def bench_sd(base: RunConfig, modes=tuple(MODES), k_max: int = 8, warmup_tokens:
         modes = ("target-only", *modes)
     pair = pair or load_pair(base.pair, base.target, base.draft, device=base.device,
                              roles=("target", "draft") if "colocated" in modes else ())
-    warm = replace(base, prompts=f"random:1:{_prompt_len(base)}:999983", max_tokens=warmup_tokens)
+    length = P.random_spec(base.prompts)[1] if str(base.prompts).startswith("random:") else 64
+    warm = replace(base, prompts=f"random:1:{length}:999983", max_tokens=warmup_tokens)
     results: dict[str, dict] = {}
     t0 = time.time()
     link = [m for m in modes if MODES[m]["placement"] == "ethernet"]
@@ -102,11 +104,6 @@ def bench_sd(base: RunConfig, modes=tuple(MODES), k_max: int = 8, warmup_tokens:
             "draft_hardware": hardware.describe(base.draft_device) if base.draft_device else None,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "wall_s": time.time() - t0,
             "rows": rows, "runs": results}
-
-
-def _prompt_len(cfg: RunConfig) -> int:
-    parts = str(cfg.prompts).split(":")
-    return int(parts[2]) if parts[0] == "random" else 64
 
 
 def table(res: dict) -> str:

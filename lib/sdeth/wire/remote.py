@@ -54,13 +54,16 @@ class RemoteDrafter:
             raise DraftUnavailable(f"draft worker error ({reply.code}): {reply.message}")
         return reply
 
-    def start(self, prompt_ids, size, s=None, seed=None):
-        """seed: the draft's sampling seed for this request (None: a fresh one)."""
-        seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
+    def _begin(self, seed: int | None) -> int:
+        """A new request: its id, zeroed counters, and the draft's sampling seed (None: a fresh one)."""
         self.seq += 1
         self.req = f"{os.getpid()}-{self.seq}-{uuid.uuid4().hex[:6]}"
-        s = s or self.s
         self.compute_s = self.held_s = 0.0
+        return int.from_bytes(os.urandom(7), "little") if seed is None else seed
+
+    def start(self, prompt_ids, size, s=None, seed=None):
+        seed = self._begin(seed)
+        s = s or self.s
         self._call(W.Start(self.req, list(prompt_ids), size, s.temperature, s.top_p, s.top_k, s.draft_sampled,
                            self.q_top, seed))
 
@@ -109,11 +112,9 @@ class RemoteStream(RemoteDrafter):
         raise DraftUnavailable(f"no {kind.__name__} from {self.client.addr} within {timeout_s:.1f} s")
 
     def start(self, prompt_ids, size, first, s=None, seed=None):
-        seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
-        self.seq += 1
-        self.req = f"{os.getpid()}-{self.seq}-{uuid.uuid4().hex[:6]}"
+        seed = self._begin(seed)
         s = s or self.s
-        self.compute_s, self.streamed = 0.0, 0
+        self.streamed = 0
         self.view.reset()
         # not waiting for Started: the draft's prefill overlaps the target's first steps
         self.client.send(W.Start(self.req, list(prompt_ids), size, s.temperature, s.top_p, s.top_k, s.draft_sampled,
