@@ -16,7 +16,7 @@ endif
 TORCH_INDEX ?= $(if $(wildcard /opt/wheels/torch-2.13.0+cpu*),,--extra-index-url https://download.pytorch.org/whl/cpu)
 STAMP  := $(VENV)/.installed-$(REQ)
 
-.PHONY: venv prepare test test-fast report clean-reports distill-cpu
+.PHONY: venv prepare test test-fast report clean-reports distill-cpu bench-gpu
 
 venv: $(STAMP)
 
@@ -45,3 +45,15 @@ report: prepare
 
 distill-cpu: venv
 	$(PY) -m sdeth.models.distill --out $(VENV)/draft-cpu --layers 6 --prompts 320 --gen-tokens 96 --train-minutes 8
+
+# The fast-path figures on a host with two GPUs (random Qwen3-shaped weights; reports/gpu/bench_sd_*.json):
+# synthetic acceptance for the 1.7B and 0.6B drafts, trace-driven for the 1.7B (the embedded pair's trace).
+# BENCH_PY: the Python that has the package (default this venv's).
+BENCH_PY ?= $(PY)
+BENCH := $(BENCH_PY) -m sdeth bench sd --device cuda:0 --draft-device cuda:1 --impl fast --compile default \
+	--requests 16 --context 512 --max-tokens 128 --k 3 --k-max 8
+bench-gpu:
+	$(BENCH) --pair random-qwen3-8b/1.7b --synthetic-alpha 0.71 --json reports/gpu/bench_sd_1.7b.json
+	$(BENCH) --pair random-qwen3-8b/0.6b --synthetic-alpha 0.56 --json reports/gpu/bench_sd_0.6b.json
+	$(BENCH) --pair random-qwen3-8b/1.7b --synthetic-alpha 0.71 --trace reports/traces/embedded_greedy.json \
+		--modes target-only,sync,pipelined --json reports/gpu/bench_sd_1.7b_trace.json

@@ -5,6 +5,7 @@ import torch
 from scipy.stats import chisquare
 
 from sdeth.runtime import loop, verify
+from sdeth.runtime.engine import ForwardClock
 from sdeth.runtime.verify import Sampling
 
 
@@ -36,13 +37,18 @@ class BigramEngine:
     def __init__(self, table, device="cpu"):
         self.device = torch.device(device)
         self.table, self.pos, self.forward_s = table.to(self.device), 0, 0.0
+        self.clock = ForwardClock(False)     # untimed: its marks read 0 s
+
+    def on_device(self, ids):
+        return torch.as_tensor(ids, device=self.device).reshape(-1)
 
     def start(self, size):
         self.pos = 0
 
     def forward(self, ids):
+        ids = torch.as_tensor(ids, device=self.device).reshape(-1)
         self.pos += len(ids)
-        return self.table[torch.as_tensor(ids, device=self.device)]
+        return self.table[ids]
 
     def rollback(self, pos):
         assert 0 <= pos <= self.pos

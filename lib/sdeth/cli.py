@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--pair", default="random-qwen3-8b/1.7b")
     b.add_argument("--synthetic-alpha", type=float, default=0.71,
                    help="random weights: accept each draft token with this probability; -1 for real acceptance")
+    b.add_argument("--trace", default=None, help="trace-driven acceptance: the draft replays this trace JSON "
+                   "(e.g. reports/traces/embedded_greedy.json), scaled to --synthetic-alpha (-1: the trace's own)")
     b.add_argument("--device", default="cuda:0"), b.add_argument("--draft-device", default="cuda:1")
     b.add_argument("--impl", default="fast", choices=["hf", "fast"])
     b.add_argument("--compile", default="default", help="torch.compile mode for the fast decoder ('' = off)")
@@ -81,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json", required=True)
     sub.add_parser("prepare", help="prepare the embedded pair (dequantize the target, assemble the draft)")
+    st = sub.add_parser("status", help="the milestones M0-M4 from the committed results, as Markdown (a milestone comment)")
+    st.add_argument("--milestone", help="one milestone (M0 ... M4)")
+    t = sub.add_parser("trace", help="record a pair's acceptance trace (greedy, teacher forcing) for trace-driven timing")
+    t.add_argument("--pair", default="embedded")
+    t.add_argument("--prompts", default="sharegpt:64", help="held-out prompts (sharegpt:N[:seed], humaneval:N)")
+    t.add_argument("--max-tokens", type=int, default=128, help="target tokens generated per prompt")
+    t.add_argument("--out", default="reports/traces/embedded_greedy.json")
     c = sub.add_parser("calibrate", help="time a target step, a draft step and target forwards of m tokens")
     c.add_argument("--pair", default="embedded")
     c.add_argument("--context", type=int, default=256)
@@ -100,12 +109,27 @@ def main(argv=None) -> int:
         return _cluster(a)
     if a.cmd == "bench":
         return _bench(a)
+    if a.cmd == "status":
+        from .study import status
+        try:
+            print(status.markdown(only=a.milestone), end="")
+        except ValueError as e:
+            print(f"sdeth: error: {e}", file=sys.stderr)
+            return 2
+        return 0
     try:
         if a.cmd == "prepare":
             from .models.presets import load_pair
             pair = load_pair("embedded")
             print(json.dumps({k: v for k, v in pair.describe().items() if k != "draft_card"}, indent=1))
             print("draft greedy agreement (card):", pair.card.get("eval", {}).get("greedy_agreement"))
+            return 0
+        if a.cmd == "trace":
+            from .models.presets import load_pair
+            from .study.acceptance import record_trace
+            from .study.config import save
+            res = record_trace(load_pair(a.pair), a.prompts, a.max_tokens, progress=print)
+            print(f"alpha {res['alpha']:.3f} over {res['positions']} positions; wrote {save(res, a.out)}")
             return 0
         if a.cmd == "calibrate":
             from .models.presets import load_pair
@@ -143,7 +167,8 @@ def _bench(a) -> int:
         base = RunConfig(pair=a.pair, device=a.device, draft_device=a.draft_device or None, impl=a.impl,
                          compile=a.compile, capacity=a.capacity, prompts=f"random:{a.requests}:{a.context}:{a.seed}",
                          max_tokens=a.max_tokens, k=a.k, seed=a.seed, max_len=a.capacity,
-                         synthetic_alpha=None if a.synthetic_alpha < 0 else a.synthetic_alpha, netns=False)
+                         synthetic_alpha=None if a.synthetic_alpha < 0 else a.synthetic_alpha, netns=False,
+                         synthetic_trace=a.trace)
         res = bench.bench_sd(base, tuple(m for m in a.modes.split(",") if m), a.k_max)
     except (ConfigError, ValueError) as e:
         print(f"sdeth: error: {e}", file=sys.stderr)
@@ -216,6 +241,9 @@ def worker_main(argv=None) -> int:
     ap.add_argument("--capacity", type=int, default=4096, help="CUDA-graph cache length (tokens)")
     ap.add_argument("--synthetic-alpha", type=float, default=None,
                     help="timing with random weights: accept each draft token with this probability (sdeth.synthetic)")
+    ap.add_argument("--synthetic-trace", default=None,
+                    help="timing with random weights: the draft replays this acceptance trace (trace-driven), scaled "
+                         "to --synthetic-alpha when given")
     ap.add_argument("--synthetic-seed", type=int, default=0)
     ap.add_argument("--spin-ms", type=float, default=None,
                     help="busy-poll the link this long after each message (default: 20 on a GPU, where the cores "
@@ -238,7 +266,7 @@ def worker_main(argv=None) -> int:
         torch.cuda.set_device(a.device)      # streams, graphs and syncs on this worker's GPU
     pair = load_pair(a.pair, a.target, a.draft, device=a.device, roles=(a.role,))
     opts = dict(impl=a.impl, compile_mode=a.compile or None, capacity=a.capacity,
-                synthetic_alpha=a.synthetic_alpha, synthetic_seed=a.synthetic_seed)
+                synthetic_alpha=a.synthetic_alpha, synthetic_seed=a.synthetic_seed, synthetic_trace=a.synthetic_trace)
     spin_s = (a.spin_ms if a.spin_ms is not None else (20.0 if a.device.startswith("cuda") else 0.0)) / 1e3
     if a.role == "draft":
         serve_draft(a.bind, pair, a.die_after, a.max_seconds, opts, spin_s)

@@ -15,6 +15,10 @@ and each width m (1 for decode, k+1 for verify) is captured as a CUDA graph on f
 after: ids and positions are copied into static buffers, and the captured `cumulative_length.add_`
 keeps the device-side write position in step with `pos`. Prefill (any length) runs eager. The CPU
 runs eager: graphs would not help there.
+
+No forward waits for the device: inputs may be device tensors (a drafted token feeds the next step
+where it lies), and on CUDA each forward is timed by a pair of CUDA events that are read only when
+`forward_s` is read, after the round's one host read (`host_read`) has waited for the work anyway.
 """
 from __future__ import annotations
 
@@ -25,6 +29,81 @@ import torch
 
 class CacheFull(ValueError):
     pass
+
+
+class HostCopy:
+    """A device tensor's values on their way to the host: on CUDA a copy into pinned memory queued behind
+    the work that makes them, with an event after it; value() waits for that event only, so work queued
+    later (the next step) keeps running."""
+
+    def __init__(self, t: torch.Tensor):
+        self.t, self.ev = t, None
+        if t.device.type == "cuda":
+            self.t = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            self.t.copy_(t, non_blocking=True)
+            self.ev = torch.cuda.Event()
+            self.ev.record()
+
+    def done(self) -> bool:
+        """True when value() would not wait."""
+        return self.ev is None or self.ev.query()
+
+    def value(self):
+        if self.ev is not None:
+            self.ev.synchronize()
+        return self.t.tolist()
+
+
+def host_read(t: torch.Tensor):
+    """A device tensor's values on the host (a list, or a number for a 0-d tensor): the one read a
+    round makes."""
+    return HostCopy(t).value()
+
+
+class ForwardClock:
+    """Time spent in an engine's forwards: wall time on the CPU; on CUDA, pairs of events recorded around
+    each forward and summed when read (a read waits for the last forward to finish)."""
+
+    def __init__(self, cuda: bool):
+        self.cuda, self.settled, self.pending, self._last_s = cuda, 0.0, [], 0.0
+
+    def begin(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def end(self, mark) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.pending.append((mark, ev))
+        else:
+            self._last_s = time.perf_counter() - mark
+            self.settled += self._last_s
+
+    @property
+    def seconds(self) -> float:
+        if self.pending:
+            self.pending[-1][1].synchronize()
+            self.settled += sum(a.elapsed_time(b) for a, b in self.pending) / 1e3
+            self.pending.clear()
+        return self.settled
+
+    def reset(self, value: float = 0.0) -> None:
+        self.settled, self.pending = value, []
+
+    def last(self):
+        """A mark for the newest forward, for elapsed(): its event pair on CUDA, its duration elsewhere."""
+        return self.pending[-1] if self.cuda else self._last_s
+
+    def elapsed(self, mark) -> float:
+        """Seconds of one forward from its mark (on CUDA this waits for that forward)."""
+        if not self.cuda:
+            return mark
+        mark[1].synchronize()
+        return mark[0].elapsed_time(mark[1]) / 1e3
 
 
 class HFDecoder:
@@ -83,8 +162,17 @@ class Engine:
         self.graphs: dict[int, tuple] = {}   # m -> (graph, static ids, static positions, static logits)
         self.pos = 0            # tokens held in the cache
         self.max_len = 0
-        self.forward_s = 0.0    # wall time spent in forward, for the breakdown
+        self.clock = ForwardClock(self.device.type == "cuda")   # time in forward, for the breakdown
         self.forwards = 0
+
+    @property
+    def forward_s(self) -> float:
+        """Seconds spent in forwards since the last reset (device time on CUDA; reading it waits for them)."""
+        return self.clock.seconds
+
+    @forward_s.setter
+    def forward_s(self, value: float) -> None:
+        self.clock.reset(value)
 
     def _build(self, capacity: int) -> None:
         if self.impl == "fast":
@@ -113,14 +201,25 @@ class Engine:
         self.max_len = cap
         self.rollback(0)
 
+    def on_device(self, ids) -> torch.Tensor:
+        """Token ids on the device as long [m]: a device tensor as it is, host ids through pinned memory
+        (a pageable copy would wait for the device)."""
+        if isinstance(ids, torch.Tensor) and ids.device == self.device:
+            return ids.reshape(-1).long()
+        t = torch.as_tensor(ids, dtype=torch.long).reshape(-1)
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t.to(self.device)
+
     @torch.inference_mode()
     def forward(self, ids) -> torch.Tensor:
-        """Run m new tokens at positions pos..pos+m-1; returns their next-token logits [m, V]."""
-        ids = torch.as_tensor(ids, dtype=torch.long, device=self.device).reshape(-1)
+        """Run m new tokens at positions pos..pos+m-1; returns their next-token logits [m, V].
+        ids: host ids or a device tensor; nothing here waits for the device."""
+        ids = self.on_device(ids)
         m = ids.shape[0]
         if self.pos + m > self.max_len:
             raise CacheFull(f"{self.name}: {self.pos} + {m} tokens exceed the cache of {self.max_len}")
-        t0 = time.perf_counter()
+        t0 = self.clock.begin()
         positions = torch.arange(self.pos, self.pos + m, device=self.device)
         fixed = self.pos > 0 and m <= self.max_graph_width      # decode and verify widths; prefill runs eager
         if fixed and self.graphs_on:
@@ -130,9 +229,7 @@ class Engine:
         if self.vocab is not None:
             logits = logits[:, :self.vocab]
         self.pos += m
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.forward_s += time.perf_counter() - t0
+        self.clock.end(t0)
         self.forwards += 1
         return logits
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .engine import Engine, decode_one_token, prefill
+from .engine import Engine, HostCopy, decode_one_token, host_read, prefill
 from .roles import DraftSource
-from .verify import Sampling, accept, probs, sample
+from .verify import Sampling, accept, draw, probs
 
 
 @dataclass
@@ -38,13 +38,18 @@ class Request:
                                 # (transport both ways: zmq, TCP, (de)serialisation on the target's side)
     draft_host_s: float = 0.0   # remote draft: held minus its model time (the draft worker's own host work)
     bare_rtt_ms: float | None = None   # remote draft: median bare Ping/Pong round trip, the transport's floor
-    verify_s: float = 0.0       # target forwards during rounds (or decode steps, target-only)
+    verify_s: float = 0.0       # target forwards during rounds (or decode steps, target-only); device time on CUDA
+    verify_wall_s: float = 0.0  # sync SD: proposal in hand -> verdict on the host (verify's launch, its device
+                                # time, the verdict's kernels and read)
+    between_s: float = 0.0      # sync SD: verdict on the host -> next proposal asked for (the loop's bookkeeping)
     tokens_without_draft: int = 0   # decoded by the target alone because the draft was unavailable
     tail_steps: int = 0             # target-only steps at the end, with no room left to draft
     k_trace: list[int] = field(default_factory=list)   # drafts verified per round (adaptive k / pipelined)
     plain_steps: int = 0            # pipelined: rounds the target stepped alone rather than wait for drafts
     drafted: int = 0                # pipelined: tokens the draft streamed (used, or dropped with a run)
     rtt_est_ms: float | None = None # pipelined: the target's running estimate of the link round trip
+    restarts_ms: list[float] = field(default_factory=list)  # pipelined, remote: a correcting commit sent ->
+                                    # the draft's first token of the new epoch received, each time
     rejections: int = 0             # rounds that ended in a rejection (alpha = accepted / (accepted + this))
     verify_widths: dict = field(default_factory=dict)   # "m" -> [forwards of m tokens, seconds] during rounds
 
@@ -66,9 +71,14 @@ def note_width(req: Request, m: int, seconds: float) -> None:
     c[1] += seconds
 
 
+def choose(logits: torch.Tensor, s: Sampling, gen) -> torch.Tensor:
+    """The target's own token for one position as a device tensor (0-d): argmax, or a draw from p."""
+    return logits.argmax(-1) if s.greedy else draw(probs(logits, s), gen)
+
+
 def pick(logits: torch.Tensor, s: Sampling, gen) -> int:
-    """The target's own choice for one position (first token, target-only decoding)."""
-    return int(logits.argmax()) if s.greedy else sample(probs(logits, s), gen)
+    """choose(), read to the host."""
+    return int(host_read(choose(logits, s, gen)))
 
 
 def _finish(req: Request, t_start: float, t_first: float, eos: int | None, max_tokens: int) -> Request:
@@ -90,41 +100,58 @@ def _done(out: list[int], eos: int | None, max_tokens: int) -> bool:
 
 def generate_target_only(target: Engine, prompt_ids: list[int], max_tokens: int, s: Sampling,
                          eos: int | None, gen=None, prompt_id: str = "") -> Request:
+    """The baseline, as fast as this engine decodes: each step's token feeds the next step on the device,
+    and is read to the host while that next step runs (one step behind; a step past an end-of-sequence
+    token is the only waste)."""
     req = Request(prompt_id, len(prompt_ids))
     t0 = time.perf_counter()
     target.start(len(prompt_ids) + max_tokens + 1)
-    tok = pick(prefill(target, prompt_ids), s, gen)
+    tok = choose(prefill(target, prompt_ids), s, gen)
+    req.output_ids.append(int(host_read(tok)))
     t_first = time.perf_counter()
     target.forward_s = 0.0                       # from here on: decode time
-    req.output_ids.append(tok)
-    while not _done(req.output_ids, eos, max_tokens):
-        tok = pick(decode_one_token(target, tok), s, gen)
-        req.output_ids.append(tok)
+    pending = None                               # the newest token, decoded, on its way to the host
+    while True:
+        launch = not _done(req.output_ids, eos, max_tokens) and len(req.output_ids) + (pending is not None) < max_tokens
+        if launch:
+            tok = choose(decode_one_token(target, tok), s, gen)
+            new = HostCopy(tok)
+        if pending is not None:
+            req.output_ids.append(int(pending.value()))
+        pending = new if launch else None
+        if pending is None and not launch:
+            break
     req.verify_s = target.forward_s
     return _finish(req, t0, t_first, eos, max_tokens)
 
 
+def draft_token(logits: torch.Tensor, s: Sampling, gen, q_top: int = 0):
+    """The draft's token for one position as a device tensor (0-d), and q ([V], or None for a greedy
+    draft). A sampled draft draws from q; with q_top > 0, q is its top-q_top tokens renormalised (still
+    exact: acceptance uses that same q, and it crosses a wire as q_top pairs instead of a full vocabulary)."""
+    if s.greedy or not s.draft_sampled:
+        return logits.argmax(-1), None
+    q = probs(logits, s)
+    if q_top:
+        top = torch.topk(q, min(q_top, q.numel()))
+        q = torch.zeros_like(q).scatter_(0, top.indices, top.values / top.values.sum())
+    return draw(q, gen), q
+
+
 def draft_n_tokens(draft: Engine, pending: list[int], n: int, s: Sampling, gen, q_top: int = 0):
-    """Feed `pending` to the draft and propose n tokens. Returns (tokens [n], q [n, V] or None);
-    the draft's cache then holds pending + tokens[:-1]. A sampled draft samples from q; with
-    q_top > 0, q is its top-q_top tokens renormalised (still exact: acceptance uses that same q,
-    and it crosses a wire as q_top pairs instead of a full vocabulary)."""
+    """Feed `pending` to the draft and propose n tokens, each drafted token feeding the next step on the
+    device. Returns (tokens [n] as a device tensor, q [n, V] or None); nothing is read to the host here.
+    The draft's cache then holds pending + tokens[:-1]."""
     logits = draft.forward(pending)[-1]
     toks, qs = [], []
     for i in range(n):
-        if s.greedy or not s.draft_sampled:
-            t = int(logits.argmax())
-        else:
-            q = probs(logits, s)
-            if q_top:
-                top = torch.topk(q, min(q_top, q.numel()))
-                q = torch.zeros_like(q).scatter_(0, top.indices, top.values / top.values.sum())
-            t = sample(q, gen)
-            qs.append(q)
+        t, q = draft_token(logits, s, gen, q_top)
         toks.append(t)
+        if q is not None:
+            qs.append(q)
         if i < n - 1:
             logits = decode_one_token(draft, t)
-    return toks, (torch.stack(qs) if qs else None)
+    return torch.stack(toks), (torch.stack(qs) if qs else None)
 
 
 class DraftUnavailable(RuntimeError):
@@ -163,30 +190,40 @@ class Drafter:
             eng.rollback(eng.pos - (len(prev) - 1) + min(n_prev, len(prev) - 1))
         pending = ([prev[-1]] if prev and n_prev == len(prev) else []) + [nxt]
         toks, q = draft_n_tokens(eng, pending, k, self.s, self.gen, self.q_top)
-        self.prev = toks
-        return toks, q
+        self.prev = host_read(toks)              # the round's one read on the draft's side
+        return self.prev, q
 
 
-def speculative_step(target: Engine, drafter, last: int, n_prev: int, k: int, s: Sampling, gen):
+def speculative_step(target: Engine, drafter, last: int, n_prev: int, k: int, s: Sampling, gen, clock=None):
     """One round. Returns (new tokens: accepted drafts + the target's token, n accepted, seconds
-    spent waiting for the proposal)."""
+    spent waiting for the proposal). clock: a list [t_end of this round] and accumulators for
+    Request.verify_wall_s (index 1), updated when given."""
     t_base = target.pos
     t0 = time.perf_counter()
     toks, q = drafter.propose(n_prev, last, k)
-    wait = time.perf_counter() - t0
-    logits = target.forward([last] + toks)       # [k+1, V]: position i predicts the token after toks[i-1]
-    n, nxt = accept(torch.tensor(toks, device=logits.device), q, logits, s, gen)
+    t1 = time.perf_counter()
+    ids = target.on_device([last] + list(toks))
+    logits = target.forward(ids)                 # [k+1, V]: position i predicts the token after toks[i-1]
+    n, nxt = accept(ids[1:], q, logits, s, gen)  # the round's one read on the target's side
     target.rollback(t_base + 1 + n)              # keep last + n accepted
-    return toks[:n] + [nxt], n, wait
+    if clock is not None:
+        clock[0] = time.perf_counter()
+        clock[1] += clock[0] - t1
+    return toks[:n] + [nxt], n, t1 - t0
 
 
-def begin_request(target: Engine, prompt_ids: list[int], max_tokens: int, k: int, s: Sampling, gen, prompt_id: str):
+def begin_request(target: Engine, prompt_ids: list[int], max_tokens: int, k: int, s: Sampling, gen, prompt_id: str,
+                  before_prefill=None):
     """The start both SD loops share: the request record, the target's cache sized for the request,
-    its prefill and first token. Returns (request, t0, t_first, cache size, first token)."""
+    its prefill and first token. Returns (request, t0, t_first, cache size, first token).
+    before_prefill(req, size): called just before the target's prefill (a remote draft's Start goes out
+    there, so that the two prefills overlap)."""
     req = Request(prompt_id, len(prompt_ids), accepted_per_pos=[0] * k)
     t0 = time.perf_counter()
     size = len(prompt_ids) + max_tokens + k + 2
     target.start(size)
+    if before_prefill is not None:
+        before_prefill(req, size)
     tok = pick(prefill(target, prompt_ids), s, gen)
     t_first = time.perf_counter()
     target.forward_s = 0.0                       # from here on: verify time
@@ -214,16 +251,27 @@ def generate_sd(target: Engine, drafter: DraftSource, prompt_ids: list[int], max
     becomes unavailable, the request finishes on the target alone (same output, greedy).
     est (a costmodel.Estimator): adaptive k, chosen per round in 1..k from its running estimates.
     draft_seed: the draft's seed for this request (a remote draft must get one per request)."""
-    req, t0, t_first, size, tok = begin_request(target, prompt_ids, max_tokens, k, s, gen, prompt_id)
-    alive = start_draft(req, drafter.start, prompt_ids, size, seed=draft_seed)
+    # a draft that starts without waiting (a remote one) prefills while the target does; one in this
+    # process would only delay the target's first token
+    early = getattr(drafter, "starts_async", False)
+    started = []
+    req, t0, t_first, size, tok = begin_request(
+        target, prompt_ids, max_tokens, k, s, gen, prompt_id,
+        (lambda req, size: started.append(start_draft(req, drafter.start, prompt_ids, size, seed=draft_seed)))
+        if early else None)
+    alive = started[0] if early else start_draft(req, drafter.start, prompt_ids, size, seed=draft_seed)
     last, n_prev, wait_s = tok, 0, 0.0
+    clock = [None, 0.0]                          # [when the last verdict was read, verify wall seconds]
     while not _done(req.output_ids, eos, max_tokens):
+        if clock[0] is not None:
+            req.between_s += time.perf_counter() - clock[0]
+            clock[0] = None
         k_round = est.choose_k(k, k) if est is not None else k
         k_eff = min(k_round, max_tokens - len(req.output_ids) - 1)   # no drafting past max_tokens
         if alive and k_eff >= 1:
             try:
                 v0, d0 = target.forward_s, drafter.compute_s
-                new, n, wait = speculative_step(target, drafter, last, n_prev, k_eff, s, gen)
+                new, n, wait = speculative_step(target, drafter, last, n_prev, k_eff, s, gen, clock)
             except DraftUnavailable:
                 alive = False
                 continue
@@ -247,6 +295,10 @@ def generate_sd(target: Engine, drafter: DraftSource, prompt_ids: list[int], max
         else:
             req.tokens_without_draft += 1
     req.verify_s = target.forward_s
+    req.verify_wall_s = clock[1]
+    late = getattr(drafter, "started_wait_s", 0.0)   # a remote draft's prefill, waited for at the first proposal
+    req.draft_prefill_s += late
+    wait_s -= late
     req.draft_s = drafter.compute_s if req.rounds else 0.0
     req.wire_s = max(wait_s - req.draft_s, 0.0)
     held = getattr(drafter, "held_s", None)       # remote drafts report how long they held each request

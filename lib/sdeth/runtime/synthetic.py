@@ -10,12 +10,21 @@ probability alpha, the bonus token is guessed by the draft with probability alph
 pair, where it is the same event), and target-only decoding produces T. Figures from this mode are
 labelled synthetic.
 
+Trace-driven acceptance (AcceptanceTrace): instead of an independent coin per position, the draft's
+behaviour replays a trace recorded from a real pair (study.acceptance.record_trace): per position, the
+rank of the target's token in the draft's order (0 = accepted). The synthetic draft's logits put that
+many other tokens above the true one, so runs of accepts, and the rank of each correction in the draft's
+order, are the real pair's. Figures from this mode are labelled trace-driven.
+
 Each request gets its own sequences: T and the coins are keyed by (seed, the request's prompt), so a
 benchmark whose requests have different prompts averages over independent coin sequences (keyed by
 position alone, every request replayed one sequence), while the target and the draft, which see the
 same prompt, still agree on them.
 """
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import torch
 
@@ -50,11 +59,68 @@ def draft_token(seed: int, pos: int, vocab: int, alpha: float) -> int:
     return t if heads else (t + 1) % vocab
 
 
+class AcceptanceTrace:
+    """A recorded acceptance trace: for each sequence, the rank (0..top) of the target's token in the draft's
+    order at each generated position. Request r replays sequence (r's key mod the number of sequences),
+    position j its event j (wrapping round).
+
+    Scaling to a set alpha (the documented rule): events are changed one by one, each by its own hash, never
+    moved: to lower alpha, each accept becomes a rejection with probability 1 - alpha/alpha0 (its rank drawn
+    from the trace's own rejection ranks); to raise it, each rejection becomes an accept with probability
+    (alpha - alpha0) / (1 - alpha0). Every kept event keeps its position and rank, so the correlation between
+    neighbouring positions (runs of accepts) and the rank distribution of corrections survive, thinned or
+    filled at random."""
+
+    def __init__(self, seqs: list[str], top: int = 8, source: str = "", alpha: float | None = None):
+        if not seqs or not all(seqs):
+            raise ValueError("an acceptance trace needs at least one non-empty sequence")
+        self.top, self.source = top, source
+        self.raw = [[int(c) for c in s] for s in seqs]
+        flat = [r for s in self.raw for r in s]
+        self.alpha0 = flat.count(0) / len(flat)
+        rejects = sorted(r for r in flat if r) or [1]
+        self.reject_ranks = rejects
+        self.alpha = self.alpha0 if alpha is None else alpha
+        if not 0 <= self.alpha <= 1:
+            raise ValueError(f"trace alpha {alpha}: a probability in [0, 1]")
+        self.seqs = [[self._scaled(i, j, r) for j, r in enumerate(s)] for i, s in enumerate(self.raw)]
+
+    def _scaled(self, i: int, j: int, r: int) -> int:
+        u = _mix(_mix(i * 1_000_003 + j) ^ 0x5EED) / 2.0 ** 64
+        if self.alpha < self.alpha0 and r == 0 and u >= self.alpha / self.alpha0:
+            return self.reject_ranks[_mix(i ^ (j << 20)) % len(self.reject_ranks)]
+        if self.alpha > self.alpha0 and r != 0 and u < (self.alpha - self.alpha0) / (1 - self.alpha0):
+            return 0
+        return r
+
+    @classmethod
+    def load(cls, path, alpha: float | None = None) -> "AcceptanceTrace":
+        """From a trace JSON (sdeth.trace/1); alpha: scale to this acceptance (None: the trace's own)."""
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"acceptance trace {path}: no such file (record one with `python -m sdeth "
+                                    "trace --out PATH`, or use the committed reports/traces/embedded_greedy.json)")
+        d = json.loads(path.read_text())
+        return cls([e["rank"] for e in d["sequences"]], d.get("top", 8), f"{d.get('pair')} ({path.name})", alpha)
+
+    def rank(self, key: int, j: int) -> int:
+        s = self.seqs[key % len(self.seqs)]
+        return s[j % len(s)]
+
+    @property
+    def realized_alpha(self) -> float:
+        flat = [r for s in self.seqs for r in s]
+        return flat.count(0) / len(flat)
+
+
 class SyntheticEngine(Engine):
     """An Engine whose forward runs for real, then answers as the synthetic target or draft."""
 
-    def __init__(self, model, name: str = "model", role: str = "target", alpha: float = 0.5, seed: int = 0, **kw):
+    def __init__(self, model, name: str = "model", role: str = "target", alpha: float = 0.5, seed: int = 0,
+                 trace: AcceptanceTrace | None = None, **kw):
+        """trace: the draft replays this acceptance trace (alpha is then the trace's, already scaled)."""
         super().__init__(model, name, **kw)
+        self.trace, self.prompt_len = trace, 0
         if role not in ("target", "draft"):
             raise ValueError(f"role {role!r}: use 'target' or 'draft'")
         if not 0 <= alpha <= 1:
@@ -63,29 +129,50 @@ class SyntheticEngine(Engine):
         self.vocab_size = int(self.vocab or model.config.vocab_size)
         self.request_seed = seed
 
+    def _dev(self, xs: list) -> torch.Tensor:
+        """Host numbers to the device as float32, without waiting for it (pinned, non-blocking)."""
+        t = torch.tensor(xs, dtype=torch.float32)
+        return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
+
     def token_at(self, pos: int) -> int:
-        if self.role == "target":
+        if self.role == "target" or self.trace is not None:
             return true_token(self.request_seed, pos, self.vocab_size)
         return draft_token(self.request_seed, pos, self.vocab_size, self.alpha)
 
     def forward(self, ids) -> torch.Tensor:
+        """The real forward, then the synthetic answer. The answer depends on positions only, never on the
+        ids fed (which may still be on the device): nothing here reads the device."""
         start = self.pos
         if start == 0:          # a new request (its prefill): its own sequences, keyed by its prompt
             self.request_seed = _mix(self.seed ^ prompt_key(torch.as_tensor(ids).reshape(-1).tolist()))
+            self.prompt_len = torch.as_tensor(ids).numel()
         logits = super().forward(ids)
         m = logits.shape[0]
-        toks = torch.tensor([self.token_at(start + i + 1) for i in range(m)], device=logits.device)
+        rows, cols, vals = [], [], []
+        for i in range(m):
+            p = start + i + 1
+            t = self.token_at(p)
+            # trace-driven draft: rank r puts r other tokens above the true one (a greedy draft takes the first)
+            r = (self.trace.rank(self.request_seed, p - self.prompt_len)
+                 if self.trace is not None and self.role == "draft" and p >= self.prompt_len else 0)
+            rows += [i] * (r + 1)
+            cols += [(t + 1 + a) % self.vocab_size for a in range(r)] + [t]
+            vals += [float(-a) for a in range(r + 1)]
+        idx = self._dev([rows, cols, vals])          # one copy to the device (ids < 2**24 are exact in float32)
         out = torch.full_like(logits, -1e4)
-        out[torch.arange(m, device=logits.device), toks] = 0.0
+        out.index_put_((idx[0].long(), idx[1].long()), idx[2].to(out.dtype))
         return out
 
 
 def make_engine(model, name: str, role: str, impl: str = "hf", compile_mode: str | None = None,
                 capacity: int = 4096, synthetic_alpha: float | None = None, synthetic_seed: int = 0,
-                vocab: int | None = None) -> Engine:
+                vocab: int | None = None, synthetic_trace: str | None = None) -> Engine:
     """The engine a worker runs: transformers or fast decoder, compiled or not, synthetic or real;
-    vocab: the pair's tokenizer size (logits cut to it)."""
+    vocab: the pair's tokenizer size (logits cut to it). synthetic_trace: a trace JSON the draft replays
+    (scaled to synthetic_alpha when that is set; the target needs only to know that it is synthetic)."""
     kw = dict(impl=impl, compile_mode=compile_mode or None, capacity=capacity, vocab=vocab)
-    if synthetic_alpha is None:
+    if synthetic_alpha is None and not synthetic_trace:
         return Engine(model, name, **kw)
-    return SyntheticEngine(model, name, role=role, alpha=synthetic_alpha, seed=synthetic_seed, **kw)
+    trace = AcceptanceTrace.load(synthetic_trace, synthetic_alpha) if synthetic_trace and role == "draft" else None
+    alpha = trace.alpha if trace else (synthetic_alpha if synthetic_alpha is not None else 0.5)
+    return SyntheticEngine(model, name, role=role, alpha=alpha, seed=synthetic_seed, trace=trace, **kw)

@@ -47,43 +47,80 @@ def probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
     return p
 
 
+def draw(p: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
+    """One draw from each row of p ([V] -> 0-d, [n, V] -> [n]) as a device tensor, without a host read:
+    argmax of p / E with E ~ Exp(1) (the exponential race; gpt-fast's sync-free multinomial). E is
+    clamped away from 0 so that a zero-probability id can never win through 0 / 0."""
+    e = torch.empty_like(p).exponential_(1.0, generator=gen).clamp_min_(1e-30)
+    return (p / e).argmax(-1)
+
+
 def sample(p: torch.Tensor, gen: torch.Generator | None) -> int:
-    return int(torch.multinomial(p, 1, generator=gen).item())
+    return int(draw(p, gen))
 
 
-def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
-    """Accept the longest prefix where draft token == target argmax, then the target's token."""
+def first_miss(ok: torch.Tensor) -> torch.Tensor:
+    """The number of leading True entries of a [k] bool tensor, on the device (0-d long)."""
+    return ok.long().cumprod(0).sum()
+
+
+def verdict_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """Greedy verification on the device: [n, next] as a long tensor [2], no host read. The longest
+    prefix where draft token == target argmax is accepted, then the target's own token."""
     best = target_logits.argmax(-1)                                   # [k+1]
     k = draft_tokens.numel()
-    miss = (draft_tokens != best[:k]).nonzero()
-    n = int(miss[0]) if miss.numel() else k
-    return n, int(best[n])
+    n = first_miss(draft_tokens == best[:k])
+    return torch.stack([n, best.gather(0, n.view(1))[0]])
 
 
-def verify_sampled(draft_tokens: torch.Tensor, q: torch.Tensor | None, target_logits: torch.Tensor,
-                   s: Sampling, gen: torch.Generator | None) -> tuple[int, int]:
-    """Speculative sampling. q: the draft's distributions [k, V], or None for a greedy draft
-    (q one-hot at the drafted token)."""
+def verdict_sampled(draft_tokens: torch.Tensor, q: torch.Tensor | None, target_logits: torch.Tensor,
+                    s: Sampling, gen: torch.Generator | None) -> torch.Tensor:
+    """Speculative sampling on the device: [n, next], no host read. q: the draft's distributions
+    [k, V], or None for a greedy draft (q one-hot at the drafted token). Each x is accepted with
+    probability min(1, p(x)/q(x)); at the first rejection the correction is drawn from
+    norm(max(p - q, 0)); after k acceptances the bonus token from p (q's row k is zero)."""
     p = probs(target_logits, s)                                       # [k+1, V]
     k = draft_tokens.numel()
     idx = torch.arange(k, device=p.device)
     p_x = p[idx, draft_tokens]
-    q_x = torch.ones_like(p_x) if q is None else q[idx, draft_tokens]
-    # accept x with prob min(1, p(x)/q(x)); on reject sample norm(max(p - q, 0))
+    q_pad = torch.zeros_like(p)
+    if q is None:
+        q_pad[idx, draft_tokens] = 1.0
+    else:
+        q_pad[:k] = q
     u = torch.rand(k, generator=gen, device=p.device)
-    reject = (u * q_x > p_x).nonzero()                                # u < p/q, written without division
-    if not reject.numel():
-        return k, sample(p[k], gen)                                   # all accepted: bonus token from p
-    n = int(reject[0])
-    qn = torch.nn.functional.one_hot(draft_tokens[n], p.shape[-1]).float() if q is None else q[n]
-    residual = torch.clamp(p[n] - qn, min=0)
+    n = first_miss(~(u * q_pad[idx, draft_tokens] > p_x))              # u < p/q, written without division
+    row = n.view(1)
+    p_n = p.index_select(0, row)[0]
+    residual = torch.clamp(p_n - q_pad.index_select(0, row)[0], min=0)
     total = residual.sum()
     # total == 0 only when p == q, where rejection has probability 0; guard rounding anyway
-    return n, sample(residual / total if total > 0 else p[n], gen)
+    dist = torch.where(total > 0, residual / total.clamp_min(1e-30), p_n)
+    return torch.stack([n, draw(dist, gen)])
+
+
+def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
+    """verdict_greedy, read to the host: (n accepted, the target's token)."""
+    n, t = verdict_greedy(draft_tokens, target_logits).tolist()
+    return n, t
+
+
+def verify_sampled(draft_tokens: torch.Tensor, q: torch.Tensor | None, target_logits: torch.Tensor,
+                   s: Sampling, gen: torch.Generator | None) -> tuple[int, int]:
+    n, t = verdict_sampled(draft_tokens, q, target_logits, s, gen).tolist()
+    return n, t
+
+
+def verdict(draft_tokens: torch.Tensor, q: torch.Tensor | None, target_logits: torch.Tensor,
+            s: Sampling, gen: torch.Generator | None) -> torch.Tensor:
+    """The round's verdict on the device, [n, next]: one host read gives both."""
+    if s.greedy:
+        return verdict_greedy(draft_tokens, target_logits)
+    return verdict_sampled(draft_tokens, q if s.draft_sampled else None, target_logits, s, gen)
 
 
 def accept(draft_tokens: torch.Tensor, q: torch.Tensor | None, target_logits: torch.Tensor,
            s: Sampling, gen: torch.Generator | None) -> tuple[int, int]:
-    if s.greedy:
-        return verify_greedy(draft_tokens, target_logits)
-    return verify_sampled(draft_tokens, q if s.draft_sampled else None, target_logits, s, gen)
+    """The round's verdict read to the host in one read: (n accepted, the target's token)."""
+    n, t = verdict(draft_tokens, q, target_logits, s, gen).tolist()
+    return n, t

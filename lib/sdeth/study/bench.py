@@ -66,7 +66,8 @@ def compare(results: dict[str, dict]) -> list[dict]:
             a = metrics.ratio_ci(p["accepted"], p["judged"])
             row.update(alpha=a[0], alpha_ci95=[a[1], a[2]])
         for key in ("wire_ms_per_round", "link_ms_per_round", "draft_host_ms_per_round", "bare_rtt_ms",
-                    "tokens_without_draft", "plain_steps", "time_breakdown_s"):
+                    "tokens_without_draft", "plain_steps", "time_breakdown_s", "components_ms_per_round",
+                    "restart_ms"):
             if key in s:
                 row[key] = s[key]
         rows.append(row)
@@ -98,12 +99,23 @@ def bench_sd(base: RunConfig, modes=tuple(MODES), k_max: int = 8, warmup_tokens:
         results["colocated"] = run(mode_config(base, "colocated", k_max), pair, progress)
     rows = compare({m: results[m] for m in modes})
     return {"schema": "sdeth.bench/1", "bench": "sd", "config": asdict(base), "k_max": k_max,
-            "acceptance": ("synthetic: random weights, each draft token accepted with probability "
-                           f"{base.synthetic_alpha} (sdeth.runtime.synthetic)") if base.synthetic_alpha is not None
-            else "real: the pair's own models", "hardware": hardware.describe(base.device),
+            "acceptance": acceptance_label(base), "acceptance_kind": base.acceptance_kind, "hardware": hardware.describe(base.device),
             "draft_hardware": hardware.describe(base.draft_device) if base.draft_device else None,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "wall_s": time.time() - t0,
             "rows": rows, "runs": results}
+
+
+def acceptance_label(cfg: RunConfig) -> str:
+    if cfg.acceptance_kind == "trace-driven":
+        from ..runtime.synthetic import AcceptanceTrace
+        tr = AcceptanceTrace.load(cfg.synthetic_trace, cfg.synthetic_alpha)
+        return (f"trace-driven: random weights, the draft replays the acceptance trace of {tr.source} "
+                f"(alpha {tr.alpha0:.3f} recorded" + (f", scaled to {tr.alpha:.3f})" if cfg.synthetic_alpha is not None
+                                                      else ")"))
+    if cfg.acceptance_kind == "synthetic":
+        return (f"synthetic: random weights, each draft token accepted with probability {cfg.synthetic_alpha} "
+                "(sdeth.runtime.synthetic)")
+    return "real: the pair's own models"
 
 
 def table(res: dict) -> str:

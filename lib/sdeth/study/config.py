@@ -47,6 +47,8 @@ class RunConfig:
     capacity: int = 4096            # CUDA-graph cache length (tokens); the CPU sizes each request's cache
     synthetic_alpha: float | None = None   # random-weight timing: accept each draft token with this probability
     draft_device: str | None = None # ethernet: the draft worker's device (None: the target's)
+    synthetic_trace: str | None = None  # random-weight timing: the draft replays this acceptance trace (JSON),
+                                        # scaled to synthetic_alpha when that is set (trace-driven)
 
     def check(self) -> "RunConfig":
         if self.mode not in MODES:
@@ -74,6 +76,9 @@ class RunConfig:
             raise ConfigError(f"compile={self.compile!r} needs impl 'fast'")
         if self.synthetic_alpha is not None and not 0 <= self.synthetic_alpha <= 1:
             raise ConfigError(f"synthetic_alpha={self.synthetic_alpha}: a probability in [0, 1]")
+        if self.synthetic_trace and not Path(self.synthetic_trace).exists():
+            raise ConfigError(f"synthetic_trace={self.synthetic_trace!r}: no such file (the committed one is "
+                              "reports/traces/embedded_greedy.json; `python -m sdeth trace` records another)")
         self.sampling()                 # raises on bad temperature / top-p / top-k
         P.parse_spec(self.prompts)      # raises on a bad prompt spec
         return self
@@ -85,12 +90,19 @@ class RunConfig:
     def engine_opts(self) -> dict:
         """What runtime.synthetic.make_engine takes (in-process engines)."""
         return dict(impl=self.impl, compile_mode=self.compile or None, capacity=self.capacity,
-                    synthetic_alpha=self.synthetic_alpha)
+                    synthetic_alpha=self.synthetic_alpha, synthetic_trace=self.synthetic_trace)
 
     def worker_args(self) -> list[str]:
         """The same options as `sdeth worker` flags (both workers of a testbed)."""
         args = ["--impl", self.impl, "--capacity", str(self.capacity)] + (["--compile", self.compile] if self.compile else [])
-        return args + (["--synthetic-alpha", str(self.synthetic_alpha)] if self.synthetic_alpha is not None else [])
+        args += ["--synthetic-alpha", str(self.synthetic_alpha)] if self.synthetic_alpha is not None else []
+        return args + (["--synthetic-trace", str(Path(self.synthetic_trace).resolve())] if self.synthetic_trace else [])
+
+    @property
+    def acceptance_kind(self) -> str:
+        """How acceptance was produced: 'real' (the pair's models), 'synthetic' (a coin per position) or
+        'trace-driven' (a recorded trace replayed)."""
+        return "trace-driven" if self.synthetic_trace else "synthetic" if self.synthetic_alpha is not None else "real"
 
     def sampling(self) -> Sampling:
         try:

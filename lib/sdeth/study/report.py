@@ -78,17 +78,43 @@ def plot_breakdown(runs: dict[str, dict], hw: dict, title: str):
     return df
 
 
+def gpu_results() -> dict[str, dict]:
+    """The recorded GPU results (reports/gpu/*.json), by file stem; superseded runs (reports/gpu/earlier/) are
+    left out."""
+    d = REPORTS / "gpu"
+    return {f.stem: json.loads(f.read_text()) for f in sorted(d.glob("*.json"))} if d.exists() else {}
+
+
 def bench_table(benches: dict[str, dict]):
     """The rows of `python -m sdeth bench` results (name -> results JSON), one per pair and mode."""
     import pandas as pd
     rows = []
     for name, b in benches.items():
         for r in b["rows"]:
-            rows.append({"run": name, "pair": b["config"]["pair"], "alpha set": b["config"].get("synthetic_alpha"),
+            rows.append({"run": name, "pair": b["config"]["pair"],
+                         "acceptance": b.get("acceptance_kind") or b["acceptance"].split(":")[0],
+                         "alpha set": b["config"].get("synthetic_alpha"),
                          "mode": r["mode"], "tokens/s": r["tokens_per_s"], "speedup": r["speedup"],
                          "95% low": r["speedup_ci95"][0], "95% high": r["speedup_ci95"][1],
                          "predicted": r["predicted_speedup"], "alpha measured": r.get("alpha"),
                          "tokens": r["output_tokens"], "identical": r["identical_to_target_only"]})
+    return pd.DataFrame(rows)
+
+
+def bench_components(benches: dict[str, dict]):
+    """Per-round components of each SD mode (ms): target host work, GPU idle on each side, wire, and
+    the pipelined draft's restart latency after a correction."""
+    import pandas as pd
+    rows = []
+    for name, b in benches.items():
+        for r in b["rows"]:
+            c = r.get("components_ms_per_round")
+            if not c:
+                continue
+            rows.append({"run": name, "mode": r["mode"], **{f"{k} ms": v for k, v in c.items()},
+                         "link ms": r.get("link_ms_per_round"), "draft host ms": r.get("draft_host_ms_per_round"),
+                         "bare rtt ms": r.get("bare_rtt_ms"),
+                         "restart ms (median)": (r.get("restart_ms") or {}).get("median")})
     return pd.DataFrame(rows)
 
 
@@ -104,14 +130,15 @@ def plot_bench(benches: dict[str, dict]):
                         fmt="o", color="C0", capsize=3)
             if r["predicted"]:
                 ax.plot(r["predicted"], y, "x", color="C3")
-            labels.append(f"{name.removeprefix('bench_sd_')} (alpha {r['alpha set']}): {r['mode']}")
+            labels.append(f"{name.removeprefix('bench_sd_')} ({r['acceptance']}, alpha {r['alpha set']}): {r['mode']}")
             y += 1
     ax.axvline(1.0, color="grey", lw=0.8)
     ax.set(yticks=range(len(labels)), yticklabels=labels, xlabel="speedup over target-only (x), 95% interval; x = model",
-           title="SD modes on two GPUs: synthetic acceptance, random weights")
+           title="SD modes on two GPUs: random weights, synthetic or trace-driven acceptance")
     ax.invert_yaxis()
     b = next(iter(benches.values()))
-    ax.figure.text(0.01, -0.02, caption(b["hardware"], f"measured, {b['acceptance'].split(':')[0]} acceptance, "
+    kinds = sorted({x.get("acceptance_kind") or x["acceptance"].split(":")[0] for x in benches.values()})
+    ax.figure.text(0.01, -0.02, caption(b["hardware"], f"measured timing, {' / '.join(kinds)} acceptance, "
                                         f"{b['rows'][0]['output_tokens']} tokens per mode"), fontsize=8)
     plt.show()
     return df
@@ -141,15 +168,37 @@ def render(name: str, parameters: dict | None = None) -> tuple[bool, str]:
     return ok, status
 
 
+# what kind of figures each report holds (the index says so beside each)
+KINDS = {"00_provision": "measured", "10_colocated": "measured", "15_acceptance": "measured and modelled",
+         "20_ethernet": "measured on the CPU testbed; recorded two-GPU runs with synthetic or trace-driven acceptance",
+         "30_writeup": "reads the results of the others", "40_heterogeneous": "measured, emulated and modelled"}
+
+
 def write_index(rows: list[tuple[str, bool, str]]) -> Path:
+    """reports/index.html: the answer first (the decision and the milestones, from study.status), then one
+    line per report with the kind of its figures and its hardware."""
+    from . import status as st
     items = []
     for name, ok, status in rows:
         js = f' · <a href="{name}.json">results JSON</a>' if (REPORTS / f"{name}.json").exists() else ""
+        res = results_path(name)
+        hw = (json.loads(res.read_text()).get("hardware") or {}).get("label", "") if res.exists() else ""
+        kind = KINDS.get(name, "")
+        about = html.escape("; ".join(x for x in (kind, hw and f"on {hw}") if x))
         mark = "✓" if ok else "✗ failed:"
-        items.append(f'<li><a href="{name}.html">{name}</a>{js}<br><small>{mark} {html.escape(status)}</small></li>')
+        items.append(f'<li><a href="{name}.html">{name}</a>{js} <small>({about})</small><br>'
+                     f'<small>{mark} {html.escape(status)}</small></li>')
+    ms = st.milestones()
+    table = "".join(f"<tr><td>{m.id}</td><td>{html.escape(m.title)}</td><td><b>{m.status}</b></td>"
+                    f"<td>{'<br>'.join(html.escape(f.label + ': ' + f.shown + ' (' + f.kind + ')') for f in m.figures[:2])}"
+                    f"{'<br><small>' + html.escape(m.note) + '</small>' if m.note else ''}</td></tr>" for m in ms)
     page = f"""<!doctype html><meta charset="utf-8"><title>sd-ethernet reports</title>
 <style>body{{font-family:sans-serif;max-width:52em;margin:2em auto}} li{{margin:.8em 0}}</style>
 <h1>sd-ethernet: speculative decoding with the draft and the target on different machines</h1>
+<p><b>The answer so far.</b> {html.escape(st.decision(ms))}</p>
+<table border="1" cellpadding="4" style="border-collapse:collapse;font-size:90%">
+<tr><th></th><th>milestone</th><th>status</th><th>key figures (python -m sdeth status has them all, with sources)</th></tr>
+{table}</table>
 <p>Rendered by <code>make report</code> on {html.escape(time.strftime('%Y-%m-%d %H:%M %Z'))}. Each report states
 the hardware, models and settings behind its numbers; synthetic or emulated figures are labelled so.</p>
 <ul>{''.join(items)}</ul>"""

@@ -95,6 +95,23 @@ def summarize(reqs: list[dict], cfg: RunConfig) -> dict:
             out["draft_host_ms_per_round"] = sum(r.get("draft_host_s", 0.0) for r in reqs) / rounds * 1e3
             bare = [r["bare_rtt_ms"] for r in reqs if r.get("bare_rtt_ms") is not None]
             out["bare_rtt_ms"] = statistics.median(bare) if bare else None
+    draft_run_s = sum(r["draft_s"] for r in reqs)
+    waited_prefill_s = 0.0 if cfg.mode == "pipelined" else sum(r["draft_prefill_s"] for r in reqs)
+    out["components_ms_per_round"] = {   # where a round's time goes on each side (device time from events on CUDA)
+        "target_host": (decode_s - verify_s - wire_s - (0.0 if cfg.mode == "pipelined" else draft_run_s)
+                        - waited_prefill_s) / rounds * 1e3,
+        "draft_prefill_waited": waited_prefill_s / rounds * 1e3,
+        "target_gpu_idle": (decode_s - verify_s) / rounds * 1e3,
+        "draft_gpu_idle": max(decode_s - draft_run_s, 0.0) / rounds * 1e3,
+        "wire": wire_s / rounds * 1e3}
+    if any(r.get("verify_wall_s") for r in reqs):   # sync SD: the target's host work, split
+        comp = out["components_ms_per_round"]
+        comp["target_verify_overhead"] = sum(r["verify_wall_s"] - r["verify_s"] for r in reqs) / rounds * 1e3
+        comp["target_between_rounds"] = sum(r.get("between_s", 0.0) for r in reqs) / rounds * 1e3
+    restarts = [x for r in reqs for x in r.get("restarts_ms") or []]
+    if restarts:
+        out["restart_ms"] = {"mean": statistics.mean(restarts), "median": statistics.median(restarts),
+                             "p90": sorted(restarts)[int(0.9 * (len(restarts) - 1))], "n": len(restarts)}
     if cfg.placement == "ethernet":
         out["bytes_per_round"] = sum(r["bytes_sent"] + r["bytes_received"] for r in reqs) / rounds
     out["costs"] = {**c.to_dict(), "target_step": c.target_step or None}

@@ -46,24 +46,29 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, eng
     engine = make_engine(pair.draft, "draft", "draft", vocab=pair.vocab_size, **(engine_opts or {}))
     engine.warm(WARM_WIDTHS)
 
-    def run_ahead(sock) -> bool:
-        """One draft step for the first stream with room in its window; True if any stepped."""
+    def send_steps(sock, ident, req, steps) -> None:
         nonlocal served
+        for st in steps:
+            reply(sock, ident, W.Drafted(req, st.epoch, st.pos, st.token, st.ms, st.q_idx, st.q_val, st.restart_ms))
+            served += 1
+            if die_after and served >= die_after:
+                os._exit(17)
+
+    def run_ahead(sock) -> bool:
+        """Between messages: queue the next draft step if there is room, and send the oldest one once its
+        token is on the host. Never waits for the device while a step runs (the loop looks at the socket
+        between calls); True while there is work in flight or room to draft."""
         for req, (ident, d) in streams.items():
-            if d.can_step():
-                c0 = d.compute_s
-                try:
-                    epoch, pos, tok, q = d.step()
-                except Exception as e:      # this request's stream ends; the worker serves on
-                    streams.pop(req)
-                    reply(sock, ident, W.Error("internal", f"{type(e).__name__}: {e}"))
-                    return False
-                idx, val = q_pairs(q, d.q_top)
-                reply(sock, ident, W.Drafted(req, epoch, pos, tok, (d.compute_s - c0) * 1e3, idx, val))
-                served += 1
-                if die_after and served >= die_after:
-                    os._exit(17)
-                return True
+            try:
+                if d.can_step():
+                    d.launch()
+                if d.ready():               # on a CPU always: the launch computed the step
+                    send_steps(sock, ident, req, [d.settle()])
+            except Exception as e:      # this request's stream ends; the worker serves on
+                streams.pop(req)
+                reply(sock, ident, W.Error("internal", f"{type(e).__name__}: {e}"))
+                return False
+            return bool(d.flight) or d.can_step()
         return False
 
     print(f"sdeth draft worker: {pair.config.draft} on {bind}", flush=True)
@@ -97,7 +102,7 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, eng
                 if st is None:
                     reply(sock, ident, W.Error("unknown-request", f"no stream {msg.req!r} (send Start first)"))
                     continue
-                st[1].commit(msg.pos, msg.token)
+                send_steps(sock, st[0], msg.req, st[1].commit(msg.pos, msg.token))
             elif isinstance(msg, W.Propose):
                 d = drafters.get(msg.req)
                 if d is None:

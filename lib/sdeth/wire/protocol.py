@@ -103,6 +103,8 @@ class Drafted(msgspec.Struct, tag="drafted"):
     draft_ms: float
     q_idx: list[int] | None = None
     q_val: list[float] | None = None
+    restart_ms: float | None = None   # the first token after a commit that restarted the draft: ms from that
+                                      # commit's arrival to this token's send, on the draft's own clock
 
 
 class End(msgspec.Struct, tag="end"):

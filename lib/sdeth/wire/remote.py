@@ -3,6 +3,7 @@ and `RemoteStream` (a draft stream for the pipelined loop), over the transport.
 """
 from __future__ import annotations
 
+import collections
 import os
 import time
 import uuid
@@ -19,6 +20,7 @@ from .transport import Client
 class RemoteDrafter:
     """The target's handle on a draft worker: a draft source (runtime.roles.DraftSource) over the wire."""
     compute_s: float = 0.0      # the draft's model time since start(), as the draft worker reports it
+    starts_async = True         # start() sends Start and returns; the Started reply is taken at the first propose
 
     def __init__(self, addr: str, hello: W.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0,
                  device="cpu", spin_s: float = 0.0):
@@ -30,7 +32,7 @@ class RemoteDrafter:
             raise ConnectionRefusedError(f"draft worker at {addr} refused the handshake: {reply.message}")
         self.peer = reply
         self.compute_s = self.held_s = 0.0
-        self.req = ""
+        self.req, self.starting, self.started_wait_s = "", False, 0.0
         self.bare_rtt_ms = self.ping()
 
     def ping(self, n: int = 20) -> float:
@@ -46,8 +48,9 @@ class RemoteDrafter:
         return sorted(rtts)[len(rtts) // 2] if rtts else float("nan")
 
     def _call(self, msg):
+        """Send msg and take the reply (msg None: only take the next message)."""
         try:
-            reply = self.client.call(msg)
+            reply = self.client.call(msg) if msg is not None else self.client.call_reply()
         except TimeoutError as e:
             raise DraftUnavailable(str(e)) from None
         if isinstance(reply, W.Error) and not isinstance(msg, W.Hello):
@@ -58,16 +61,29 @@ class RemoteDrafter:
         """A new request: its id, zeroed counters, and the draft's sampling seed (None: a fresh one)."""
         self.seq += 1
         self.req = f"{os.getpid()}-{self.seq}-{uuid.uuid4().hex[:6]}"
-        self.compute_s = self.held_s = 0.0
+        self.compute_s = self.held_s = self.started_wait_s = 0.0
         return int.from_bytes(os.urandom(7), "little") if seed is None else seed
 
     def start(self, prompt_ids, size, s=None, seed=None):
+        """Send Start and return: the draft's prefill runs while the target prefills (its Started is
+        taken in before the first proposal; an error there makes that proposal fail: decode alone)."""
         seed = self._begin(seed)
         s = s or self.s
-        self._call(W.Start(self.req, list(prompt_ids), size, s.temperature, s.top_p, s.top_k, s.draft_sampled,
-                           self.q_top, seed))
+        self.client.send(W.Start(self.req, list(prompt_ids), size, s.temperature, s.top_p, s.top_k, s.draft_sampled,
+                                 self.q_top, seed))
+        self.starting = True
+
+    def _started(self) -> None:
+        if self.starting:
+            self.starting = False
+            t0 = time.perf_counter()
+            reply = self._call(None)
+            self.started_wait_s = time.perf_counter() - t0
+            if not isinstance(reply, W.Started) or reply.req != self.req:
+                raise DraftUnavailable(f"draft worker answered Start with {type(reply).__name__}")
 
     def propose(self, n_prev: int, nxt: int, k: int):
+        self._started()
         p = self._call(W.Propose(self.req, n_prev, nxt, k))
         self.compute_s += p.draft_ms / 1e3
         self.held_s += p.held_ms / 1e3
@@ -84,6 +100,9 @@ class RemoteDrafter:
 
     def end(self):
         try:
+            if self.starting:          # no proposal was asked for: take the Started first
+                self.starting = False
+                self.client.call_reply(timeout_s=1.0)
             self.client.call(W.End(self.req), timeout_s=1.0)
         except (TimeoutError, W.ProtocolError):
             pass
@@ -98,6 +117,8 @@ class RemoteStream(RemoteDrafter):
                  device="cpu", spin_s: float = 0.0, window: int = 16):
         super().__init__(addr, hello, s, q_top, timeout_s, device, spin_s)
         self.window, self.view, self.est, self.by_commit = window, StreamView(), None, False
+        self.link_ms = self.bare_rtt_ms if self.bare_rtt_ms == self.bare_rtt_ms else 0.0   # two transits, learnt
+        self.transits = collections.deque(maxlen=8)     # recent observations of them (ms)
 
     def _expect(self, msg, kind, timeout_s: float):
         """Send msg; the reply of type `kind` for this request (stale Drafted messages are skipped)."""
@@ -115,6 +136,8 @@ class RemoteStream(RemoteDrafter):
         seed = self._begin(seed)
         s = s or self.s
         self.streamed = 0
+        self.restarts_ms: list[float] = []     # commit that corrected the draft -> its first new token
+        self.by_commit = False
         self.view.reset()
         # not waiting for Started: the draft's prefill overlaps the target's first steps
         self.client.send(W.Start(self.req, list(prompt_ids), size, s.temperature, s.top_p, s.top_k, s.draft_sampled,
@@ -137,12 +160,33 @@ class RemoteStream(RemoteDrafter):
         q = self._q(msg.q_idx, msg.q_val)
         fresh = msg.epoch == self.view.epoch and self.view.received == 0
         self.view.on_drafted(msg.epoch, msg.pos, msg.token, q)
+        restart = self._restart_ms(msg, fresh)
+        if restart is not None:
+            self.restarts_ms.append(restart)
         if self.est is not None:
             self.est.observe_draft(msg.draft_ms / 1e3)
-            if fresh and self.by_commit:   # the first token after a correction: a round trip + one step
+            if fresh and self.by_commit:   # the policy's round trip: as the target lived it (see _restart_ms)
                 self.est.observe_rtt(time.perf_counter() - self.view.t_epoch - msg.draft_ms / 1e3)
         if fresh:
             self.by_commit = False
+
+    def _restart_ms(self, msg, fresh: bool) -> float | None:
+        """Restart latency (a correcting commit sent -> the draft's first new token received) = the draft's
+        own span (commit received -> token sent, offset-free; Drafted.restart_ms) + the link's two transits.
+        The target sees a token only when it looks; timed on its clock alone the figure would also hold a
+        plain step it took meanwhile. (The policy's estimate keeps that: it is the delay the target lived
+        through, and the event model's predictions were checked against it.) Each observation (seen minus
+        the draft's span) is the two transits plus however late the target looked, so the transits are the
+        least of the last few observations (seeded by the bare round trip at connect; a token that arrived
+        while the target waited gives them exactly)."""
+        if not (fresh and self.by_commit):
+            return msg.restart_ms + self.link_ms if msg.restart_ms is not None else None
+        seen = (time.perf_counter() - self.view.t_epoch) * 1e3
+        if msg.restart_ms is None:
+            return seen                   # a draft that does not report its span: the target's clock
+        self.transits.append(max(seen - msg.restart_ms, 0.0))
+        self.link_ms = min(self.transits)
+        return msg.restart_ms + self.link_ms
 
     def poll(self) -> None:
         while (msg := self.client.recv(0)) is not None:

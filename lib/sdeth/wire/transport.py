@@ -75,6 +75,10 @@ class Client:
 
     def call(self, msg, timeout_s: float | None = None):
         self.send(msg)
+        return self.call_reply(timeout_s)
+
+    def call_reply(self, timeout_s: float | None = None):
+        """The reply to a message already sent (see call)."""
         reply = self.recv(timeout_s or self.timeout_s)
         if reply is None:
             self.sock.close()
