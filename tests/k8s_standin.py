@@ -17,6 +17,11 @@ _ROUTES = [  # (regex, plural)
     (r"^/api/v1/namespaces/([^/]+)/(services)(?:/([^/]+))?()$", "services"),
     (r"^/apis/batch/v1/namespaces/([^/]+)/(jobs)(?:/([^/]+))?()$", "jobs"),
     (r"^/api/v1/namespaces/([^/]+)/(configmaps)(?:/([^/]+))?()$", "configmaps"),
+    (r"^/api/v1/namespaces/([^/]+)/(serviceaccounts)(?:/([^/]+))?()$", "serviceaccounts"),
+    (r"^/apis/rbac.authorization.k8s.io/v1/namespaces/([^/]+)/(roles)(?:/([^/]+))?()$", "roles"),
+    (r"^/apis/rbac.authorization.k8s.io/v1/namespaces/([^/]+)/(rolebindings)(?:/([^/]+))?()$", "rolebindings"),
+    (r"^/apis/batch/v1/namespaces/([^/]+)/(cronjobs)(?:/([^/]+))?()$", "cronjobs"),
+    (r"^/apis/coordination.k8s.io/v1/namespaces/([^/]+)/(leases)(?:/([^/]+))?()$", "leases"),
 ]
 
 

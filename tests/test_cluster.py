@@ -139,7 +139,8 @@ def test_probe_between_two_nodes_through_the_api():
         c = Cluster(api_client=s.client())
         got = cluster.run_probe(c, "node-a", "node-b", timeout_s=10, poll_s=0.1)
         assert got == samples
-        assert not s.objects                                  # server, service and job removed
+        assert set(s.objects) == {("leases", "sdeth", cluster.LEASE)}   # server, service and job removed;
+        # the controller's Lease stays (it goes stale once nobody renews it)
         posted = [p for m, p in s.requests if m == "POST"]
         assert posted.index("/apis/batch/v1/namespaces/sdeth/jobs") > posted.index(
             "/apis/apps/v1/namespaces/sdeth/deployments")      # the client starts after the server is up
@@ -150,3 +151,70 @@ def test_probe_between_two_nodes_through_the_api():
 def test_node_names_are_required():
     with pytest.raises(ClusterError, match="needs node names.*kubectl get nodes"):
         cluster.render("ethernet", target_node="gpu-node-a")
+
+
+def test_the_reaper_is_in_the_gpu_placements_with_least_privilege():
+    for placement in ("colocated", "ethernet", "vllm-target-only", "vllm-sd"):
+        objs = cluster.render(placement, *NODES, image="registry.example/sdeth-worker:v1")
+        kinds = {(o["kind"], o["metadata"]["name"]) for o in objs}
+        assert {("ServiceAccount", "sdeth-reaper"), ("Role", "sdeth-reaper"), ("RoleBinding", "sdeth-reaper"),
+                ("CronJob", "sdeth-reaper")} <= kinds, placement
+        cron = next(o for o in objs if o["kind"] == "CronJob")
+        pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        assert pod["serviceAccountName"] == "sdeth-reaper"
+        assert pod["containers"][0]["image"] == "registry.example/sdeth-worker:v1"     # the image parameter reaches it
+        assert "nvidia.com/gpu" not in str(pod["containers"][0]["resources"])
+        role = next(o for o in objs if o["kind"] == "Role")
+        rules = {(r["apiGroups"][0], r["resources"][0]): sorted(r["verbs"]) for r in role["rules"]}
+        assert rules == {("coordination.k8s.io", "leases"): ["get"], ("apps", "deployments"): ["list"],
+                         ("apps", "deployments/scale"): ["patch"]}
+
+
+def _lease(api, minutes_ago):
+    import datetime
+    t = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=minutes_ago)
+    api.objects[("leases", "sdeth", cluster.LEASE)] = {
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": cluster.LEASE, "namespace": "sdeth", "resourceVersion": "1"},
+        "spec": {"holderIdentity": "test", "renewTime": t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}}
+
+
+def test_reaper_keeps_the_workers_while_the_lease_is_fresh_and_scales_them_when_it_is_stale(api):
+    Cluster(api_client=api.client(), hold_lease=False).apply(cluster.render("ethernet", *NODES))
+    reps = lambda: {k[2]: d["spec"]["replicas"] for k, d in api.objects.items() if k[0] == "deployments"}  # noqa: E731
+    _lease(api, minutes_ago=2)
+    age, scaled = cluster.reap(stale_minutes=15, api_client=api.client())
+    assert 100 < age < 140 and scaled == [] and set(reps().values()) == {1}
+    _lease(api, minutes_ago=20)
+    age, scaled = cluster.reap(stale_minutes=15, api_client=api.client())
+    assert age > 15 * 60 and sorted(scaled) == ["sdeth-draft", "sdeth-target"] and set(reps().values()) == {0}
+    del api.objects[("leases", "sdeth", cluster.LEASE)]          # no controller at all: also idle
+    Cluster(api_client=api.client(), hold_lease=False).scale("sdeth-target", 1)
+    assert cluster.reap(stale_minutes=15, api_client=api.client()) == (None, ["sdeth-target"])
+    with pytest.raises(ClusterError, match="stale_minutes"):
+        cluster.reap(stale_minutes=0, api_client=api.client())
+
+
+def test_a_held_cluster_renews_the_lease(api):
+    with Cluster(api_client=api.client()) as c:
+        t_end = time.time() + 5
+        while ("leases", "sdeth", cluster.LEASE) not in api.objects and time.time() < t_end:
+            time.sleep(0.05)
+        assert c.lease_age_s() < 5
+        assert cluster.reap(stale_minutes=15, api_client=api.client())[1] == []
+        c.apply(cluster.render("ethernet", *NODES))
+        assert sorted((d["deployment"], d["gpu"]) for d in c.up()) == [("sdeth-draft", True), ("sdeth-target", True)]
+
+
+def test_status_cluster_and_reap_commands(api, monkeypatch, capsys):
+    from sdeth.cli import main
+    real = cluster.Cluster
+    monkeypatch.setattr(cluster, "Cluster", lambda ns, ctx=None, api_client=None, hold_lease=False:
+                        real(ns, api_client=api.client(), hold_lease=False))
+    real(api_client=api.client(), hold_lease=False).apply(cluster.render("ethernet", *NODES))
+    _lease(api, minutes_ago=30)
+    assert main(["status", "--cluster"]) == 0
+    out = capsys.readouterr().out
+    assert "lease renewed 30.0 min ago" in out and "sdeth-target: " in out and "(GPU)" in out
+    assert main(["reap", "--stale-minutes", "15"]) == 0
+    assert "scaled to 0 in sdeth: sdeth-" in capsys.readouterr().out

@@ -85,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("prepare", help="prepare the embedded pair (dequantize the target, assemble the draft)")
     st = sub.add_parser("status", help="the milestones M0-M4 from the committed results, as Markdown (a milestone comment)")
     st.add_argument("--milestone", help="one milestone (M0 ... M4)")
+    st.add_argument("--cluster", action="store_true", help="instead: what of ours is up on the cluster, and since when")
+    st.add_argument("--namespace", default="sdeth"), st.add_argument("--context", default=None)
+    rp = sub.add_parser("reap", help="scale the GPU workers to zero if the controller's Lease is stale (the CronJob's command)")
+    rp.add_argument("--namespace", default="sdeth"), rp.add_argument("--context", default=None)
+    rp.add_argument("--stale-minutes", type=float, default=15.0)
     t = sub.add_parser("trace", help="record a pair's acceptance trace (greedy, teacher forcing) for trace-driven timing")
     t.add_argument("--pair", default="embedded")
     t.add_argument("--prompts", default="sharegpt:64", help="held-out prompts (sharegpt:N[:seed], humaneval:N)")
@@ -109,6 +114,8 @@ def main(argv=None) -> int:
         return _cluster(a)
     if a.cmd == "bench":
         return _bench(a)
+    if a.cmd in ("reap",) or (a.cmd == "status" and a.cluster):
+        return _cluster(a)
     if a.cmd == "status":
         from .study import status
         try:
@@ -148,6 +155,23 @@ def _cluster(a) -> int:
         if a.cmd == "down":
             names = cluster.down(a.namespace, a.context)
             print(f"scaled to 0 in {a.namespace}: {', '.join(names) or 'nothing was running'}")
+            return 0
+        if a.cmd == "reap":
+            age, names = cluster.reap(a.namespace, a.stale_minutes, a.context)
+            seen = "no controller lease" if age is None else f"controller lease renewed {age / 60:.1f} min ago"
+            print(f"{seen}; scaled to 0 in {a.namespace}: {', '.join(names) or 'nothing'}")
+            return 0
+        if a.cmd == "status":
+            c = cluster.Cluster(a.namespace, a.context, hold_lease=False)
+            try:
+                age, up = c.lease_age_s(), c.up()
+            finally:
+                c.close()
+            print(f"namespace {a.namespace}: " + ("no controller lease" if age is None
+                                                  else f"controller lease renewed {age / 60:.1f} min ago"))
+            for d in up:
+                since = f", up {d['age_s'] / 60:.0f} min" if d["age_s"] is not None else ""
+                print(f"- {d['deployment']}: {d['ready']}/{d['replicas']} ready{' (GPU)' if d['gpu'] else ''}{since}")
             return 0
         import yaml
         objs = cluster.render(a.placement, a.target_node, a.draft_node, a.pair, a.target_model, a.draft_model, a.k,

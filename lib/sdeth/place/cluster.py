@@ -8,6 +8,10 @@
         ...
     python -m sdeth down --namespace sdeth       # anything of ours left running -> 0 replicas
 
+While a Cluster is held it renews a Lease (coordination.k8s.io, LEASE) every LEASE_RENEW_S; the reaper
+CronJob in the manifests (`python -m sdeth reap`) scales the GPU Deployments to zero once that Lease is older
+than its --stale-minutes, so a controller that dies without cleaning up leaves no GPU busy for long.
+
 Rendering runs the real kustomize (`kubectl kustomize manifests/overlays/<placement>`), so what `lib/`
 applies is what `kubectl apply -k` applies; parameters are then set on the rendered objects (plain dicts).
 No torch here: this module knows nothing of models beyond their ids.
@@ -29,6 +33,8 @@ MANIFESTS = REPO / "manifests"
 OVERLAYS = ("colocated", "ethernet", "vllm-target-only", "vllm-sd", "probe")
 PART_OF = "app.kubernetes.io/part-of=sdeth"
 K8S_VERSION = "1.32"     # the schema set manifests are validated against (kubernetes-validate)
+LEASE = "sdeth-controller"  # renewed while a controller holds the cluster; read by the reaper
+LEASE_RENEW_S = 60.0
 
 
 class ClusterError(RuntimeError):
@@ -68,7 +74,7 @@ def render(placement: str, target_node: str, draft_node: str = "", pair: str | N
                "draft": target_node if placement == "colocated" else draft_node, "probe-server": draft_node}
     for o in objs:
         o["metadata"]["namespace"] = namespace
-        spec = o.get("spec", {}).get("template", {}).get("spec")
+        spec = _pod_spec(o)
         if spec is None:
             continue
         role = o["metadata"].get("labels", {}).get("sdeth/role")
@@ -79,6 +85,14 @@ def render(placement: str, target_node: str, draft_node: str = "", pair: str | N
                 c["image"] = image
             c["args"] = _set_args(c["args"], role, pair, target_model, draft_model, k)
     return objs
+
+
+def _pod_spec(o: dict) -> dict | None:
+    """The pod template's spec of a Deployment, Job or CronJob (None for other kinds)."""
+    spec = o.get("spec", {})
+    if o.get("kind") == "CronJob":
+        spec = spec.get("jobTemplate", {}).get("spec", {})
+    return spec.get("template", {}).get("spec")
 
 
 def _set_args(args: list[str], role, pair, target_model, draft_model, k) -> list[str]:
@@ -115,6 +129,11 @@ _KINDS = {  # kind -> (api class, method suffix)
     "Service": ("CoreV1Api", "namespaced_service"),
     "Job": ("BatchV1Api", "namespaced_job"),
     "ConfigMap": ("CoreV1Api", "namespaced_config_map"),
+    "ServiceAccount": ("CoreV1Api", "namespaced_service_account"),
+    "Role": ("RbacAuthorizationV1Api", "namespaced_role"),
+    "RoleBinding": ("RbacAuthorizationV1Api", "namespaced_role_binding"),
+    "CronJob": ("BatchV1Api", "namespaced_cron_job"),
+    "Lease": ("CoordinationV1Api", "namespaced_lease"),
 }
 
 
@@ -122,11 +141,17 @@ class Cluster:
     """The kubernetes client, narrowed to what the study needs. As a context manager it scales this
     project's GPU workloads to zero on exit, also on error (idle GPU nodes must not sit burning)."""
 
-    def __init__(self, namespace: str = "sdeth", context: str | None = None, api_client=None):
+    def __init__(self, namespace: str = "sdeth", context: str | None = None, api_client=None,
+                 hold_lease: bool = True):
+        """hold_lease: renew the controller's Lease while this object is open (the reaper reads it)."""
+        import os
         from kubernetes import client, config
         if api_client is None:
             try:
-                config.load_kube_config(context=context)
+                if os.environ.get("KUBERNETES_SERVICE_HOST") and context is None:
+                    config.load_incluster_config()      # inside a pod (the reaper)
+                else:
+                    config.load_kube_config(context=context)
             except Exception as e:
                 raise ClusterError(f"no usable kubeconfig (context {context!r}): {e}; "
                                    "set KUBECONFIG or pass context=") from None
@@ -135,6 +160,9 @@ class Cluster:
         self.apps, self.core = client.AppsV1Api(api_client), client.CoreV1Api(api_client)
         self._apis = {name: getattr(client, name)(api_client) for name, _ in _KINDS.values()}
         self._forwards: list[subprocess.Popen] = []
+        self._renewer = None
+        if hold_lease:
+            self._hold_lease()
 
     def __enter__(self) -> "Cluster":
         return self
@@ -149,6 +177,68 @@ class Cluster:
         for p in self._forwards:
             p.terminate()
         self._forwards.clear()
+        if self._renewer is not None:
+            self._renewer[1].set()
+            self._renewer = None
+
+    # -- the controller's Lease (see the module docstring)
+    def renew_lease(self, holder: str = "") -> None:
+        import datetime
+        import os
+        import socket as _s
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": LEASE, "labels": {"app.kubernetes.io/part-of": "sdeth"}},
+                "spec": {"holderIdentity": holder or f"{_s.gethostname()}-{os.getpid()}",
+                         "leaseDurationSeconds": int(LEASE_RENEW_S * 2), "renewTime": now}}
+        self.apply([body])
+
+    def lease_age_s(self) -> float | None:
+        """Seconds since the controller's Lease was renewed; None when there is none."""
+        import datetime
+        from kubernetes.client.exceptions import ApiException
+        try:
+            lease = self._apis["CoordinationV1Api"].read_namespaced_lease(LEASE, self.namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        t = lease.spec.renew_time if lease.spec else None
+        if t is None:
+            return None
+        if isinstance(t, str):
+            t = datetime.datetime.fromisoformat(t.replace("Z", "+00:00"))
+        return (datetime.datetime.now(datetime.timezone.utc) - t).total_seconds()
+
+    def _hold_lease(self) -> None:
+        import threading
+        from kubernetes.client.exceptions import ApiException
+        stop = threading.Event()
+
+        def renew():
+            while True:
+                try:
+                    self.renew_lease()
+                except (ApiException, ClusterError, OSError):
+                    pass                      # the next renewal tries again; the reaper waits --stale-minutes
+                if stop.wait(LEASE_RENEW_S):
+                    return
+        t = threading.Thread(target=renew, name="sdeth-lease", daemon=True)
+        self._renewer = (t, stop)
+        t.start()
+
+    def up(self) -> list[dict]:
+        """What of ours is up: each Deployment's replicas and ready replicas, and how long ago it was created."""
+        import datetime
+        now = datetime.datetime.now(datetime.timezone.utc)
+        out = []
+        for d in self.deployments():
+            made = d.metadata.creation_timestamp
+            out.append({"deployment": d.metadata.name, "replicas": d.spec.replicas or 0,
+                        "ready": (d.status.ready_replicas or 0) if d.status else 0,
+                        "gpu": (d.metadata.labels or {}).get("sdeth/gpu") == "true",
+                        "age_s": (now - made).total_seconds() if made else None})
+        return out
 
     # -- objects
     def _api(self, kind: str):
@@ -280,9 +370,25 @@ def wait_for_port(host: str, port: int, timeout_s: float, what: str = "", proc: 
         time.sleep(0.2)
 
 
+def reap(namespace: str = "sdeth", stale_minutes: float = 15.0, context: str | None = None,
+         api_client=None) -> tuple[float | None, list[str]]:
+    """The reaper's one pass: when the controller's Lease is missing or older than stale_minutes, scale this
+    project's GPU Deployments to zero. Returns (the Lease's age in seconds or None, the Deployments scaled)."""
+    if stale_minutes <= 0:
+        raise ClusterError(f"stale_minutes={stale_minutes}: must be > 0 (minutes without a renewal)")
+    c = Cluster(namespace, context, api_client, hold_lease=False)
+    try:
+        age = c.lease_age_s()
+        if age is not None and age <= stale_minutes * 60:
+            return age, []
+        return age, c.scale_all(0, gpu_only=True)
+    finally:
+        c.close()
+
+
 def down(namespace: str = "sdeth", context: str | None = None, api_client=None) -> list[str]:
     """Scale every Deployment of this project in the namespace to zero; returns those changed."""
-    c = Cluster(namespace, context, api_client)
+    c = Cluster(namespace, context, api_client, hold_lease=False)
     try:
         return c.scale_all(0)
     finally:
