@@ -206,6 +206,18 @@ def test_a_held_cluster_renews_the_lease(api):
         assert sorted((d["deployment"], d["gpu"]) for d in c.up()) == [("sdeth-draft", True), ("sdeth-target", True)]
 
 
+def test_lease_renewal_survives_a_lost_api_server():
+    from kubernetes import client
+    with socket.socket() as sock:                # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cfg = client.Configuration()
+    cfg.host = f"http://127.0.0.1:{port}"
+    cfg.retries = 0
+    c = Cluster(api_client=client.ApiClient(cfg), hold_lease=False)
+    assert c.try_renew_lease() is False          # refused connection: reported, not raised (the thread goes on)
+
+
 def test_status_cluster_and_reap_commands(api, monkeypatch, capsys):
     from sdeth.cli import main
     real = cluster.Cluster

@@ -210,17 +210,22 @@ class Cluster:
             t = datetime.datetime.fromisoformat(t.replace("Z", "+00:00"))
         return (datetime.datetime.now(datetime.timezone.utc) - t).total_seconds()
 
+    def try_renew_lease(self) -> bool:
+        """renew_lease(), never raising: False when the API server could not be reached or refused it (the
+        next renewal tries again; the reaper waits --stale-minutes before it acts)."""
+        try:
+            self.renew_lease()
+            return True
+        except Exception:           # noqa: BLE001 -- any failure (HTTP, connection, TLS) must not end the renewals
+            return False
+
     def _hold_lease(self) -> None:
         import threading
-        from kubernetes.client.exceptions import ApiException
         stop = threading.Event()
 
         def renew():
             while True:
-                try:
-                    self.renew_lease()
-                except (ApiException, ClusterError, OSError):
-                    pass                      # the next renewal tries again; the reaper waits --stale-minutes
+                self.try_renew_lease()
                 if stop.wait(LEASE_RENEW_S):
                     return
         t = threading.Thread(target=renew, name="sdeth-lease", daemon=True)
