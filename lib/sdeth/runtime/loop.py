@@ -138,6 +138,12 @@ def draft_token(logits: torch.Tensor, s: Sampling, gen, q_top: int = 0):
     return draw(q, gen), q
 
 
+def q_support(q: torch.Tensor, q_top: int):
+    """A sampled draft's q reduced to what crosses the wire: its q_top largest entries per row (ids and
+    probabilities, on the device; q_top 0: the whole row)."""
+    return torch.topk(q, min(q_top or q.shape[-1], q.shape[-1]), dim=-1)
+
+
 def draft_n_tokens(draft: Engine, pending: list[int], n: int, s: Sampling, gen, q_top: int = 0):
     """Feed `pending` to the draft and propose n tokens, each drafted token feeding the next step on the
     device. Returns (tokens [n] as a device tensor, q [n, V] or None); nothing is read to the host here.
@@ -194,10 +200,9 @@ class Drafter:
         return self.prev, q
 
 
-def speculative_step(target: Engine, drafter, last: int, n_prev: int, k: int, s: Sampling, gen, clock=None):
+def speculative_step(target: Engine, drafter, last: int, n_prev: int, k: int, s: Sampling, gen):
     """One round. Returns (new tokens: accepted drafts + the target's token, n accepted, seconds
-    spent waiting for the proposal). clock: a list [t_end of this round] and accumulators for
-    Request.verify_wall_s (index 1), updated when given."""
+    spent waiting for the proposal)."""
     t_base = target.pos
     t0 = time.perf_counter()
     toks, q = drafter.propose(n_prev, last, k)
@@ -206,9 +211,6 @@ def speculative_step(target: Engine, drafter, last: int, n_prev: int, k: int, s:
     logits = target.forward(ids)                 # [k+1, V]: position i predicts the token after toks[i-1]
     n, nxt = accept(ids[1:], q, logits, s, gen)  # the round's one read on the target's side
     target.rollback(t_base + 1 + n)              # keep last + n accepted
-    if clock is not None:
-        clock[0] = time.perf_counter()
-        clock[1] += clock[0] - t1
     return toks[:n] + [nxt], n, t1 - t0
 
 
@@ -261,17 +263,20 @@ def generate_sd(target: Engine, drafter: DraftSource, prompt_ids: list[int], max
         if early else None)
     alive = started[0] if early else start_draft(req, drafter.start, prompt_ids, size, seed=draft_seed)
     last, n_prev, wait_s = tok, 0, 0.0
-    clock = [None, 0.0]                          # [when the last verdict was read, verify wall seconds]
+    t_read = None                                # when the last round's verdict was on the host
     while not _done(req.output_ids, eos, max_tokens):
-        if clock[0] is not None:
-            req.between_s += time.perf_counter() - clock[0]
-            clock[0] = None
+        if t_read is not None:
+            req.between_s += time.perf_counter() - t_read
+            t_read = None
         k_round = est.choose_k(k, k) if est is not None else k
         k_eff = min(k_round, max_tokens - len(req.output_ids) - 1)   # no drafting past max_tokens
         if alive and k_eff >= 1:
             try:
                 v0, d0 = target.forward_s, drafter.compute_s
-                new, n, wait = speculative_step(target, drafter, last, n_prev, k_eff, s, gen, clock)
+                t_round = time.perf_counter()
+                new, n, wait = speculative_step(target, drafter, last, n_prev, k_eff, s, gen)
+                t_read = time.perf_counter()
+                req.verify_wall_s += t_read - t_round - wait     # the round less its wait for the proposal
             except DraftUnavailable:
                 alive = False
                 continue
@@ -295,7 +300,6 @@ def generate_sd(target: Engine, drafter: DraftSource, prompt_ids: list[int], max
         else:
             req.tokens_without_draft += 1
     req.verify_s = target.forward_s
-    req.verify_wall_s = clock[1]
     late = getattr(drafter, "started_wait_s", 0.0)   # a remote draft's prefill, waited for at the first proposal
     req.draft_prefill_s += late
     wait_s -= late

@@ -37,7 +37,7 @@ import torch
 from ..costmodel import Estimator
 from .engine import Engine, HostCopy
 from .loop import (DraftUnavailable, Request, _done, _finish, begin_request, draft_token, note_round, note_width,
-                   pick, start_draft)
+                   pick, q_support, start_draft)
 from .roles import DraftStream
 from .verify import Sampling, accept
 
@@ -116,7 +116,7 @@ class StreamDrafter:
         tok, q = draft_token(logits, self.s, self.gen, self.q_top)
         copies = (HostCopy(tok),)
         if q is not None:
-            top = torch.topk(q, min(self.q_top or q.shape[-1], q.shape[-1]))
+            top = q_support(q, self.q_top)
             copies += (HostCopy(top.indices), HostCopy(top.values))
         self.flight.append(Step(self.epoch, self.ahead, tok, q, copies, self.engine.clock.last()))
 

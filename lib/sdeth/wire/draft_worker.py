@@ -6,10 +6,8 @@ from __future__ import annotations
 import os
 import time
 
-import torch
-
 from ..models.presets import tokenizer_hash
-from ..runtime.loop import Drafter
+from ..runtime.loop import Drafter, q_support
 from ..runtime.pipeline import StreamDrafter
 from ..runtime.synthetic import make_engine
 from ..runtime.verify import Sampling
@@ -29,7 +27,7 @@ def q_pairs(q, q_top: int):
     greedy draft): only those cross the wire."""
     if q is None:
         return None, None
-    top = torch.topk(q, min(q_top or q.shape[-1], q.shape[-1]), dim=-1)
+    top = q_support(q, q_top)
     return top.indices.tolist(), top.values.tolist()
 
 
