@@ -11,12 +11,13 @@ ifeq ($(GPU),1)
 else
   REQ := cpu
 endif
-# torch 2.13.0+cpu lives on the PyTorch CPU index; a machine that already has the wheel (this
-# workplace's /opt/wheels) needs no extra index.
-TORCH_INDEX ?= $(if $(wildcard /opt/wheels/torch-2.13.0+cpu*),,--extra-index-url https://download.pytorch.org/whl/cpu)
+# torch 2.13.0+cpu lives on the PyTorch CPU index; when pip is configured with a local wheel
+# directory (find-links) that already has it, no extra index is needed.
+LOCAL_WHEELS ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null || echo $$PIP_FIND_LINKS)
+TORCH_INDEX ?= $(if $(wildcard $(LOCAL_WHEELS)/torch-2.13.0+cpu*),,--extra-index-url https://download.pytorch.org/whl/cpu)
 STAMP  := $(VENV)/.installed-$(REQ)
 
-.PHONY: venv prepare test test-fast report clean-reports distill-cpu bench-gpu
+.PHONY: venv prepare test test-fast report clean-reports distill-cpu bench-gpu bench-step
 
 venv: $(STAMP)
 
@@ -57,3 +58,8 @@ bench-gpu:
 	$(BENCH) --pair random-qwen3-8b/0.6b --synthetic-alpha 0.56 --json reports/gpu/bench_sd_0.6b.json
 	$(BENCH) --pair random-qwen3-8b/1.7b --synthetic-alpha 0.71 --trace reports/traces/embedded_greedy.json \
 		--modes target-only,sync,pipelined --json reports/gpu/bench_sd_1.7b_trace.json
+
+# The decode step, lever by lever, on one GPU (reports/gpu/bench_step_<date>.json; 20_ethernet reads every
+# bench_step*.json in reports/gpu beside the committed runs).
+bench-step:
+	$(BENCH_PY) -m sdeth bench step --device cuda:0 --json reports/gpu/bench_step_$$(date +%Y%m%d-%H%M).json

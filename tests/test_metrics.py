@@ -25,7 +25,7 @@ def test_bad_rate_or_k(rate, k):
 
 def test_acceptance_summary_matches_vllm_definitions():
     # 10 drafts of k=3: positions accepted 7, 4, 2 times
-    s = metrics.acceptance(drafts=10, draft_tokens=30, accepted=13, accepted_per_pos=[7, 4, 2])
+    s = metrics.vllm_metrics(drafts=10, draft_tokens=30, accepted=13, accepted_per_pos=[7, 4, 2])
     assert s["draft_acceptance_rate"] == pytest.approx(13 / 30)
     assert s["mean_acceptance_length"] == pytest.approx(2.3)
     assert s["per_position_acceptance"] == pytest.approx([0.7, 0.4, 0.2])

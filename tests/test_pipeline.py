@@ -8,13 +8,13 @@ from scipy.stats import chisquare
 
 from sdeth import costmodel
 from sdeth.runtime import loop, pipeline, verify
-from sdeth.costmodel import Costs, Estimator
+from sdeth.costmodel import Costs, AdaptivePolicy
 from sdeth.runtime.verify import Sampling
 from doubles import LocalStream
 from test_verify import DRAFT, TARGET, V, BigramEngine
 
 
-class RandomPolicy(Estimator):
+class RandomPolicy(AdaptivePolicy):
     """Chooses m at random (waits included), so that runs mix plain steps, bonus guesses kept and
     dropped, corrections, and the draft taking the target's tokens as given."""
     def __init__(self, seed):
@@ -115,7 +115,7 @@ def test_pipelined_sampling_reproduces_target_distribution(draft_sampled):
 
 
 def test_estimator_alpha_and_choices():
-    e = Estimator(alpha0=0.5, prior=2.0, decay=1.0)
+    e = AdaptivePolicy(alpha0=0.5, prior=2.0, decay=1.0)
     for _ in range(100):
         e.observe_round(2, 3)        # 2 accepted then a rejection
     assert abs(e.alpha - 2 / 3) < 0.01

@@ -114,5 +114,5 @@ def test_a_broken_rule_fails_the_same_test(monkeypatch):
             return k, verify.sample(p[k], gen)
         n = int(rej[0])
         return n, verify.sample(p[n], gen)   # wrong: should be the residual
-    monkeypatch.setattr(loop, "accept", lambda t, q, l, s, g: broken(t, q, l, s, g))
+    monkeypatch.setattr(loop, "read_verdict", lambda t, q, l, s, g: broken(t, q, l, s, g))
     assert _chi2_pvalue(2, Sampling(1.0, draft_sampled=True)) < 1e-6

@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     rd.add_argument("--image", help="the sdeth worker image (registry/name:tag)")
     rd.add_argument("--namespace", default="sdeth")
     b = sub.add_parser("bench", help="compare decoding modes on the same requests, with 95%% intervals (JSON)")
-    b.add_argument("what", choices=["sd"], help="sd: target-only, colocated, sync, adaptive, pipelined SD")
+    b.add_argument("what", choices=["sd", "step"], help="sd: target-only, colocated, sync, adaptive, pipelined SD; "
+                   "step: the decode step, lever by lever (sdeth.study.stepbench)")
     b.add_argument("--pair", default="random-qwen3-8b/1.7b")
     b.add_argument("--synthetic-alpha", type=float, default=0.71,
                    help="random weights: accept each draft token with this probability; -1 for real acceptance")
@@ -82,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--modes", default="target-only,colocated,sync,adaptive,pipelined")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json", required=True)
+    b.add_argument("--draft-fast", default="", help="sd: the draft decoder's levers (FastOptions spec)")
+    b.add_argument("--target-fast", default="", help="sd: the target decoder's levers (scope, attention)")
+    b.add_argument("--models", default="Qwen3-1.7B,Qwen3-0.6B,Qwen3-8B", help="step: model shapes (random weights)")
+    b.add_argument("--budget-s", type=float, default=480, help="step: start no new lever after this long")
+    b.add_argument("--levers", default=None, help="step: comma list of lever names (default: all of stepbench.LEVERS)")
     sub.add_parser("prepare", help="prepare the embedded pair (dequantize the target, assemble the draft)")
     st = sub.add_parser("status", help="the milestones M0-M4 from the committed results, as Markdown (a milestone comment)")
     st.add_argument("--milestone", help="one milestone (M0 ... M4)")
@@ -95,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--prompts", default="sharegpt:64", help="held-out prompts (sharegpt:N[:seed], humaneval:N)")
     t.add_argument("--max-tokens", type=int, default=128, help="target tokens generated per prompt")
     t.add_argument("--out", default="reports/traces/embedded_greedy.json")
+    dv = sub.add_parser("draft-variants", help="the embedded draft's alpha in other numerics and with a pruned "
+                        "output layer (its token ranking is made first if missing)")
+    dv.add_argument("--rank", default="lib/sdeth/assets/embedded-draft/token_rank.json")
+    dv.add_argument("--prompts", default="sharegpt:256:1000", help="held-out prompts (the draft card's)")
+    dv.add_argument("--out", default="reports/draft_variants_embedded.json")
     c = sub.add_parser("calibrate", help="time a target step, a draft step and target forwards of m tokens")
     c.add_argument("--pair", default="embedded")
     c.add_argument("--context", type=int, default=256)
@@ -130,6 +141,17 @@ def main(argv=None) -> int:
             pair = load_pair("embedded")
             print(json.dumps({k: v for k, v in pair.describe().items() if k != "draft_card"}, indent=1))
             print("draft greedy agreement (card):", pair.card.get("eval", {}).get("greedy_agreement"))
+            return 0
+        if a.cmd == "draft-variants":
+            from pathlib import Path
+            from .models.presets import load_pair
+            from .study.acceptance import draft_variants, token_ranking
+            from .study.config import save
+            pair = load_pair("embedded")
+            if not Path(a.rank).exists():
+                Path(a.rank).write_text(json.dumps(token_ranking(pair)) + "\n")
+                print("wrote", a.rank)
+            print("wrote", save(draft_variants(pair, a.rank, a.prompts), a.out))
             return 0
         if a.cmd == "trace":
             from .models.presets import load_pair
@@ -187,12 +209,20 @@ def _cluster(a) -> int:
 def _bench(a) -> int:
     from .study import bench
     from .study.config import ConfigError, RunConfig, save
+    if a.what == "step":
+        from .study import stepbench
+        res = stepbench.bench_step(tuple(a.models.split(",")), a.device, a.context, a.capacity, a.compile,
+                                   a.budget_s, save=lambda r: save(r, a.json),
+                                   levers=a.levers.split(",") if a.levers else None)
+        print(stepbench.table(res))
+        print("wrote", save(res, a.json))
+        return 0
     try:
         base = RunConfig(pair=a.pair, device=a.device, draft_device=a.draft_device or None, impl=a.impl,
                          compile=a.compile, capacity=a.capacity, prompts=f"random:{a.requests}:{a.context}:{a.seed}",
                          max_tokens=a.max_tokens, k=a.k, seed=a.seed, max_len=a.capacity,
                          synthetic_alpha=None if a.synthetic_alpha < 0 else a.synthetic_alpha, netns=False,
-                         synthetic_trace=a.trace)
+                         synthetic_trace=a.trace, draft_fast=a.draft_fast, target_fast=a.target_fast)
         res = bench.bench_sd(base, tuple(m for m in a.modes.split(",") if m), a.k_max)
     except (ConfigError, ValueError) as e:
         print(f"sdeth: error: {e}", file=sys.stderr)
@@ -269,6 +299,9 @@ def worker_main(argv=None) -> int:
                     help="timing with random weights: the draft replays this acceptance trace (trace-driven), scaled "
                          "to --synthetic-alpha when given")
     ap.add_argument("--synthetic-seed", type=int, default=0)
+    ap.add_argument("--draft-fast", default="", help="fast impl: the draft decoder's levers, e.g. "
+                    "scope=layer,weights=fp8,head=32768 (sdeth.runtime.fastmodel.FastOptions)")
+    ap.add_argument("--target-fast", default="", help="fast impl: the target decoder's levers (scope, attention)")
     ap.add_argument("--spin-ms", type=float, default=None,
                     help="busy-poll the link this long after each message (default: 20 on a GPU, where the cores "
                          "are free; 0 on a CPU, where they decode)")
@@ -290,7 +323,8 @@ def worker_main(argv=None) -> int:
         torch.cuda.set_device(a.device)      # streams, graphs and syncs on this worker's GPU
     pair = load_pair(a.pair, a.target, a.draft, device=a.device, roles=(a.role,))
     opts = dict(impl=a.impl, compile_mode=a.compile or None, capacity=a.capacity,
-                synthetic_alpha=a.synthetic_alpha, synthetic_seed=a.synthetic_seed, synthetic_trace=a.synthetic_trace)
+                synthetic_alpha=a.synthetic_alpha, synthetic_seed=a.synthetic_seed, synthetic_trace=a.synthetic_trace,
+                draft_fast=a.draft_fast, target_fast=a.target_fast)
     spin_s = (a.spin_ms if a.spin_ms is not None else (20.0 if a.device.startswith("cuda") else 0.0)) / 1e3
     if a.role == "draft":
         serve_draft(a.bind, pair, a.die_after, a.max_seconds, opts, spin_s)

@@ -75,7 +75,7 @@ def predicted_run_tokens_per_s(n_tokens: list[int], ttft_s: float, alpha: float,
 # ---------------------------------------------------------------------------------------------
 # Adaptive k: running estimates of alpha and the component costs, and the choice made from them.
 
-class Estimator:
+class AdaptivePolicy:
     """Running estimates, updated every round, that choose k (sync) or how many streamed draft
     tokens to wait for (pipelined). alpha is the per-token acceptance: accepted / (accepted +
     rejections), which is its maximum-likelihood estimate under the i.i.d. model (a round's tokens
@@ -157,7 +157,7 @@ class Estimator:
                    key=lambda m: expected_tokens(a, m) / (wait(m) + c.verify(m + 1) + c.overhead))
 
 
-class TakeWhatIsThere(Estimator):
+class FixedPolicy(AdaptivePolicy):
     """The fixed pipelined policy (adaptive off): verify every streamed draft on offer, up to k,
     waiting for at least one; never a plain target step while the draft answers."""
 
@@ -170,14 +170,14 @@ def simulate_pipelined(alpha: float, c: Costs, k_max: int, n_tokens: int = 20000
     """Event model of the pipelined protocol (sdeth.pipeline): the draft drafts one token per
     draft_step from the start of its current run; a token reaches the target rtt/2 after it is
     drafted; each draft token equals the target's choice with probability alpha (for greedy decoding
-    that is acceptance). Per round the target applies the runtime's own policy (Estimator.choose_m),
+    that is acceptance). Per round the target applies the runtime's own policy (AdaptivePolicy.choose_m),
     verifies, and commits; the Commit reaches the draft rtt/2 later, between two of its steps: a
     mismatch there restarts the draft's run, a position not drafted yet is taken as given.
     Returns tokens/s, mean drafts verified per round, share of plain target steps and of idle
-    target time. Deterministic for a seed. adaptive=False plays the fixed policy (TakeWhatIsThere)."""
+    target time. Deterministic for a seed. adaptive=False plays the fixed policy (FixedPolicy)."""
     import random
     rng = random.Random(seed)
-    est = Estimator() if adaptive else TakeWhatIsThere()
+    est = AdaptivePolicy() if adaptive else FixedPolicy()
     est.acc, est.rej = alpha * 1e9, (1 - alpha) * 1e9
     est.draft_step, est.rtt, est.overhead = c.draft_step, c.rtt, c.overhead
     est.verify_s = {m: c.verify(m) for m in range(1, k_max + 2)}

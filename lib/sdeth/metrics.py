@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import statistics
 
+# the user's vLLM figures (M1): draft acceptance rate at k=5 for a Qwen3-8B target with each draft
+USER_K = 5
+USER_RATES = {"Qwen3-0.6B": 0.238, "Qwen3-1.7B": 0.405}
+
 
 def expected_accepted(alpha: float, k: int) -> float:
     """E[accepted draft tokens in one draft of k] = sum_{i=1..k} alpha^i."""
@@ -46,7 +50,7 @@ def alpha_from_positions(per_position: list[float]) -> float:
     return sum(per_position) / reached if reached else 0.0
 
 
-def acceptance(drafts: int, draft_tokens: int, accepted: int, accepted_per_pos: list[int],
+def vllm_metrics(drafts: int, draft_tokens: int, accepted: int, accepted_per_pos: list[int],
                rejections: int | None = None) -> dict:
     """Summary acceptance figures from the four counters. With k varying per round (adaptive,
     pipelined) pass `rejections` (drafts that ended in a rejection): alpha is then its maximum-
@@ -111,3 +115,8 @@ def ratio_ci(num: list[float], den: list[float], base_num: list[float] | None = 
     boots = sorted(b for b in (stat([rng.randrange(n) for _ in range(n)]) for _ in range(n_boot)) if b is not None)
     lo, hi = boots[int((1 - level) / 2 * len(boots))], boots[min(len(boots) - 1, int((1 + level) / 2 * len(boots)))]
     return point, lo, hi
+
+
+def user_alpha(draft: str) -> float:
+    """The per-token alpha behind the user's rate for `draft` (0.238 at k=5 -> 0.56; 0.405 -> 0.71)."""
+    return alpha_from_rate(USER_RATES[draft], USER_K)

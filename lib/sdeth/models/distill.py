@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import time
 from pathlib import Path
@@ -285,10 +284,10 @@ def main(argv=None) -> dict:
 
 
 def _hw(device: str) -> str:
-    import platform
-    if device.startswith("cuda"):
-        return f"{torch.cuda.get_device_name()} (torch {torch.__version__})"
-    return f"{platform.processor() or platform.machine()} x{os.cpu_count()} CPU (torch {torch.__version__})"
+    """The card's hardware line, from the one hardware description (sdeth.hardware)."""
+    from .. import hardware
+    d = hardware.describe(device)
+    return f"{d['label']} (torch {d['torch']})"
 
 
 if __name__ == "__main__":

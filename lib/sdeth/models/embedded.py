@@ -38,7 +38,7 @@ def _gguf_path() -> Path:
 
 
 def prepare_embedded_target(out: Path | None = None) -> Path:
-    """Dequantize the Q4_1 GGUF into a plain float32 HF directory (cached; ~10 s on 2 cores).
+    """Dequantize the Q4_1 GGUF into a plain float32 HF directory (cached; seconds).
 
     A model loaded from GGUF is marked quantized and refuses save_pretrained, so its state dict is
     copied into a fresh model built from the same config first.

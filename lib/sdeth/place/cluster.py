@@ -28,6 +28,7 @@ import time
 import yaml
 
 from ..paths import REPO
+from .testbed import free_port
 
 MANIFESTS = REPO / "manifests"
 OVERLAYS = ("colocated", "ethernet", "vllm-target-only", "vllm-sd", "probe")
@@ -345,18 +346,12 @@ class Cluster:
     def port_forward(self, service: str, port: int, local_port: int | None = None, timeout_s: float = 30,
                      kubectl: str = "kubectl") -> int:
         """`kubectl port-forward svc/NAME LOCAL:PORT` in the background; returns once LOCAL answers."""
-        local_port = local_port or _free_port()
+        local_port = local_port or free_port()
         p = subprocess.Popen([kubectl, "port-forward", "-n", self.namespace, f"svc/{service}", f"{local_port}:{port}"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self._forwards.append(p)
         wait_for_port("127.0.0.1", local_port, timeout_s, what=f"port-forward to svc/{service}:{port}", proc=p)
         return local_port
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for_port(host: str, port: int, timeout_s: float, what: str = "", proc: subprocess.Popen | None = None) -> None:

@@ -120,6 +120,32 @@ def analyse(samples: list[dict], clock_offset_s: float | None = 0.0) -> dict:
             "connect_ms": dist([s["connect_s"] for s in samples if s["first_on_connection"]])}
 
 
+def answer(link: list[dict], link_kind: str) -> str:
+    """M0's question (85 ms one way, 215 ms the other) answered from a probe run's scenarios (testbed.probe_link)."""
+    med = lambda r, view, d: r[view][f"{d}_ms"]["p50"]  # noqa: E731
+    asym = next(r for r in link if r["injected"] and r["injected"]["up_ms"] != r["injected"]["down_ms"])
+    skew = next(r for r in link if r["server_clock_skew_ms"])
+    nagle = next(r for r in link if r["scenario"].startswith("Nagle"))
+    direct = next(r for r in link if r["scenario"].startswith("direct"))
+    newconn = next(r for r in link if r["scenario"].startswith("new TCP"))
+    proxy = next(r for r in link if "proxy" in r["scenario"] and r["injected"] == {"up_ms": 0.0, "down_ms": 0.0})
+    return f"""Answer (numbers from this run, {link_kind}):
+- A one-way delay cannot be read off two machines' timestamps unless their clocks agree: an offset moves delay
+  from one direction to the other, one for one. Injected {skew['injected']['up_ms']:.0f} ms each way with the draft
+  clock {-skew['server_clock_skew_ms']:.0f} ms behind, the naive reading is {med(skew, 'naive', 'up'):.1f} ms target->draft and
+  {med(skew, 'naive', 'down'):.1f} ms draft->target; NTP's correction gives {med(skew, 'ntp', 'up'):.1f} / {med(skew, 'ntp', 'down'):.1f} ms.
+- NTP's correction only works by assuming symmetry: with a real {asym['injected']['up_ms']:.0f}/{asym['injected']['down_ms']:.0f} ms asymmetry it reports
+  {med(asym, 'ntp', 'up'):.1f}/{med(asym, 'ntp', 'down'):.1f} ms; synchronised clocks (one host here, PTP on a cluster) recover
+  {med(asym, 'true_offset', 'up'):.2f}/{med(asym, 'true_offset', 'down'):.2f} ms.
+- Real but symmetric or one-off: Nagle + delayed ACK (a message written in two pieces without TCP_NODELAY) takes the
+  RTT from {direct['naive']['rtt_ms']['p50']:.2f} to {nagle['naive']['rtt_ms']['p50']:.1f} ms; a new TCP connection per request costs
+  {newconn['naive']['connect_ms']['p50']:.2f} ms to open, then {med(newconn, 'naive', 'up') - med(direct, 'naive', 'up'):.2f} ms more on its request; a user-space proxy (like a port-forward) adds
+  {proxy['naive']['rtt_ms']['p50'] - direct['naive']['rtt_ms']['p50']:.2f} ms of RTT.
+So 85 ms / 215 ms is most likely an unsynchronised-clock artifact (clocks ~65 ms apart on a symmetric ~300 ms round
+trip), not a property of the network. On the cluster, run the probe (00_provision, placement k8s) and read the RTT:
+~300 ms means a slow but symmetric path; a small RTT means the 300 ms came from connection set-up, Nagle or a proxy."""
+
+
 def main(argv=None) -> int:
     import argparse
     ap = argparse.ArgumentParser(prog="python -m sdeth.place.netprobe", description=__doc__.split("\n\n")[0])

@@ -4,7 +4,7 @@ veth pair (root), or two processes on loopback (no root: results say so).
     with Testbed(up_ms=5, down_ms=20) as tb:     # up = target -> draft, down = draft -> target
         tb.target_addr                           # the controller talks to the target here (ipc://)
 
-One-way delay is added in user space by `DelayProxy` (this kernel has no netem): a TCP relay in
+One-way delay is added in user space by `DelayProxy` (no dependence on the kernel's netem): a TCP relay in
 front of the draft worker, on the target's node, holding each chunk for the set delay per
 direction. `rate_mbit` caps the veth with `tc tbf`. Everything started is torn down on exit,
 also on error or Ctrl-C: processes (their process groups), namespaces (the veth goes with them),
@@ -83,7 +83,7 @@ class Testbed:
                 "target_node": self.ns_target if self.netns else "localhost",
                 "link": f"veth {self.ip_target} <-> {self.ip_draft}" if self.netns else "loopback",
                 "one_way_delay_ms": {"target->draft": self.up_ms, "draft->target": self.down_ms},
-                "delay": "user-space TCP relay (sdeth.place.testbed.DelayProxy); no netem in this kernel",
+                "delay": "user-space TCP relay (sdeth.place.testbed.DelayProxy)",
                 "rate_mbit": self.rate_mbit or None, "torch_threads_per_worker": self.threads,
                 "devices": {"target": self.device, "draft": self.draft_device}, "worker_args": self.worker_args,
                 "shared_cpu": "both nodes share this machine's cores"}

@@ -1,4 +1,24 @@
 """The decoding runtime: one engine over one model interface (`engine`, `fastmodel`), lossless
 acceptance (`verify`), the sync and pipelined loops (`loop`, `pipeline`), the roles a draft plays in
-them (`roles`), and synthetic acceptance for random-weight timing (`synthetic`). Knows nothing of
-wires, clusters or notebooks."""
+them (`roles`), and synthetic acceptance for random-weight timing (`synthetic`); `make_engine` builds
+the engine a worker or an experiment runs. Knows nothing of wires, clusters or notebooks."""
+
+from .engine import Engine
+from .synthetic import AcceptanceTrace, SyntheticEngine
+
+
+def make_engine(model, name: str, role: str, impl: str = "hf", compile_mode: str | None = None,
+                capacity: int = 4096, synthetic_alpha: float | None = None, synthetic_seed: int = 0,
+                vocab: int | None = None, synthetic_trace: str | None = None, draft_fast: str = "",
+                target_fast: str = "") -> Engine:
+    """The engine a worker runs: transformers or fast decoder, compiled or not, synthetic or real;
+    vocab: the pair's tokenizer size (logits cut to it). synthetic_trace: a trace JSON the draft replays
+    (scaled to synthetic_alpha when that is set; the target needs only to know that it is synthetic).
+    draft_fast / target_fast: the fast decoder's levers for that role (fastmodel.FastOptions spec)."""
+    fast = draft_fast if role == "draft" else target_fast
+    kw = dict(impl=impl, compile_mode=compile_mode or None, capacity=capacity, vocab=vocab, fast=fast or None)
+    if synthetic_alpha is None and not synthetic_trace:
+        return Engine(model, name, **kw)
+    trace = AcceptanceTrace.load(synthetic_trace, synthetic_alpha) if synthetic_trace and role == "draft" else None
+    alpha = trace.alpha if trace else (synthetic_alpha if synthetic_alpha is not None else 0.5)
+    return SyntheticEngine(model, name, role=role, alpha=alpha, seed=synthetic_seed, trace=trace, **kw)

@@ -136,17 +136,24 @@ class HFDecoder:
 class Engine:
     def __init__(self, model, name: str = "model", cuda_graphs: bool | None = None, capacity: int = 4096,
                  max_graph_width: int = 16, impl: str = "hf", compile_mode: str | None = None,
-                 vocab: int | None = None):
+                 vocab: int | None = None, fast=None, scratch: int = 0):
         """impl: the model interface the engine drives: 'hf' the transformers model itself (HFDecoder),
         'fast' sdeth.fastmodel's FastDecoder built from the same weights (fused projections,
         plain-tensor cache). compile_mode (fast only): torch.compile the fixed-width forwards (e.g.
         'max-autotune-no-cudagraphs'), which then run inside this engine's CUDA graphs.
         vocab: cut the logits to the pair's shared tokenizer size (embedding tables padded past it
-        have rows no token id reaches; both models are cut alike). None: the model's full width."""
+        have rows no token id reaches; both models are cut alike). None: the model's full width.
+        fast (fast only): the decoder's levers, a FastOptions or its spec ('scope=layer,weights=fp8').
+        scratch (fast only): cache slots past capacity for forward_rows."""
+        from .fastmodel import FastOptions
         if impl not in ("hf", "fast"):
             raise ValueError(f"impl {impl!r}: use 'hf' or 'fast'")
         if compile_mode and impl != "fast":
             raise ValueError("compile_mode needs impl='fast'")
+        self.fast = FastOptions.parse(fast)
+        if impl != "fast" and (self.fast != FastOptions() or scratch):
+            raise ValueError(f"fast options {self.fast} need impl='fast'")
+        self.scratch = scratch
         self.model = model
         self.name = name
         self.device = next(model.parameters()).device
@@ -159,7 +166,7 @@ class Engine:
         self.vocab = vocab if vocab is not None and vocab != rows else None
         self.net = None         # the model interface: forward(ids, positions), rewind(pos), reset(capacity)
         self._fixed = None      # the fixed-width forward (compiled or not)
-        self.graphs: dict[int, tuple] = {}   # m -> (graph, static ids, static positions, static logits)
+        self.graphs: dict = {}  # m or ("rows", m) -> (graph, static inputs, static logits)
         self.pos = 0            # tokens held in the cache
         self.max_len = 0
         self.clock = ForwardClock(self.device.type == "cuda")   # time in forward, for the breakdown
@@ -177,11 +184,14 @@ class Engine:
     def _build(self, capacity: int) -> None:
         if self.impl == "fast":
             from .fastmodel import FastDecoder
-            self.net = FastDecoder(self.model, capacity)
+            self.net = FastDecoder(self.model, capacity, self.fast, self.scratch)
         else:
             self.net = HFDecoder(self.model, capacity)
         self._fixed = self.net.forward
-        if self.compile_mode:
+        if self.compile_mode and self.fast.scope == "layer":
+            self.net.compile(self.compile_mode)      # one block compiled; the step around it runs in the graph
+            self._fixed = self.net.compiled_forward
+        elif self.compile_mode:
             # dynamic=None: width 1 (the decode step) compiles static; the second width seen
             # recompiles with a symbolic width that serves every other verify width
             self._fixed = torch.compile(self.net.forward, mode=self.compile_mode, fullgraph=True, dynamic=None)
@@ -223,7 +233,7 @@ class Engine:
         positions = torch.arange(self.pos, self.pos + m, device=self.device)
         fixed = self.pos > 0 and m <= self.max_graph_width      # decode and verify widths; prefill runs eager
         if fixed and self.graphs_on:
-            logits = self._replay(ids, positions)
+            logits = self._replay(m, (ids, positions))
         else:
             logits = (self._fixed if fixed else self.net.forward)(ids, positions)
         if self.vocab is not None:
@@ -244,33 +254,53 @@ class Engine:
             self.rollback(1)
         self.rollback(0)
 
-    def _replay(self, ids, positions) -> torch.Tensor:
-        m = ids.shape[0]
-        if m not in self.graphs:
-            self._capture(m, ids, positions)
-        graph, s_ids, s_pos, s_logits = self.graphs[m]
-        s_ids.copy_(ids)
-        s_pos.copy_(positions)
+    @torch.inference_mode()
+    def forward_rows(self, ids, positions, slots, visible) -> torch.Tensor:
+        """Several rows in one forward (the fast decoder only): token i at positions[i], its keys written
+        to slots[i] (the scratch region past capacity for rows that branch off the cached prefix), and
+        attending to the slots visible[i] marks. The chain position does not move. Returns [m, V]."""
+        if self.impl != "fast":
+            raise ValueError(f"{self.name}: rows need impl='fast'")
+        ids = self.on_device(ids)
+        dev = lambda t, dt: torch.as_tensor(t, dtype=dt).to(self.device, non_blocking=True)  # noqa: E731
+        inputs = (ids, dev(positions, torch.long), dev(slots, torch.long), dev(visible, torch.bool))
+        t0 = self.clock.begin()
+        if self.graphs_on and ids.shape[0] <= self.max_graph_width:
+            logits = self._replay(("rows", ids.shape[0]), inputs)
+        else:
+            logits = self._fixed(*inputs)
+        if self.vocab is not None:
+            logits = logits[:, :self.vocab]
+        self.clock.end(t0)
+        self.forwards += 1
+        return logits
+
+    def _replay(self, key, inputs) -> torch.Tensor:
+        if key not in self.graphs:
+            self._capture(key, inputs)
+        graph, static, s_logits = self.graphs[key]
+        for s_in, x in zip(static, inputs):
+            s_in.copy_(x)
         graph.replay()
         return s_logits.clone()
 
-    def _capture(self, m: int, ids, positions) -> None:
-        """Warm up on a side stream, then capture one forward of width m; the cache's write
+    def _capture(self, key, inputs) -> None:
+        """Warm up on a side stream, then capture one forward of this width; the cache's write
         position is restored after each so that capture leaves no trace."""
-        s_ids, s_pos = ids.clone(), positions.clone()
+        static = tuple(x.clone() for x in inputs)
         pos0 = self.pos
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(3 if self.compile_mode else 2):   # compiling happens here, off the graph
-                self._fixed(s_ids, s_pos)
+                self._fixed(*static)
                 self.rollback(pos0)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            s_logits = self._fixed(s_ids, s_pos)
+            s_logits = self._fixed(*static)
         self.rollback(pos0)
-        self.graphs[m] = (graph, s_ids, s_pos, s_logits)
+        self.graphs[key] = (graph, static, s_logits)
 
     def rollback(self, pos: int) -> None:
         """Forget everything after the first `pos` tokens: the position is an integer."""
@@ -289,3 +319,17 @@ def prefill(engine: Engine, prompt_ids: list[int]) -> torch.Tensor:
 
 def decode_one_token(engine: Engine, token: int) -> torch.Tensor:
     return engine.forward([token])[-1]
+
+
+def median_forward_s(engine: Engine, ids: list[int], reps: int = 9) -> float:
+    """Median seconds of a forward of `ids` from the engine's position (the first of reps + 1 not counted;
+    rolled back after each): a step for one id, a verify for several. The cost model's inputs."""
+    import statistics
+    import time
+    pos, ts = engine.pos, []
+    for _ in range(reps + 1):
+        t0 = time.perf_counter()
+        host_read(engine.forward(ids)[-1, :1])
+        ts.append(time.perf_counter() - t0)
+        engine.rollback(pos)
+    return statistics.median(ts[1:])

@@ -14,11 +14,11 @@ import torch
 
 from .engine import Engine, HostCopy, decode_one_token, host_read, prefill
 from .roles import DraftSource
-from .verify import Sampling, accept, draw, probs
+from .verify import Sampling, draw, probs, read_verdict
 
 
 @dataclass
-class Request:
+class RequestRecord:
     """One request's output and counters (the `requests` entries of the results JSON)."""
     prompt_id: str
     prompt_tokens: int
@@ -54,7 +54,18 @@ class Request:
     verify_widths: dict = field(default_factory=dict)   # "m" -> [forwards of m tokens, seconds] during rounds
 
 
-def note_round(req: Request, n: int, m: int) -> None:
+def draft_prefill(engine: Engine, gen, prompt_ids: list[int], size: int, seed: int | None) -> float:
+    """A draft's start of a request (in-process and streaming drafters alike): its sampling seeded (None:
+    the generator runs on), a cache of `size`, the prompt prefilled; returns the prefill's forward seconds."""
+    if seed is not None:
+        gen.manual_seed(seed)
+    engine.start(size)
+    engine.forward(prompt_ids)                   # its logits are not needed: the target's first token comes next
+    prefill_s, engine.forward_s = engine.forward_s, 0.0
+    return prefill_s
+
+
+def note_round(req: RequestRecord, n: int, m: int) -> None:
     """The counters of one verified round: m drafts judged, the first n accepted."""
     req.rejections += n < m
     req.rounds += 1
@@ -65,7 +76,7 @@ def note_round(req: Request, n: int, m: int) -> None:
         req.accepted_per_pos[i] += 1
 
 
-def note_width(req: Request, m: int, seconds: float) -> None:
+def note_width(req: RequestRecord, m: int, seconds: float) -> None:
     c = req.verify_widths.setdefault(str(m), [0, 0.0])
     c[0] += 1
     c[1] += seconds
@@ -76,12 +87,12 @@ def choose(logits: torch.Tensor, s: Sampling, gen) -> torch.Tensor:
     return logits.argmax(-1) if s.greedy else draw(probs(logits, s), gen)
 
 
-def pick(logits: torch.Tensor, s: Sampling, gen) -> int:
+def choose_host_token(logits: torch.Tensor, s: Sampling, gen) -> int:
     """choose(), read to the host."""
     return int(host_read(choose(logits, s, gen)))
 
 
-def _finish(req: Request, t_start: float, t_first: float, eos: int | None, max_tokens: int) -> Request:
+def _finish(req: RequestRecord, t_start: float, t_first: float, eos: int | None, max_tokens: int) -> RequestRecord:
     out = req.output_ids
     if eos is not None and eos in out:
         out = out[:out.index(eos) + 1]
@@ -99,11 +110,11 @@ def _done(out: list[int], eos: int | None, max_tokens: int) -> bool:
 
 
 def generate_target_only(target: Engine, prompt_ids: list[int], max_tokens: int, s: Sampling,
-                         eos: int | None, gen=None, prompt_id: str = "") -> Request:
+                         eos: int | None, gen=None, prompt_id: str = "") -> RequestRecord:
     """The baseline, as fast as this engine decodes: each step's token feeds the next step on the device,
     and is read to the host while that next step runs (one step behind; a step past an end-of-sequence
     token is the only waste)."""
-    req = Request(prompt_id, len(prompt_ids))
+    req = RequestRecord(prompt_id, len(prompt_ids))
     t0 = time.perf_counter()
     target.start(len(prompt_ids) + max_tokens + 1)
     tok = choose(prefill(target, prompt_ids), s, gen)
@@ -178,11 +189,7 @@ class Drafter:
     def start(self, prompt_ids: list[int], size: int, s: Sampling | None = None, seed: int | None = None) -> None:
         if s is not None:
             self.s = s
-        if seed is not None:
-            self.gen.manual_seed(seed)
-        self.engine.start(size)
-        self.engine.forward(prompt_ids)          # prefill (its logits are not needed)
-        self.prefill_s, self.engine.forward_s = self.engine.forward_s, 0.0
+        self.prefill_s = draft_prefill(self.engine, self.gen, prompt_ids, size, seed)
         self.prev = []
 
     @property
@@ -209,7 +216,7 @@ def speculative_step(target: Engine, drafter, last: int, n_prev: int, k: int, s:
     t1 = time.perf_counter()
     ids = target.on_device([last] + list(toks))
     logits = target.forward(ids)                 # [k+1, V]: position i predicts the token after toks[i-1]
-    n, nxt = accept(ids[1:], q, logits, s, gen)  # the round's one read on the target's side
+    n, nxt = read_verdict(ids[1:], q, logits, s, gen)  # the round's one read on the target's side
     target.rollback(t_base + 1 + n)              # keep last + n accepted
     return toks[:n] + [nxt], n, t1 - t0
 
@@ -220,20 +227,20 @@ def begin_request(target: Engine, prompt_ids: list[int], max_tokens: int, k: int
     its prefill and first token. Returns (request, t0, t_first, cache size, first token).
     before_prefill(req, size): called just before the target's prefill (a remote draft's Start goes out
     there, so that the two prefills overlap)."""
-    req = Request(prompt_id, len(prompt_ids), accepted_per_pos=[0] * k)
+    req = RequestRecord(prompt_id, len(prompt_ids), accepted_per_pos=[0] * k)
     t0 = time.perf_counter()
     size = len(prompt_ids) + max_tokens + k + 2
     target.start(size)
     if before_prefill is not None:
         before_prefill(req, size)
-    tok = pick(prefill(target, prompt_ids), s, gen)
+    tok = choose_host_token(prefill(target, prompt_ids), s, gen)
     t_first = time.perf_counter()
     target.forward_s = 0.0                       # from here on: verify time
     req.output_ids.append(tok)
     return req, t0, t_first, size, tok
 
 
-def start_draft(req: Request, start, *args, seed: int | None = None) -> bool:
+def start_draft(req: RequestRecord, start, *args, seed: int | None = None) -> bool:
     """Start the draft's side of a request; False (decode alone) when the draft is unavailable.
     seed: the draft's sampling seed for this request (None: its generator runs on). A sampled draft
     needs fresh draws per request: re-using one seed makes its proposal a fixed function of the
@@ -248,10 +255,10 @@ def start_draft(req: Request, start, *args, seed: int | None = None) -> bool:
 
 
 def generate_sd(target: Engine, drafter: DraftSource, prompt_ids: list[int], max_tokens: int, k: int, s: Sampling,
-                eos: int | None, gen=None, prompt_id: str = "", est=None, draft_seed: int | None = None) -> Request:
+                eos: int | None, gen=None, prompt_id: str = "", est=None, draft_seed: int | None = None) -> RequestRecord:
     """SD for one request. `drafter` is a draft source (roles.DraftSource: a Drafter, or a remote one); if it
     becomes unavailable, the request finishes on the target alone (same output, greedy).
-    est (a costmodel.Estimator): adaptive k, chosen per round in 1..k from its running estimates.
+    est (a costmodel.AdaptivePolicy): adaptive k, chosen per round in 1..k from its running estimates.
     draft_seed: the draft's seed for this request (a remote draft must get one per request)."""
     # a draft that starts without waiting (a remote one) prefills while the target does; one in this
     # process would only delay the target's first token
@@ -293,7 +300,7 @@ def generate_sd(target: Engine, drafter: DraftSource, prompt_ids: list[int], max
             req.output_ids.extend(new)
             last, n_prev = new[-1], n
             continue
-        last = pick(decode_one_token(target, last), s, gen)
+        last = choose_host_token(decode_one_token(target, last), s, gen)
         req.output_ids.append(last)
         if alive:
             req.tail_steps += 1

@@ -22,7 +22,7 @@ survives.
 
 Each target round verifies m >= 0 streamed drafts in one forward of [x, d1..dm] (x: the last
 committed token, not yet in its cache) and commits the accepted ones plus its own token; m = 0 is
-a plain target step. m is chosen per round by costmodel.Estimator.choose_m from the measured alpha,
+a plain target step. m is chosen per round by costmodel.AdaptivePolicy.choose_m from the measured alpha,
 draft step, verify costs and round trip: wait for more drafts only when that pays. Lossless for the
 same reason as synchronous SD: every committed token is either the target's own sample or a draft
 token accepted against the q the draft used, in the context the target committed.
@@ -34,12 +34,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..costmodel import Estimator
+from ..costmodel import AdaptivePolicy
 from .engine import Engine, HostCopy
-from .loop import (DraftUnavailable, Request, _done, _finish, begin_request, draft_token, note_round, note_width,
-                   pick, q_support, start_draft)
+from .loop import (DraftUnavailable, RequestRecord, _done, _finish, begin_request, choose_host_token, draft_prefill,
+                   draft_token, note_round, note_width, q_support, start_draft)
 from .roles import DraftStream
-from .verify import Sampling, accept
+from .verify import Sampling, read_verdict
 
 
 # ------------------------------------------------------------------------------------- draft side
@@ -83,11 +83,8 @@ class StreamDrafter:
 
     def start(self, prompt_ids: list[int], size: int, first: int, s: Sampling, seed: int = 0) -> None:
         self.s = s
-        self.gen.manual_seed(seed)
-        self.engine.start(size)
-        self.engine.forward(prompt_ids)
+        self.prefill_s = draft_prefill(self.engine, self.gen, prompt_ids, size, seed)
         self.base, self.size = len(prompt_ids), size
-        self.prefill_s, self.engine.forward_s = self.engine.forward_s, 0.0
         self.chain, self.flight, self.fed, self.epoch, self.acked = [first], [], 0, 0, 1
 
     @property
@@ -221,11 +218,11 @@ EXPLORE_EVERY = 16     # after this many plain steps in a row, verify the drafts
 
 
 def generate_pipelined(target: Engine, stream: DraftStream, prompt_ids: list[int], max_tokens: int, k_max: int,
-                       s: Sampling, eos: int | None, gen=None, prompt_id: str = "", est: Estimator | None = None,
-                       draft_timeout_s: float = 5.0, draft_seed: int | None = None) -> Request:
+                       s: Sampling, eos: int | None, gen=None, prompt_id: str = "", est: AdaptivePolicy | None = None,
+                       draft_timeout_s: float = 5.0, draft_seed: int | None = None) -> RequestRecord:
     """Pipelined SD for one request over a draft stream (roles.DraftStream). If the draft
     becomes unavailable, the request finishes on the target alone."""
-    est = est or Estimator()
+    est = est or AdaptivePolicy()
     req, t0, t_first, size, x = begin_request(target, prompt_ids, max_tokens, k_max, s, gen, prompt_id)
     out = req.output_ids
     alive = start_draft(req, stream.start, prompt_ids, size, x, seed=draft_seed)
@@ -262,13 +259,13 @@ def generate_pipelined(target: Engine, stream: DraftStream, prompt_ids: list[int
         logits = target.forward(ids)               # [m+1, V]
         if m:
             q = torch.stack([qq for _, qq in drafts]) if drafts[0][1] is not None else None
-            n, y = accept(ids[1:], q, logits, s, gen)   # the round's one host read
+            n, y = read_verdict(ids[1:], q, logits, s, gen)   # the round's one host read
             target.rollback(target.pos - m + n)    # keep x and the n accepted
             est.observe_round(n, m)
             note_round(req, n, m)
             out.extend(d for d, _ in drafts[:n])
         else:
-            y = pick(logits[-1], s, gen)
+            y = choose_host_token(logits[-1], s, gen)
             if not alive:
                 req.tokens_without_draft += 1
             elif m_max < 1:

@@ -61,7 +61,7 @@ def draft_token(seed: int, pos: int, vocab: int, alpha: float) -> int:
 
 class AcceptanceTrace:
     """A recorded acceptance trace: for each sequence, the rank (0..top) of the target's token in the draft's
-    order at each generated position. Request r replays sequence (r's key mod the number of sequences),
+    order at each generated position. RequestRecord r replays sequence (r's key mod the number of sequences),
     position j its event j (wrapping round).
 
     Scaling to a set alpha (the documented rule): events are changed one by one, each by its own hash, never
@@ -162,17 +162,3 @@ class SyntheticEngine(Engine):
         out = torch.full_like(logits, -1e4)
         out.index_put_((idx[0].long(), idx[1].long()), idx[2].to(out.dtype))
         return out
-
-
-def make_engine(model, name: str, role: str, impl: str = "hf", compile_mode: str | None = None,
-                capacity: int = 4096, synthetic_alpha: float | None = None, synthetic_seed: int = 0,
-                vocab: int | None = None, synthetic_trace: str | None = None) -> Engine:
-    """The engine a worker runs: transformers or fast decoder, compiled or not, synthetic or real;
-    vocab: the pair's tokenizer size (logits cut to it). synthetic_trace: a trace JSON the draft replays
-    (scaled to synthetic_alpha when that is set; the target needs only to know that it is synthetic)."""
-    kw = dict(impl=impl, compile_mode=compile_mode or None, capacity=capacity, vocab=vocab)
-    if synthetic_alpha is None and not synthetic_trace:
-        return Engine(model, name, **kw)
-    trace = AcceptanceTrace.load(synthetic_trace, synthetic_alpha) if synthetic_trace and role == "draft" else None
-    alpha = trace.alpha if trace else (synthetic_alpha if synthetic_alpha is not None else 0.5)
-    return SyntheticEngine(model, name, role=role, alpha=alpha, seed=synthetic_seed, trace=trace, **kw)

@@ -119,7 +119,7 @@ def verdict(draft_tokens: torch.Tensor, q: torch.Tensor | None, target_logits: t
     return verdict_sampled(draft_tokens, q if s.draft_sampled else None, target_logits, s, gen)
 
 
-def accept(draft_tokens: torch.Tensor, q: torch.Tensor | None, target_logits: torch.Tensor,
+def read_verdict(draft_tokens: torch.Tensor, q: torch.Tensor | None, target_logits: torch.Tensor,
            s: Sampling, gen: torch.Generator | None) -> tuple[int, int]:
     """The round's verdict read to the host in one read: (n accepted, the target's token)."""
     n, t = verdict(draft_tokens, q, target_logits, s, gen).tolist()

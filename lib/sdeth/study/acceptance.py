@@ -101,17 +101,11 @@ QWEN3_SAMPLING = {"thinking": Sampling(0.6, top_p=0.95, top_k=20), "non-thinking
 
 
 def _draft_step_ms(model, context: int = 128, reps: int = 7) -> float:
-    import time
-    from ..runtime.engine import Engine, decode_one_token, prefill
+    from ..runtime.engine import Engine, median_forward_s, prefill
     eng = Engine(model, "draft")
-    eng.start(context + reps + 2)
+    eng.start(context + 2)
     prefill(eng, list(range(100, 100 + context)))
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        decode_one_token(eng, 7)
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
+    return median_forward_s(eng, [7], reps) * 1e3
 
 
 def factor_table(pair, prompt_spec: str, max_new: int, k: int = 5, thinking_modes=(), device: str = "cpu",
@@ -237,3 +231,119 @@ def record_trace(pair, prompt_spec: str = "sharegpt:64", max_new: int = 128, pro
             "top": TRACE_TOP, "alpha": ranks.count("0") / len(ranks), "positions": len(ranks),
             "hardware": hardware.describe("cpu"), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "sequences": events}
+
+
+# ------------------------------------------------------------------------ a lightened draft's alpha
+def token_ranking(pair, prompt_spec: str = "sharegpt-train:512:0", max_new: int = 64, batch: int = 32) -> dict:
+    """The target's output tokens ranked by how often its own greedy completions of training-split prompts
+    use them (ties and unseen ids by id): what a pruned draft output layer keeps (FastOptions.head_rank)."""
+    from collections import Counter
+    from ..models.distill import build_seqs
+    seqs = build_seqs(pair.target, pair.tokenizer, prompt_spec, max_new, batch, "cpu")
+    counts = Counter(t for ids, n in seqs for t in ids[n:])
+    vocab = pair.vocab_size
+    ranked = sorted(range(vocab), key=lambda t: (-counts.get(t, 0), t))
+    seen = sum(1 for t in range(vocab) if counts.get(t))
+    return {"schema": "sdeth.token_rank/1", "target": pair.config.target, "prompts": prompt_spec, "max_new": max_new,
+            "tokens_counted": sum(counts.values()), "distinct_seen": seen, "ranked_ids": ranked}
+
+
+@torch.no_grad()
+def fast_draft_agreement(draft, seqs, fast: str = "", dtype=None) -> dict:
+    """Greedy agreement (teacher forcing) of the draft as the fast decoder runs it with `fast` levers
+    (runtime.fastmodel.FastOptions) and in `dtype`, on (ids, prompt length) sequences whose continuations
+    are the target's greedy tokens: P(draft argmax == the target's token)."""
+    import copy
+    from ..runtime.engine import Engine
+    model = draft if dtype is None else copy.deepcopy(draft).to(dtype)
+    eng = Engine(model, "draft", impl="fast", fast=fast or None)
+    hits = n = 0
+    per_seq = []
+    for ids, plen in seqs:
+        eng.start(len(ids))
+        logits = eng.forward(ids[:-1])[plen - 1:]
+        h = (logits.argmax(-1).cpu() == torch.tensor(ids[plen:])).float()
+        hits, n = hits + h.sum().item(), n + h.numel()
+        per_seq.append(h.mean().item())
+    se = statistics.stdev(per_seq) / math.sqrt(len(per_seq)) if len(per_seq) > 1 else float("nan")
+    return {"greedy_agreement": round(hits / n, 4), "se": round(se, 4), "positions": n}
+
+
+def draft_variants(pair, rank_file: str, prompt_spec: str = "sharegpt:256:1000", max_new: int = 64,
+                   heads=(4096, 8192, 16384), progress=print) -> dict:
+    """The embedded draft's greedy agreement on the card's held-out prompts as loaded (fp32), in bf16
+    and fp16, with int8 (weight-only) and fp8 (W8A8) weights as the fast decoder computes them (on a CPU
+    the fp8 products are emulated in fp32: the same rounding of weights and activations), and with its
+    output layer pruned to the `heads` most frequent target tokens. A draft's numerics change alpha,
+    never the output (the target verifies)."""
+    import time
+    from .. import hardware
+    from ..models.distill import build_seqs
+    seqs = build_seqs(pair.target, pair.tokenizer, prompt_spec, max_new, 32, "cpu")
+    variants = [("fp32 (as loaded)", "", None), ("bf16", "", torch.bfloat16), ("fp16", "", torch.float16),
+                ("int8 weights (weight-only, per row)", "weights=int8", None),
+                ("fp8 e4m3 weights and activations (per row / per token)", "weights=fp8", None)]
+    variants += [(f"output layer pruned to {h} ids", f"head={h},head_rank={rank_file}", None) for h in heads]
+    rows = []
+    for label, fast, dtype in variants:
+        r = {"variant": label, "fast": fast.split(",head_rank")[0] or "defaults", "dtype": str(dtype or "float32"),
+             **fast_draft_agreement(pair.draft, seqs, fast, dtype)}
+        rows.append(r)
+        if progress:
+            progress(f"{label:58s} {r['greedy_agreement']:.4f} +- {r['se']:.4f}")
+    base = rows[0]["greedy_agreement"]
+    for r in rows:
+        r["cost"] = round(base - r["greedy_agreement"], 4)
+    return {"schema": "sdeth.draft_variants/1", "pair": pair.config.name, "prompts": prompt_spec, "max_new": max_new,
+            "acceptance": "real: the embedded pair's own models, greedy, teacher forcing", "rank_file": rank_file,
+            "hardware": hardware.describe("cpu"), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rows": rows}
+
+
+# ------------------------------------------------------------------------------ the M1 answer (15_acceptance)
+def factor_alpha(rows: list[dict], factor: str, contains: str) -> float | None:
+    """alpha of the factor-table row of `factor` whose setting contains `contains` (None: no such row)."""
+    for r in rows:
+        if r["factor"] == factor and contains in r["setting"] and r.get("alpha") is not None:
+            return float(r["alpha"])
+    return None
+
+
+def recommend_k(costs: dict, k_max: int = 8) -> dict:
+    """For each of the user's drafts (name -> costmodel.Costs measured on a GPU), its alpha (from the
+    user's rate at k=5), the k the cost model picks and the speedups it predicts there and at k=5."""
+    from .. import costmodel, metrics
+    out = {}
+    for name, c in costs.items():
+        a = metrics.user_alpha(name)
+        kb, sp = costmodel.best_k(a, c, k_max)
+        out[name] = {"alpha": a, "best k": kb, "predicted speedup at best k": sp,
+                     f"predicted speedup at k={metrics.USER_K}": costmodel.speedup(a, metrics.USER_K, c)}
+    return out
+
+
+def m1_answer(rows: list[dict], pair_name: str, hw_label: str, draft_layers: int) -> str:
+    """M1's answer in prose, every number from the factor table and the user's rates."""
+    from .. import metrics
+    a0 = float(rows[0]["alpha"])
+    temp = [r for r in rows if r["factor"] == "temperature" and r.get("alpha") is not None]
+    best_temp = max(temp, key=lambda r: r["alpha"]) if temp else None
+    f = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
+    mis = factor_alpha(rows, "prompt format", "mismatch")
+    bf16 = factor_alpha(rows, "precision", "target and draft in bf16")
+    int8 = factor_alpha(rows, "precision", "int8")
+    untrained = factor_alpha(rows, "pairing", f"first {draft_layers} target layers")
+    (n0, r0), (n1, r1) = metrics.USER_RATES.items()
+    a_0, a_1, k = metrics.user_alpha(n0), metrics.user_alpha(n1), metrics.USER_K
+    best = f"best: {best_temp['setting']} at {best_temp['alpha']:.3f}" if best_temp else "n/a"
+    return f"""Answer (from these measurements; {pair_name} on {hw_label}):
+- Mostly counting. vLLM's draft acceptance rate divides accepted tokens by all k drafted, and a draft stops at its
+  first rejection: {r0:.1%} and {r1:.1%} at k={k} are per-token acceptances alpha of {a_0:.2f} and {a_1:.2f},
+  i.e. {1 + k * r0:.2f} and {1 + k * r1:.2f} tokens per target forward. The same drafts would show {a_0:.0%} and {a_1:.0%}
+  at k=1. Nothing in those two numbers says the setup is broken; the alpha behind them is what matters for speed.
+- What does move alpha here: sampling settings ({best}; greedy {a0:.3f}); a chat-template mismatch between
+  separately served models ({f(mis)}), impossible inside one vLLM (the draft gets the target's token ids); precision
+  (both bf16 {f(bf16)}, int8 draft {f(int8)}); and above all the pairing: an untrained cut of the target reaches
+  {f(untrained)}, a draft trained on the target's outputs {a0:.3f}.
+- So: report alpha (or mean acceptance length) rather than the rate, pick k by the cost model rather than {k},
+  serve both models from one template and one thinking setting, and for more acceptance distil the draft on the
+  target's own outputs (as the embedded draft was)."""

@@ -98,7 +98,10 @@ def bench_sd(base: RunConfig, modes=tuple(MODES), k_max: int = 8, warmup_tokens:
         run(mode_config(warm, "colocated", k_max), pair, False)
         results["colocated"] = run(mode_config(base, "colocated", k_max), pair, progress)
     rows = compare({m: results[m] for m in modes})
-    return {"schema": "sdeth.bench/1", "bench": "sd", "config": asdict(base), "k_max": k_max,
+    from ..runtime.fastmodel import FastOptions
+    fast = {r: FastOptions.parse(getattr(base, f"{r}_fast")).spec() for r in ("draft", "target")} \
+        if base.impl == "fast" else None
+    return {"schema": "sdeth.bench/1", "bench": "sd", "config": asdict(base), "k_max": k_max, "fast_options": fast,
             "acceptance": acceptance_label(base), "acceptance_kind": base.acceptance_kind, "hardware": hardware.describe(base.device),
             "draft_hardware": hardware.describe(base.draft_device) if base.draft_device else None,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "wall_s": time.time() - t0,

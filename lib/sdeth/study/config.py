@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..models import prompts as P
+from ..runtime.fastmodel import FastOptions
 from ..runtime.verify import Sampling
 
 MODES = ("target-only", "sd", "pipelined")
@@ -49,6 +50,8 @@ class RunConfig:
     draft_device: str | None = None # ethernet: the draft worker's device (None: the target's)
     synthetic_trace: str | None = None  # random-weight timing: the draft replays this acceptance trace (JSON),
                                         # scaled to synthetic_alpha when that is set (trace-driven)
+    draft_fast: str = ""            # fast impl: the draft decoder's levers (runtime.fastmodel.FastOptions spec,
+    target_fast: str = ""           # e.g. 'scope=layer,weights=fp8,head=32768'); the target's must keep its numerics
 
     def check(self) -> "RunConfig":
         if self.mode not in MODES:
@@ -74,6 +77,16 @@ class RunConfig:
             raise ConfigError(f"impl {self.impl!r}: use 'hf' (transformers) or 'fast' (sdeth.runtime.fastmodel)")
         if self.compile and self.impl != "fast":
             raise ConfigError(f"compile={self.compile!r} needs impl 'fast'")
+        for role, spec in (("draft", self.draft_fast), ("target", self.target_fast)):
+            if spec and self.impl != "fast":
+                raise ConfigError(f"{role}_fast={spec!r} needs impl 'fast'")
+            try:
+                opts = FastOptions.parse(spec)
+            except ValueError as e:
+                raise ConfigError(f"{role}_fast: {e}") from None
+            if role == "target" and (opts.weights != "bf16" or opts.head):
+                raise ConfigError(f"target_fast={spec!r}: the target's weights and output layer define the output; "
+                                  "lighter weights or a pruned head belong to the draft (draft_fast)")
         if self.synthetic_alpha is not None and not 0 <= self.synthetic_alpha <= 1:
             raise ConfigError(f"synthetic_alpha={self.synthetic_alpha}: a probability in [0, 1]")
         if self.synthetic_trace and not Path(self.synthetic_trace).exists():
@@ -88,14 +101,17 @@ class RunConfig:
         return self.adaptive if self.adaptive is not None else self.mode == "pipelined"
 
     def engine_opts(self) -> dict:
-        """What runtime.synthetic.make_engine takes (in-process engines)."""
+        """What sdeth.runtime.make_engine takes (in-process engines)."""
         return dict(impl=self.impl, compile_mode=self.compile or None, capacity=self.capacity,
-                    synthetic_alpha=self.synthetic_alpha, synthetic_trace=self.synthetic_trace)
+                    synthetic_alpha=self.synthetic_alpha, synthetic_trace=self.synthetic_trace,
+                    draft_fast=self.draft_fast, target_fast=self.target_fast)
 
     def worker_args(self) -> list[str]:
         """The same options as `sdeth worker` flags (both workers of a testbed)."""
         args = ["--impl", self.impl, "--capacity", str(self.capacity)] + (["--compile", self.compile] if self.compile else [])
         args += ["--synthetic-alpha", str(self.synthetic_alpha)] if self.synthetic_alpha is not None else []
+        args += ["--draft-fast", self.draft_fast] if self.draft_fast else []
+        args += ["--target-fast", self.target_fast] if self.target_fast else []
         return args + (["--synthetic-trace", str(Path(self.synthetic_trace).resolve())] if self.synthetic_trace else [])
 
     @property

@@ -6,16 +6,15 @@
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from dataclasses import asdict
 
 import torch
 
 from .. import costmodel, hardware
-from ..runtime.engine import Engine, decode_one_token, prefill
+from ..runtime.engine import Engine, median_forward_s, prefill
 from ..runtime.loop import Drafter, generate_sd, generate_target_only
-from ..runtime.synthetic import make_engine
+from ..runtime import make_engine
 from .config import SCHEMA, ConfigError, RunConfig, encode_prompts, save  # noqa: F401  (the study's API)
 from .summary import model_curves, summarize, sweep_table  # noqa: F401
 
@@ -49,7 +48,7 @@ def run(cfg: RunConfig, pair=None, progress: bool = True, on_testbed=None) -> di
             target.warm(cfg.k + 1)
             drafter.engine.warm(2)
         eos = pair.tokenizer.eos_token_id
-        est = costmodel.Estimator()       # adaptive k: learns over the whole run
+        est = costmodel.AdaptivePolicy()       # adaptive k: learns over the whole run
         reqs = []
         for pid, ids in bar:
             if cfg.mode == "target-only":
@@ -76,7 +75,7 @@ def run_requests(cfg: RunConfig, prompts, testbed=None, **testbed_kw) -> tuple[l
     cfg.seed + i; the testbed is started here and torn down after, unless a running one is passed in.
     Returns (request records, the testbed's description)."""
     from contextlib import nullcontext
-    from ..wire import protocol as W
+    from ..wire import protocol
     from ..wire.transport import Client
     reqs = []
     with nullcontext(testbed) if testbed is not None else testbed_for(cfg, **testbed_kw) as tb:
@@ -84,9 +83,9 @@ def run_requests(cfg: RunConfig, prompts, testbed=None, **testbed_kw) -> tuple[l
         client = Client(tb.target_addr, timeout_s=float(os.environ.get("SDETH_CLIENT_TIMEOUT", 60 + 5 * cfg.max_tokens)))
         try:
             for i, (pid, ids) in enumerate(prompts):
-                reply = client.call(W.Generate(pid, ids, cfg.max_tokens, cfg.mode, cfg.k, cfg.adapts, cfg.temperature,
-                                               cfg.top_p, cfg.top_k, cfg.draft_sampled, cfg.seed + i))
-                if isinstance(reply, W.Error):
+                reply = client.call(protocol.Generate(pid, ids, cfg.max_tokens, cfg.mode, cfg.k, cfg.adapts, seed=cfg.seed + i,
+                                                      **protocol.sampling_fields(cfg)))
+                if isinstance(reply, protocol.Error):
                     raise ConfigError(f"target worker failed on {pid}: {reply.message}\n{tb.log('target')[-1500:]}")
                 reqs.append(reply.record)
         finally:
@@ -104,22 +103,9 @@ def calibrate(pair, context: int = 256, widths=(1, 2, 3, 4, 5, 6, 8), reps: int 
         eng = Engine(model, role)
         eng.start(context + max(widths) + 2)
         prefill(eng, ids)
-        times = []
-        for _ in range(reps + 1):
-            t0 = time.perf_counter()
-            decode_one_token(eng, 7)
-            times.append(time.perf_counter() - t0)
-            eng.rollback(context)
-        out[f"{role}_step"] = statistics.median(times[1:])
+        out[f"{role}_step"] = median_forward_s(eng, [7], reps)
         if role == "target":
-            for m in widths:
-                ts = []
-                for _ in range(reps + 1):
-                    t0 = time.perf_counter()
-                    eng.forward(ids[:m])
-                    ts.append(time.perf_counter() - t0)
-                    eng.rollback(context)
-                out["verify_s"][m] = statistics.median(ts[1:])
+            out["verify_s"] = {m: median_forward_s(eng, ids[:m], reps) for m in widths}
     return out
 
 
@@ -142,3 +128,28 @@ def sweep(cfg: RunConfig, rtts=SWEEP_RTTS, pair=None, progress: bool = True) -> 
             for mode in ("sd", "pipelined"):
                 runs.append(run(replace(cfg, mode=mode, placement="ethernet", rtt_ms=rtt), pair, progress, tb))
     return {"schema": "sdeth.sweep/1", "runs": runs, "table": sweep_table(runs)}
+
+
+def provision(placement: str, pair: str, device: str = "cpu", namespace: str = "sdeth", kube_context: str = "",
+              target_node: str = "", draft_node: str = "", image: str = "", bring_up_timeout_s: float = 900) -> dict:
+    """M0: bring up the two nodes, start both workers, probe the link between them, tear everything down.
+    placement 'local': two namespace "nodes" on this machine (testbed); 'k8s': two GPU nodes of a cluster
+    (the GPU workloads scaled to zero on leaving, also on error). Returns {"nodes", "link_kind", "link"}."""
+    from ..place import cluster, netprobe
+    from ..place.testbed import LINK_SCENARIOS, Testbed, probe_link
+    if placement == "local":
+        with Testbed(pair, netns=None, device=device) as tb:
+            d = tb.describe()
+            nodes = [{"node": d["target_node"], "role": "target", "address": tb.target_addr},
+                     {"node": d["draft_node"], "role": "draft", "address": tb.draft_bind()}]
+            return {"nodes": nodes, "link_kind": d["kind"],
+                    "link": probe_link(tb, LINK_SCENARIOS[:1], scale=0.5)[0]["naive"]}
+    if placement == "k8s":
+        with cluster.Cluster(namespace, kube_context or None) as c:
+            nodes = c.nodes()
+            c.apply(cluster.render("ethernet", target_node, draft_node, pair if pair != "embedded" else None,
+                                   image=image or None, namespace=namespace))
+            c.wait_ready(["sdeth-target", "sdeth-draft"], timeout_s=bring_up_timeout_s)
+            link = netprobe.analyse(cluster.run_probe(c, target_node, draft_node, image or None), clock_offset_s=None)
+            return {"nodes": nodes, "link_kind": f"pod network between {target_node} and {draft_node}", "link": link}
+    raise ValueError(f"placement {placement!r}: use 'local' or 'k8s'")

@@ -238,3 +238,175 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ------------------------------------------------------------------------------------- GPU results
+def bench_sd_results() -> dict[str, dict]:
+    """The `bench sd` results of reports/gpu (bench_sd_*.json and the real embedded pair's identity run)."""
+    return {n: g for n, g in gpu_results().items() if g.get("bench") == "sd"}
+
+
+def gpu_costs(bench: dict):
+    """The cost model's components from one `bench sd` result: the target step (target-only), the draft
+    step and the target's verify cost per width (every SD mode's measured widths)."""
+    from ..costmodel import Costs
+    runs = bench["runs"]
+    verify: dict[int, float] = {}
+    for r in runs.values():
+        verify.update({int(m): v for m, v in (r["summary"].get("costs") or {}).get("verify_s", {}).items()})
+    sync = runs.get("sync") or next(r for n, r in runs.items() if n != "target-only")
+    return Costs(runs["target-only"]["summary"]["costs"]["target_step"], sync["summary"]["costs"]["draft_step"], verify)
+
+
+def step_runs() -> dict | None:
+    """Every `bench step` run in reports/gpu (bench_step*.json: single runs, or several kept together)."""
+    runs = []
+    for name, g in gpu_results().items():
+        if name.startswith("bench_step"):
+            runs += g["runs"] if g.get("bench") == "step-runs" else [g]
+    return {"bench": "step-runs", "runs": runs} if runs else None
+
+
+def step_levers():
+    """The draft-step levers (reports/gpu/bench_step*.json) as a table: each model and lever, the step
+    (median over runs), the gain against the same run's base, the bytes floor, compile seconds."""
+    import pandas as pd
+    from . import stepbench
+    res = step_runs()
+    if not res:
+        return "no step benchmark in reports/gpu (python -m sdeth bench step on a GPU host)"
+    rows = stepbench.summary(res)
+    df = pd.DataFrame([{"model": r["model"], "lever": r["lever"], "step ms": r["step_ms"], "runs": r["runs"],
+                        "each run": ", ".join(f"{x:.3f}" for x in r["steps_ms"]), "gain ms": r["gain_ms"],
+                        "floor ms": r["floor_ms"], "x floor": r["step_ms"] / r["floor_ms"] if r["step_ms"] else None,
+                        "compile s": max(r["compile_s"]) if r["compile_s"] else None,
+                        "verify 8 / step": r.get("verify8_over_step"), "4 rows / 1 row": r.get("rows4_over_rows1"),
+                        "graph = eager": r.get("graph_as_exact_as_eager"), "failed": "; ".join(r["errors"])[:60]}
+                       for r in rows])
+    return df.sort_values(["model", "step ms"]).set_index(["model", "lever"])
+
+
+def step_goals():
+    """The draft-step issue's goals against the best measured lever set of each model."""
+    import pandas as pd
+    from . import stepbench
+    res = step_runs()
+    if not res:
+        return "no step benchmark in reports/gpu"
+    rows = stepbench.summary(res)
+    out = []
+    for model, goal, moon in (("Qwen3-1.7B", 1.2, 1.0), ("Qwen3-0.6B", 0.9, 0.6), ("Qwen3-8B", 4.7, 4.4)):
+        guard = 1.10 if model == "Qwen3-8B" else None      # the target keeps verify(8) <= 1.10 steps
+        b = stepbench.best(rows, model, verify_guard=guard)
+        base = stepbench.best(rows, model, ("base",))
+        if b:
+            out.append({"step": model, "base ms": base and base["step_ms"], "best ms": b["step_ms"],
+                        "best lever": b["lever"], "goal ms": goal, "moonshot ms": moon, "met": b["step_ms"] <= goal,
+                        "floor ms": b["floor_ms"], "verify 8 / step": b.get("verify8_over_step")})
+    return pd.DataFrame(out).set_index("step")
+
+
+def h200_costs() -> dict:
+    """The cost model's components per user draft (Qwen3-0.6B / 1.7B shapes) from the two-GPU benchmarks."""
+    benches = bench_sd_results()
+    return {name: gpu_costs(benches[f"bench_sd_{tag}"]) for name, tag in (("Qwen3-0.6B", "0.6b"), ("Qwen3-1.7B", "1.7b"))
+            if f"bench_sd_{tag}" in benches}
+
+
+# ---------------------------------------------------------------------------- notebook figures (10, 20, 00)
+def plot_k_sweep(ks: dict, hw: dict, what: str):
+    """10_colocated: vLLM's rate against k at the measured alpha, and the speedup per k, measured and
+    modelled (ks: summary.k_sweep's result). Returns the table."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    from .. import metrics
+    df = pd.DataFrame(ks["rows"]).set_index("k")
+    best = ks["best_k"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
+    kk = list(range(1, int(df.index.max()) + 1))
+    ax1.plot(kk, [metrics.rate_from_alpha(ks["alpha"], x) for x in kk], label=f"rate(alpha={ks['alpha']:.2f}, k)")
+    ax1.scatter(df.index, df["rate"], c="C3", zorder=3, label="measured rate")
+    ax1.set(xlabel="k", ylabel="draft acceptance rate", title="vLLM's rate falls with k")
+    ax1.legend(fontsize=8)
+    ax2.plot(df.index, df["predicted"], marker="x", label="cost model")
+    ax2.scatter(df.index, df["speedup"], c="C3", zorder=3, label="measured")
+    ax2.axhline(1, c="gray", ls="--")
+    ax2.set(xlabel="k", ylabel="speedup over target-only", title=f"best k by the model: {best[0]} ({best[1]:.2f}x)")
+    ax2.legend(fontsize=8)
+    fig.text(0.01, -0.06, caption(hw, what), fontsize=8)
+    plt.show()
+    return df
+
+
+def plot_rtt_sweep(sw: dict, rtts, hw: dict, title: str) -> dict:
+    """20_ethernet: speedup against injected round trip, measured points and the cost model's curves from
+    the sweep's own components (the relay's own delay, measured at the smallest RTT, is added to the
+    model's round trip). Returns {"table", "curves", "relay_base_rtt_ms", "crossover"}."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    from .summary import crossover, find_run, model_curves
+    table = pd.DataFrame(sw["table"])
+    base_rtt = find_run(sw["runs"], "sd", "ethernet", min(rtts))["summary"]["wire_ms_per_round"] - min(rtts)
+    fine = sorted(set(rtts) | {x / 4 for x in range(0, 4 * int(max(rtts)) + 1)})
+    curves = pd.DataFrame(model_curves(sw["runs"], [r + base_rtt for r in fine]))
+    curves["rtt_ms"] -= base_rtt
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for i, (mode, g) in enumerate(curves.groupby("mode")):
+        ax.plot(g["rtt_ms"], g["speedup"], c=f"C{i}", label=f"{mode}: model")
+        pts = table[(table["mode"] == mode) & (table["placement"] == "ethernet")]
+        ax.scatter(pts["rtt_ms"], pts["speedup"], c=f"C{i}", marker="o", zorder=3, label=f"{mode}: measured")
+    col = table[table["mode"] == "sync SD (colocated)"].iloc[0]
+    ax.axhline(col["speedup"], c="C2", ls=":", label="colocated SD: measured")
+    ax.axhline(1, c="gray", ls="--", label="target only")
+    ax.set(xscale="symlog", xticks=list(rtts), xticklabels=[f"{r:g}" for r in rtts], xlabel="injected round trip (ms)",
+           ylabel="speedup over target-only", title=title)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.figure.text(0.01, -0.1, caption(hw, "measured points; lines: cost model from this sweep's components"), fontsize=8)
+    plt.show()
+    curves_rows = curves.to_dict("records")
+    return {"table": table, "curves": curves_rows, "relay_base_rtt_ms": base_rtt,
+            "crossover": crossover(sw["table"], curves_rows)}
+
+
+def probe_table(link: list[dict]):
+    """The link probe's scenarios: RTT and each direction's one-way delay as read naively, by NTP's
+    correction, and with the true clock offset (ms, medians)."""
+    import pandas as pd
+    rows = [{"scenario": r["scenario"], "RTT p50": r["naive"]["rtt_ms"]["p50"], "RTT p90": r["naive"]["rtt_ms"]["p90"],
+             "naive t->d": r["naive"]["up_ms"]["p50"], "naive d->t": r["naive"]["down_ms"]["p50"],
+             "NTP t->d": r["ntp"]["up_ms"]["p50"], "NTP d->t": r["ntp"]["down_ms"]["p50"],
+             "true t->d": r["true_offset"]["up_ms"]["p50"], "true d->t": r["true_offset"]["down_ms"]["p50"]} for r in link]
+    return pd.DataFrame(rows).set_index("scenario")
+
+
+def draft_card(card: dict):
+    """00_provision: the embedded draft's card: agreement before and after distillation, the training curve."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    ev = card["eval"]
+    df = pd.DataFrame({
+        "greedy agreement": [ev["before_training"]["greedy_agreement"], ev["greedy_agreement"]],
+        "sampled acceptance (T=1)": [ev["before_training"]["sampled_acceptance_t1"], ev["sampled_acceptance_t1"]],
+    }, index=[f"first {card['layers']} target layers, untrained", "after distillation"])
+    print(f"held-out positions: {ev['positions']} ({ev['prompts']}); trained on {card['train_tokens']:,} target tokens "
+          f"in {card['train_seconds']:.0f} s on {card['hardware']}; recipe: {card['recipe']}")
+    h = pd.DataFrame(card["history"])
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.plot(h["s"], h["train_agreement"], marker=".")
+    ax.axhline(ev["greedy_agreement"], ls="--", c="gray", label="held-out, after training")
+    ax.set(xlabel="training time (s)", ylabel="greedy agreement (fraction)", title="Draft distillation: agreement with the target")
+    ax.legend(loc="lower right")
+    fig.text(0.01, -0.08, f"{card['layers']}-layer draft of {card['target']}, trained on {card['hardware']}", fontsize=8)
+    plt.show()
+    return df
+
+
+def draft_variants():
+    """The embedded draft's alpha in other numerics and with a pruned output layer (reports/draft_variants_embedded.json)."""
+    import pandas as pd
+    p = REPORTS / "draft_variants_embedded.json"
+    if not p.exists():
+        return "no draft-variant figures (python -m sdeth draft-variants)"
+    d = json.loads(p.read_text())
+    print(f"{d['acceptance']}; {d['prompts']} x {d['max_new']} tokens; {d['hardware']['label']}")
+    return pd.DataFrame(d["rows"]).set_index("variant")[["dtype", "fast", "greedy_agreement", "se", "cost", "positions"]]

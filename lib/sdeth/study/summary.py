@@ -34,7 +34,7 @@ def summarize(reqs: list[dict], cfg: RunConfig) -> dict:
     drafts = sum(r["drafts"] for r in reqs)
     per_pos = [sum(r["accepted_per_pos"][i] for r in reqs) for i in range(cfg.k)] if sd else []
     varying = cfg.mode == "pipelined" or cfg.adapts
-    out.update(metrics.acceptance(drafts, sum(r["draft_tokens"] for r in reqs),
+    out.update(metrics.vllm_metrics(drafts, sum(r["draft_tokens"] for r in reqs),
                                   sum(r["accepted_tokens"] for r in reqs), per_pos,
                                   sum(r.get("rejections", 0) for r in reqs) if varying else None))
     decode_s = sum(r["e2e_s"] - r["ttft_ms"] / 1e3 for r in reqs)
@@ -165,3 +165,89 @@ def model_curves(runs: list[dict], rtts) -> list[dict]:
                   else costmodel.speedup(s["alpha"], k, c))
             rows.append({"rtt_ms": rtt, "mode": label, "speedup": sp})
     return rows
+
+
+def identical_to(runs: dict[str, dict], reference: dict) -> dict[str, bool]:
+    """Each run's output tokens against the reference run's (label -> identical)."""
+    return {label: identical_outputs(r, reference) for label, r in runs.items()}
+
+
+def find_run(runs: list[dict], mode: str, placement: str, rtt_ms: float) -> dict:
+    """The run of a sweep with this mode, placement and injected round trip."""
+    for r in runs:
+        c = r["config"]
+        if c["mode"] == mode and c["placement"] == placement and c["rtt_ms"] == rtt_ms:
+            return r
+    raise KeyError(f"no run with mode {mode!r}, placement {placement!r}, rtt {rtt_ms} ms")
+
+
+def rate_difference(a: dict, b: dict) -> dict:
+    """Two runs' draft acceptance rates compared by a two-proportion test (each draft token an accept or
+    not): the difference, one standard error, and whether they agree within two."""
+    import math
+    sa, sb = a["summary"], b["summary"]
+    na, nb = (sum(q["draft_tokens"] for q in r["requests"]) for r in (a, b))
+    ra, rb = sa["draft_acceptance_rate"], sb["draft_acceptance_rate"]
+    se = math.sqrt(ra * (1 - ra) / na + rb * (1 - rb) / nb)
+    return {"rates": [ra, rb], "alphas": [sa["alpha"], sb["alpha"]],
+            "per position": [sa["per_position_acceptance"], sb["per_position_acceptance"]],
+            "difference": ra - rb, "one standard error": se, "within 2 SE": abs(ra - rb) <= 2 * se,
+            "draft tokens": [na, nb]}
+
+
+def k_sweep(base: dict, by_k: dict[int, dict]) -> dict:
+    """A k sweep of sync SD against target-only: per k the measured rate, alpha, speedup and the cost
+    model's; the cost model's components from the runs (verify costs of every width seen) and its best k."""
+    from .. import costmodel
+    b = base["summary"]
+    rows = [{"k": k, "rate": r["summary"]["draft_acceptance_rate"], "alpha": r["summary"]["alpha"],
+             "speedup": r["summary"]["tokens_per_s"] / b["tokens_per_s"],
+             "predicted": r["summary"]["predicted_tokens_per_s"] / b["predicted_tokens_per_s"]}
+            for k, r in sorted(by_k.items())]
+    last = by_k[max(by_k)]["summary"]["costs"]
+    c = costmodel.Costs(b["costs"]["target_step"], last["draft_step"], {}, last["rtt"], last["overhead"])
+    for r in by_k.values():
+        c.verify_s.update({int(m): v for m, v in r["summary"]["costs"]["verify_s"].items()})
+    alpha0 = rows[0]["alpha"]
+    return {"rows": rows, "costs": c, "alpha": alpha0, "best_k": costmodel.best_k(alpha0, c, k_max=max(by_k))}
+
+
+def beats_up_to(rows: list[dict], mode: str, col: str = "speedup") -> float | None:
+    """The largest round trip (ms) at which `mode` is above 1 in `col` (None: at none)."""
+    above = [r["rtt_ms"] for r in rows if r["mode"] == mode and r[col] > 1.0]
+    return max(above) if above else None
+
+
+def crossover(table: list[dict], curves: list[dict]) -> dict:
+    """Up to which round trip each link mode beats target-only, measured and by the model."""
+    link = [r for r in table if r["placement"] == "ethernet"]
+    out = {mode: {"measured_beats_target_only_up_to_ms": beats_up_to(link, mode),
+                  "model_beats_target_only_up_to_ms": beats_up_to(curves, mode)} for mode in ("sync SD", "pipelined SD")}
+    col = next(r for r in table if r["mode"] == "sync SD (colocated)")
+    out["colocated SD beats target-only"] = bool(col["speedup"] > 1)
+    out["largest_model_gap"] = max(abs(r["predicted_speedup"] / r["speedup"] - 1) for r in table)
+    return out
+
+
+def crossover_lines(c: dict) -> str:
+    said = lambda v: "at no round trip measured" if v is None else f"up to {v:g} ms"  # noqa: E731
+    lines = [f"{mode} over the link beats target-only: measured {said(c[mode]['measured_beats_target_only_up_to_ms'])}; "
+             f"model {said(c[mode]['model_beats_target_only_up_to_ms'])}" for mode in ("sync SD", "pipelined SD")]
+    lines += [f"colocated SD beats target-only: {c['colocated SD beats target-only']}",
+              f"largest gap between predicted and measured speedup over the sweep: {c['largest_model_gap']:.1%}"]
+    return "\n".join(lines)
+
+
+def ethernet_status(hw: dict, testbed: dict | None, runs: dict[str, dict], rtt_ms: float, model_gap: float,
+                    identical: dict | None, link: list[dict]) -> str:
+    """20_ethernet's one-line status (the reports index shows it)."""
+    base, sd = runs["target-only (target node)"]["summary"], runs["SD colocated"]["summary"]
+    sync = runs[f"sync SD over the link, rtt {rtt_ms} ms"]["summary"]
+    pipe = runs[f"pipelined SD over the link, rtt {rtt_ms} ms"]["summary"]
+    skew = link[-1]["naive"]
+    return (f"{hw['label']}, {testbed['kind'] if testbed else 'colocated'}: target-only {base['tokens_per_s']:.1f} tok/s, "
+            f"colocated SD {sd['tokens_per_s']:.1f}, over the link at rtt {rtt_ms} ms sync SD {sync['tokens_per_s']:.1f} "
+            f"({sync['bytes_per_round']:.0f} B/round), pipelined SD {pipe['tokens_per_s']:.1f} tok/s; "
+            f"model within {model_gap:.0%} over the sweep; greedy identical: "
+            f"{all(identical.values()) if identical is not None else 'n/a'}; "
+            f"probe: clock skew 65 ms turns 150/150 into {skew['up_ms']['p50']:.0f}/{skew['down_ms']['p50']:.0f} ms")

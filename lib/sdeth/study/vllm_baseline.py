@@ -140,7 +140,7 @@ def _summary(reqs: list[dict], mode: str, k: int, engine: str, start_s: float) -
     sd = mode == "sd"
     return {"mode": mode, "k": k if sd else None, "placement": "colocated", "engine": engine,
             "engine_start_s": start_s, **metrics.timing(reqs),
-            **metrics.acceptance(sum(r["drafts"] for r in reqs), sum(r["draft_tokens"] for r in reqs),
+            **metrics.vllm_metrics(sum(r["drafts"] for r in reqs), sum(r["draft_tokens"] for r in reqs),
                                  sum(r["accepted_tokens"] for r in reqs),
                                  [sum(r["accepted_per_pos"][i] for r in reqs) for i in range(k)] if sd else []),
             "predicted_tokens_per_s": None}   # vLLM's component costs are not measured here

@@ -9,16 +9,16 @@ import time
 from ..models.presets import tokenizer_hash
 from ..runtime.loop import Drafter, q_support
 from ..runtime.pipeline import StreamDrafter
-from ..runtime.synthetic import make_engine
+from ..runtime import make_engine
 from ..runtime.verify import Sampling
-from . import protocol as W
+from . import protocol
 from .transport import reply, serve_requests
 
 WARM_WIDTHS = 10     # forward widths captured as CUDA graphs before serving (verify of k <= 9)
 
 
-def welcome(pair, role_model) -> W.Welcome:
-    return W.Welcome(W.PROTOCOL_VERSION, role_model, pair.vocab_size, tokenizer_hash(pair.tokenizer),
+def welcome(pair, role_model) -> protocol.Welcome:
+    return protocol.Welcome(protocol.PROTOCOL_VERSION, role_model, pair.vocab_size, tokenizer_hash(pair.tokenizer),
                      pair.config.dtype)
 
 
@@ -34,7 +34,7 @@ def q_pairs(q, q_top: int):
 def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, engine_opts: dict | None = None,
                 spin_s: float = 0.0) -> None:
     """Serve proposals until killed (or max_seconds). die_after > 0 exits the process abruptly
-    after that many proposals: fault injection for tests. engine_opts: synthetic.make_engine's."""
+    after that many proposals: fault injection for tests. engine_opts: sdeth.runtime.make_engine's."""
     me = welcome(pair, pair.config.draft)
     welcomed: set[bytes] = set()
     drafters: dict[str, Drafter] = {}
@@ -47,7 +47,7 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, eng
     def send_steps(sock, ident, req, steps) -> None:
         nonlocal served
         for st in steps:
-            reply(sock, ident, W.Drafted(req, st.epoch, st.pos, st.token, st.ms, st.q_idx, st.q_val, st.restart_ms))
+            reply(sock, ident, protocol.Drafted(req, st.epoch, st.pos, st.token, st.ms, st.q_idx, st.q_val, st.restart_ms))
             served += 1
             if die_after and served >= die_after:
                 os._exit(17)
@@ -64,7 +64,7 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, eng
                     send_steps(sock, ident, req, [d.settle()])
             except Exception as e:      # this request's stream ends; the worker serves on
                 streams.pop(req)
-                reply(sock, ident, W.Error("internal", f"{type(e).__name__}: {e}"))
+                reply(sock, ident, protocol.Error("internal", f"{type(e).__name__}: {e}"))
                 return False
             return bool(d.flight) or d.can_step()
         return False
@@ -72,53 +72,53 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, eng
     print(f"sdeth draft worker: {pair.config.draft} on {bind}", flush=True)
     for sock, ident, msg, t1 in serve_requests(bind, max_seconds, run_ahead, spin_s):
         try:
-            if isinstance(msg, W.Ping):
-                reply(sock, ident, W.Pong(msg.t0, t1, time.time()))
-            elif isinstance(msg, W.Hello):
-                err = W.check_hello(msg, me)
+            if isinstance(msg, protocol.Ping):
+                reply(sock, ident, protocol.Pong(msg.t0, t1, time.time()))
+            elif isinstance(msg, protocol.Hello):
+                err = protocol.check_hello(msg, me)
                 if err is None:
                     welcomed.add(ident)
                 reply(sock, ident, err or me)
             elif ident not in welcomed:
-                reply(sock, ident, W.Error("version", "send Hello first (protocol handshake)"))
-            elif isinstance(msg, W.Start):
-                s = Sampling(msg.temperature, msg.top_p, msg.top_k, msg.draft_sampled)
+                reply(sock, ident, protocol.Error("version", "send Hello first (protocol handshake)"))
+            elif isinstance(msg, protocol.Start):
+                s = Sampling(*protocol.sampling_args(msg))
                 if msg.stream:
                     sd = StreamDrafter(engine, msg.q_top, msg.window)
                     sd.start(msg.prompt_ids, msg.size, msg.first, s, msg.seed)
                     streams.clear()            # one request at a time per draft worker (batch 1)
                     streams[msg.req] = (ident, sd)
-                    reply(sock, ident, W.Started(msg.req, sd.prefill_s * 1e3))
+                    reply(sock, ident, protocol.Started(msg.req, sd.prefill_s * 1e3))
                     continue
                 d = Drafter(engine, q_top=msg.q_top)
                 d.start(msg.prompt_ids, msg.size, s, msg.seed)
                 drafters.clear()
                 drafters[msg.req] = d
-                reply(sock, ident, W.Started(msg.req, d.prefill_s * 1e3))
-            elif isinstance(msg, W.Commit):
+                reply(sock, ident, protocol.Started(msg.req, d.prefill_s * 1e3))
+            elif isinstance(msg, protocol.Commit):
                 st = streams.get(msg.req)
                 if st is None:
-                    reply(sock, ident, W.Error("unknown-request", f"no stream {msg.req!r} (send Start first)"))
+                    reply(sock, ident, protocol.Error("unknown-request", f"no stream {msg.req!r} (send Start first)"))
                     continue
                 send_steps(sock, st[0], msg.req, st[1].commit(msg.pos, msg.token))
-            elif isinstance(msg, W.Propose):
+            elif isinstance(msg, protocol.Propose):
                 d = drafters.get(msg.req)
                 if d is None:
-                    reply(sock, ident, W.Error("unknown-request", f"no request {msg.req!r} (send Start first)"))
+                    reply(sock, ident, protocol.Error("unknown-request", f"no request {msg.req!r} (send Start first)"))
                     continue
                 c0 = d.compute_s
                 toks, q = d.propose(msg.n_prev, msg.nxt, msg.k)
                 idx, val = q_pairs(q, d.q_top)
-                reply(sock, ident, W.Proposal(msg.req, toks, (d.compute_s - c0) * 1e3, idx, val,
+                reply(sock, ident, protocol.Proposal(msg.req, toks, (d.compute_s - c0) * 1e3, idx, val,
                                               (time.time() - t1) * 1e3))
                 served += 1
                 if die_after and served >= die_after:
                     os._exit(17)           # a crash, as far as the target can tell
-            elif isinstance(msg, W.End):
+            elif isinstance(msg, protocol.End):
                 drafters.pop(msg.req, None)
                 streams.pop(msg.req, None)
-                reply(sock, ident, W.Ended(msg.req))
+                reply(sock, ident, protocol.Ended(msg.req))
             else:
-                reply(sock, ident, W.Error("bad-message", f"a draft worker does not take {type(msg).__name__}"))
+                reply(sock, ident, protocol.Error("bad-message", f"a draft worker does not take {type(msg).__name__}"))
         except Exception as e:  # keep serving others
-            reply(sock, ident, W.Error("internal", f"{type(e).__name__}: {e}"))
+            reply(sock, ident, protocol.Error("internal", f"{type(e).__name__}: {e}"))

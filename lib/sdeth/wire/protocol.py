@@ -49,6 +49,19 @@ class Welcome(msgspec.Struct, tag="welcome"):
     dtype: str
 
 
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "draft_sampled")   # Start's and Generate's, in Sampling's order
+
+
+def sampling_fields(s) -> dict:
+    """The sampling settings of `s` (a runtime Sampling or a RunConfig) as message fields."""
+    return {f: getattr(s, f) for f in SAMPLING_FIELDS}
+
+
+def sampling_args(msg) -> tuple:
+    """A Start's or Generate's sampling settings, in the order runtime.verify.Sampling takes them."""
+    return tuple(getattr(msg, f) for f in SAMPLING_FIELDS)
+
+
 class Start(msgspec.Struct, tag="start"):
     req: str
     prompt_ids: list[int]

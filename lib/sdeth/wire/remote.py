@@ -13,7 +13,7 @@ import torch
 from ..runtime.loop import DraftUnavailable
 from ..runtime.pipeline import StreamView
 from ..runtime.verify import Sampling
-from . import protocol as W
+from . import protocol
 from .transport import Client
 
 
@@ -22,13 +22,13 @@ class RemoteDrafter:
     compute_s: float = 0.0      # the draft's model time since start(), as the draft worker reports it
     starts_async = True         # start() sends Start and returns; the Started reply is taken at the first propose
 
-    def __init__(self, addr: str, hello: W.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0,
+    def __init__(self, addr: str, hello: protocol.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0,
                  device="cpu", spin_s: float = 0.0):
         self.client = Client(addr, timeout_s, spin_s)
         self.s, self.q_top, self.seq = s, q_top, 0
         self.device = torch.device(device)        # the target's: q is rebuilt where the target verifies
         reply = self._call(hello)
-        if isinstance(reply, W.Error):
+        if isinstance(reply, protocol.Error):
             raise ConnectionRefusedError(f"draft worker at {addr} refused the handshake: {reply.message}")
         self.peer = reply
         self.compute_s = self.held_s = 0.0
@@ -41,7 +41,7 @@ class RemoteDrafter:
         for _ in range(n):
             t0 = time.perf_counter()
             try:
-                if isinstance(self.client.call(W.Ping(time.time()), timeout_s=1.0), W.Pong):
+                if isinstance(self.client.call(protocol.Ping(time.time()), timeout_s=1.0), protocol.Pong):
                     rtts.append((time.perf_counter() - t0) * 1e3)
             except TimeoutError:       # a draft gone quiet: the first Propose will say so (DraftUnavailable)
                 break
@@ -53,7 +53,7 @@ class RemoteDrafter:
             reply = self.client.call(msg) if msg is not None else self.client.call_reply()
         except TimeoutError as e:
             raise DraftUnavailable(str(e)) from None
-        if isinstance(reply, W.Error) and not isinstance(msg, W.Hello):
+        if isinstance(reply, protocol.Error) and not isinstance(msg, protocol.Hello):
             raise DraftUnavailable(f"draft worker error ({reply.code}): {reply.message}")
         return reply
 
@@ -69,8 +69,8 @@ class RemoteDrafter:
         taken in before the first proposal; an error there makes that proposal fail: decode alone)."""
         seed = self._begin(seed)
         s = s or self.s
-        self.client.send(W.Start(self.req, list(prompt_ids), size, s.temperature, s.top_p, s.top_k, s.draft_sampled,
-                                 self.q_top, seed))
+        self.client.send(protocol.Start(self.req, list(prompt_ids), size, q_top=self.q_top, seed=seed,
+                                        **protocol.sampling_fields(s)))
         self.starting = True
 
     def _started(self) -> None:
@@ -79,12 +79,12 @@ class RemoteDrafter:
             t0 = time.perf_counter()
             reply = self._call(None)
             self.started_wait_s = time.perf_counter() - t0
-            if not isinstance(reply, W.Started) or reply.req != self.req:
+            if not isinstance(reply, protocol.Started) or reply.req != self.req:
                 raise DraftUnavailable(f"draft worker answered Start with {type(reply).__name__}")
 
     def propose(self, n_prev: int, nxt: int, k: int):
         self._started()
-        p = self._call(W.Propose(self.req, n_prev, nxt, k))
+        p = self._call(protocol.Propose(self.req, n_prev, nxt, k))
         self.compute_s += p.draft_ms / 1e3
         self.held_s += p.held_ms / 1e3
         return p.tokens, self._q(p.q_idx, p.q_val, len(p.tokens))
@@ -103,8 +103,8 @@ class RemoteDrafter:
             if self.starting:          # no proposal was asked for: take the Started first
                 self.starting = False
                 self.client.call_reply(timeout_s=1.0)
-            self.client.call(W.End(self.req), timeout_s=1.0)
-        except (TimeoutError, W.ProtocolError):
+            self.client.call(protocol.End(self.req), timeout_s=1.0)
+        except (TimeoutError, protocol.ProtocolError):
             pass
 
 
@@ -113,7 +113,7 @@ class RemoteStream(RemoteDrafter):
     Commits go out without waiting; Drafted messages are taken in whenever the target looks."""
     streamed: int = 0           # tokens the draft streamed in this request
 
-    def __init__(self, addr: str, hello: W.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0,
+    def __init__(self, addr: str, hello: protocol.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0,
                  device="cpu", spin_s: float = 0.0, window: int = 16):
         super().__init__(addr, hello, s, q_top, timeout_s, device, spin_s)
         self.window, self.view, self.est, self.by_commit = window, StreamView(), None, False
@@ -126,7 +126,7 @@ class RemoteStream(RemoteDrafter):
         t_end = time.perf_counter() + timeout_s
         while (left := t_end - time.perf_counter()) > 0:
             reply = self.client.recv(left)
-            if isinstance(reply, W.Error):
+            if isinstance(reply, protocol.Error):
                 raise DraftUnavailable(f"draft worker error ({reply.code}): {reply.message}")
             if isinstance(reply, kind) and reply.req == self.req:
                 return reply
@@ -140,20 +140,20 @@ class RemoteStream(RemoteDrafter):
         self.by_commit = False
         self.view.reset()
         # not waiting for Started: the draft's prefill overlaps the target's first steps
-        self.client.send(W.Start(self.req, list(prompt_ids), size, s.temperature, s.top_p, s.top_k, s.draft_sampled,
-                                 self.q_top, seed, stream=True, first=first, window=self.window))
+        self.client.send(protocol.Start(self.req, list(prompt_ids), size, q_top=self.q_top, seed=seed, stream=True,
+                                        first=first, window=self.window, **protocol.sampling_fields(s)))
 
     def commit(self, pos: int, token: int) -> None:
         epoch = self.view.epoch
         self.view.on_commit(pos, token)
         if self.view.epoch != epoch:
             self.by_commit = True          # a correction: time its round trip on the first new token
-        self.client.send(W.Commit(self.req, pos, token))
+        self.client.send(protocol.Commit(self.req, pos, token))
 
     def _take(self, msg) -> None:
-        if isinstance(msg, W.Error):
+        if isinstance(msg, protocol.Error):
             raise DraftUnavailable(f"draft worker error ({msg.code}): {msg.message}")
-        if not isinstance(msg, W.Drafted) or msg.req != self.req:
+        if not isinstance(msg, protocol.Drafted) or msg.req != self.req:
             return
         self.compute_s += msg.draft_ms / 1e3
         self.streamed += 1
@@ -201,6 +201,6 @@ class RemoteStream(RemoteDrafter):
 
     def end(self):
         try:
-            self._expect(W.End(self.req), W.Ended, 1.0)
-        except (DraftUnavailable, W.ProtocolError):
+            self._expect(protocol.End(self.req), protocol.Ended, 1.0)
+        except (DraftUnavailable, protocol.ProtocolError):
             pass

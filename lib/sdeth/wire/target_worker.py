@@ -7,13 +7,13 @@ import time
 
 import torch
 
-from ..costmodel import Estimator, TakeWhatIsThere
+from ..costmodel import AdaptivePolicy, FixedPolicy
 from ..models.presets import tokenizer_hash
 from ..runtime.loop import DraftUnavailable, generate_sd, generate_target_only
 from ..runtime.pipeline import StreamView, generate_pipelined
-from ..runtime.synthetic import make_engine
+from ..runtime import make_engine
 from ..runtime.verify import Sampling
-from . import protocol as W
+from . import protocol
 from .draft_worker import WARM_WIDTHS
 from .remote import RemoteDrafter, RemoteStream
 from .transport import reply, serve_requests
@@ -25,20 +25,20 @@ def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float
     target = make_engine(pair.target, "target", "target", vocab=pair.vocab_size, **(engine_opts or {}))
     target.warm(WARM_WIDTHS)
     eos = pair.tokenizer.eos_token_id
-    hello = W.Hello(W.PROTOCOL_VERSION, "target", pair.config.target, pair.vocab_size,
+    hello = protocol.Hello(protocol.PROTOCOL_VERSION, "target", pair.config.target, pair.vocab_size,
                     tokenizer_hash(pair.tokenizer), pair.config.dtype)
     drafter, why_not = None, ""
-    estimators: dict[str, Estimator] = {}      # per mode; they carry what they learnt to the next request
+    estimators: dict[str, AdaptivePolicy] = {}      # per mode; they carry what they learnt to the next request
     print(f"sdeth target worker: {pair.config.target} on {bind}, draft at {draft_addr}", flush=True)
     for sock, ident, msg, t1 in serve_requests(bind, max_seconds):
-        if isinstance(msg, W.Ping):
-            reply(sock, ident, W.Pong(msg.t0, t1, time.time()))
+        if isinstance(msg, protocol.Ping):
+            reply(sock, ident, protocol.Pong(msg.t0, t1, time.time()))
             continue
-        if not isinstance(msg, W.Generate):
-            reply(sock, ident, W.Error("bad-message", f"a target worker takes Generate, not {type(msg).__name__}"))
+        if not isinstance(msg, protocol.Generate):
+            reply(sock, ident, protocol.Error("bad-message", f"a target worker takes Generate, not {type(msg).__name__}"))
             continue
         try:
-            s = Sampling(msg.temperature, msg.top_p, msg.top_k, msg.draft_sampled)
+            s = Sampling(*protocol.sampling_args(msg))
             gen = torch.Generator(device=target.device).manual_seed(msg.seed)   # where the draws happen
             draft_seed = msg.seed + 1_000_003           # the draft's own draws: fresh per request, reproducible
             if msg.mode == "target-only":
@@ -56,7 +56,7 @@ def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float
                         why_not = str(e)
                 b0 = (drafter.client.sent, drafter.client.received) if drafter else (0, 0)
                 est = estimators.setdefault(f"{msg.mode}-{msg.k}-{msg.adaptive}",
-                                            Estimator() if msg.adaptive or msg.mode != "pipelined" else TakeWhatIsThere())
+                                            AdaptivePolicy() if msg.adaptive or msg.mode != "pipelined" else FixedPolicy())
                 if msg.mode == "pipelined":
                     if drafter is not None:
                         drafter.window, drafter.est = 2 * msg.k + 2, est
@@ -72,9 +72,9 @@ def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float
                 b1 = (drafter.client.sent, drafter.client.received) if drafter else b0
                 rec = {**r.__dict__, "bytes_sent": b1[0] - b0[0], "bytes_received": b1[1] - b0[1],
                        "draft_unavailable": why_not if r.tokens_without_draft else ""}
-            reply(sock, ident, W.Generated(msg.req, rec))
+            reply(sock, ident, protocol.Generated(msg.req, rec))
         except Exception as e:
-            reply(sock, ident, W.Error("internal", f"{type(e).__name__}: {e}"))
+            reply(sock, ident, protocol.Error("internal", f"{type(e).__name__}: {e}"))
 
 
 class _NoDraft:

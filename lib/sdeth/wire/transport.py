@@ -9,11 +9,11 @@ import uuid
 
 import zmq
 
-from . import protocol as W
+from . import protocol
 
 
 def reply(sock, ident: bytes, msg) -> None:
-    sock.send_multipart([ident, W.encode(msg)])
+    sock.send_multipart([ident, protocol.encode(msg)])
 
 
 # Busy-polling: a process that sleeps in a blocking poll between messages a few ms apart wakes slowly.
@@ -47,9 +47,9 @@ def serve_requests(bind: str, max_seconds: float = 0, idle=None, spin_s: float =
                 continue                   # not a DEALER peer speaking our framing
             ident, data = frames
             try:
-                msg = W.decode(data)
-            except W.ProtocolError as e:
-                reply(sock, ident, W.Error(e.code, str(e)))
+                msg = protocol.decode(data)
+            except protocol.ProtocolError as e:
+                reply(sock, ident, protocol.Error(e.code, str(e)))
                 continue
             yield sock, ident, msg, t_recv
     finally:
@@ -87,7 +87,7 @@ class Client:
         return reply
 
     def send(self, msg) -> None:
-        data = W.encode(msg)
+        data = protocol.encode(msg)
         self.sock.send(data)
         self.sent += len(data)
 
@@ -101,7 +101,7 @@ class Client:
                 break
         data = self.sock.recv()
         self.received += len(data)
-        return W.decode(data)
+        return protocol.decode(data)
 
     def close(self):
         self.sock.close()
