@@ -9,7 +9,8 @@ ROOT = Path(__file__).resolve().parents[1] / "lib" / "sdeth"
 
 # lowest first; a module may import its own layer and those before it
 LAYERS = [
-    ("leaves", {"sdeth", "sdeth.paths", "sdeth.hardware", "sdeth.metrics", "sdeth.costmodel", "sdeth.envcheck"}),
+    ("leaves", {"sdeth", "sdeth.paths", "sdeth.hardware", "sdeth.metrics", "sdeth.costmodel", "sdeth.envcheck",
+                "sdeth.devices"}),
     ("models", {"sdeth.models"}),
     ("runtime", {"sdeth.runtime"}),
     ("wire", {"sdeth.wire"}),

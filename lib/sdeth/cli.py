@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json", required=True)
     b.add_argument("--draft-fast", default="", help="sd: the draft decoder's levers (FastOptions spec)")
-    b.add_argument("--target-fast", default="", help="sd: the target decoder's levers (scope, attention)")
+    b.add_argument("--target-fast", default="", help="sd: the target decoder's levers (scope; its numerics stay)")
     b.add_argument("--models", default="Qwen3-1.7B,Qwen3-0.6B,Qwen3-8B", help="step: model shapes (random weights)")
     b.add_argument("--budget-s", type=float, default=480, help="step: start no new lever after this long")
     b.add_argument("--levers", default=None, help="step: comma list of lever names (default: all of stepbench.LEVERS)")
@@ -106,6 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
     dv.add_argument("--rank", default="lib/sdeth/assets/embedded-draft/token_rank.json")
     dv.add_argument("--prompts", default="sharegpt:256:1000", help="held-out prompts (the draft card's)")
     dv.add_argument("--out", default="reports/draft_variants_embedded.json")
+    ch = sub.add_parser("chains", help="record a draft's greedy continuations from every prefix of the target's "
+                        "output (what an emulated draft device replays)")
+    ch.add_argument("--pair", default="embedded")
+    ch.add_argument("--prompts", default="sharegpt:4")
+    ch.add_argument("--max-tokens", type=int, default=32, help="the target's tokens per prompt (>= the runs' max_tokens)")
+    ch.add_argument("--depth", type=int, default=17, help="draft tokens per prefix (> the pipelined window)")
+    ch.add_argument("--out", required=True)
     c = sub.add_parser("calibrate", help="time a target step, a draft step and target forwards of m tokens")
     c.add_argument("--pair", default="embedded")
     c.add_argument("--context", type=int, default=256)
@@ -152,6 +159,12 @@ def main(argv=None) -> int:
                 Path(a.rank).write_text(json.dumps(token_ranking(pair)) + "\n")
                 print("wrote", a.rank)
             print("wrote", save(draft_variants(pair, a.rank, a.prompts), a.out))
+            return 0
+        if a.cmd == "chains":
+            from .models.presets import load_pair
+            from .study.acceptance import record_chains
+            from .study.config import save
+            print("wrote", save(record_chains(load_pair(a.pair), a.prompts, a.max_tokens, a.depth), a.out))
             return 0
         if a.cmd == "trace":
             from .models.presets import load_pair
@@ -301,7 +314,9 @@ def worker_main(argv=None) -> int:
     ap.add_argument("--synthetic-seed", type=int, default=0)
     ap.add_argument("--draft-fast", default="", help="fast impl: the draft decoder's levers, e.g. "
                     "scope=layer,weights=fp8,head=32768 (sdeth.runtime.fastmodel.FastOptions)")
-    ap.add_argument("--target-fast", default="", help="fast impl: the target decoder's levers (scope, attention)")
+    ap.add_argument("--target-fast", default="", help="fast impl: the target decoder's levers (scope)")
+    ap.add_argument("--draft-emulate", default="", help="an emulated draft device: PROFILE:SHAPE[:fp8] (params/devices)")
+    ap.add_argument("--draft-chains", default="", help="with --draft-emulate: the recorded draft continuations (JSON)")
     ap.add_argument("--spin-ms", type=float, default=None,
                     help="busy-poll the link this long after each message (default: 20 on a GPU, where the cores "
                          "are free; 0 on a CPU, where they decode)")
@@ -324,7 +339,8 @@ def worker_main(argv=None) -> int:
     pair = load_pair(a.pair, a.target, a.draft, device=a.device, roles=(a.role,))
     opts = dict(impl=a.impl, compile_mode=a.compile or None, capacity=a.capacity,
                 synthetic_alpha=a.synthetic_alpha, synthetic_seed=a.synthetic_seed, synthetic_trace=a.synthetic_trace,
-                draft_fast=a.draft_fast, target_fast=a.target_fast)
+                draft_fast=a.draft_fast, target_fast=a.target_fast, draft_emulate=a.draft_emulate,
+                draft_chains=a.draft_chains)
     spin_s = (a.spin_ms if a.spin_ms is not None else (20.0 if a.device.startswith("cuda") else 0.0)) / 1e3
     if a.role == "draft":
         serve_draft(a.bind, pair, a.die_after, a.max_seconds, opts, spin_s)

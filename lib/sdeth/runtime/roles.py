@@ -5,6 +5,8 @@ another transport) is one class against one of these, and both loops take it unc
                  wire.remote.RemoteDrafter over the link
     DraftStream  the pipelined loop's draft (pipeline.generate_pipelined): wire.remote.RemoteStream over
                  the link; tests/doubles.LocalStream simulates the link in-process
+    DraftBackend the device a draft model runs on, under both (engine.Engine on a CPU or GPU,
+                 emulated.EmulatedEngine for a device profile): start, forward, rollback, pos, forward_s
 
 Either raises loop.DraftUnavailable when the draft cannot go on; the request then finishes on the
 target alone.
@@ -61,3 +63,22 @@ class DraftStream(Protocol):
 
     def end(self) -> None:
         """The request is over: free its state on the draft side."""
+
+
+@runtime_checkable
+class DraftBackend(Protocol):
+    """What Drafter and StreamDrafter drive (engine.Engine is one; a vendor's card is another)."""
+    pos: int                        # tokens held in the cache
+
+    def start(self, max_len: int) -> None:
+        """A cache for one request of up to max_len tokens, empty."""
+
+    def forward(self, ids) -> "torch.Tensor":
+        """Append m token ids (host list or device tensor); the next-token logits after each, [m, vocab]."""
+
+    def rollback(self, pos: int) -> None:
+        """Forget everything after the first pos tokens."""
+
+    @property
+    def forward_s(self) -> float:
+        """Seconds spent in forward since start() (settable: the drafters reset it after the prefill)."""

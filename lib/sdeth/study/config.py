@@ -52,6 +52,8 @@ class RunConfig:
                                         # scaled to synthetic_alpha when that is set (trace-driven)
     draft_fast: str = ""            # fast impl: the draft decoder's levers (runtime.fastmodel.FastOptions spec,
     target_fast: str = ""           # e.g. 'scope=layer,weights=fp8,head=32768'); the target's must keep its numerics
+    draft_emulate: str = ""         # an emulated draft device, PROFILE:SHAPE[:fp8] (params/devices, runtime.emulated)
+    draft_chains: str = ""          # ... replaying the draft's continuations recorded here (`python -m sdeth chains`)
 
     def check(self) -> "RunConfig":
         if self.mode not in MODES:
@@ -87,6 +89,15 @@ class RunConfig:
             if role == "target" and (opts.weights != "bf16" or opts.head):
                 raise ConfigError(f"target_fast={spec!r}: the target's weights and output layer define the output; "
                                   "lighter weights or a pruned head belong to the draft (draft_fast)")
+        if self.draft_emulate:
+            from ..runtime.emulated import parse_emulation
+            try:
+                parse_emulation(self.draft_emulate)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+            if not self.draft_chains or not Path(self.draft_chains).exists():
+                raise ConfigError(f"draft_emulate={self.draft_emulate!r} needs draft_chains: the recorded draft "
+                                  f"continuations ({self.draft_chains!r} is missing; `python -m sdeth chains` records them)")
         if self.synthetic_alpha is not None and not 0 <= self.synthetic_alpha <= 1:
             raise ConfigError(f"synthetic_alpha={self.synthetic_alpha}: a probability in [0, 1]")
         if self.synthetic_trace and not Path(self.synthetic_trace).exists():
@@ -104,7 +115,8 @@ class RunConfig:
         """What sdeth.runtime.make_engine takes (in-process engines)."""
         return dict(impl=self.impl, compile_mode=self.compile or None, capacity=self.capacity,
                     synthetic_alpha=self.synthetic_alpha, synthetic_trace=self.synthetic_trace,
-                    draft_fast=self.draft_fast, target_fast=self.target_fast)
+                    draft_fast=self.draft_fast, target_fast=self.target_fast, draft_emulate=self.draft_emulate,
+                    draft_chains=self.draft_chains)
 
     def worker_args(self) -> list[str]:
         """The same options as `sdeth worker` flags (both workers of a testbed)."""
@@ -112,6 +124,8 @@ class RunConfig:
         args += ["--synthetic-alpha", str(self.synthetic_alpha)] if self.synthetic_alpha is not None else []
         args += ["--draft-fast", self.draft_fast] if self.draft_fast else []
         args += ["--target-fast", self.target_fast] if self.target_fast else []
+        if self.draft_emulate:
+            args += ["--draft-emulate", self.draft_emulate, "--draft-chains", str(Path(self.draft_chains).resolve())]
         return args + (["--synthetic-trace", str(Path(self.synthetic_trace).resolve())] if self.synthetic_trace else [])
 
     @property

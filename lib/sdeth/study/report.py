@@ -410,3 +410,29 @@ def draft_variants():
     d = json.loads(p.read_text())
     print(f"{d['acceptance']}; {d['prompts']} x {d['max_new']} tokens; {d['hardware']['label']}")
     return pd.DataFrame(d["rows"]).set_index("variant")[["dtype", "fast", "greedy_agreement", "se", "cost", "positions"]]
+
+
+def plot_design_map(maps: dict, draft_steps_ms, rtts_ms, points: list[dict], measured: list[dict]):
+    """40_heterogeneous: modelled speedup of pipelined SD over (draft step, round trip), one panel per target and
+    alpha, with each device profile's draft step and each measured or emulated run marked."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    n = len(maps)
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.4), sharey=True, squeeze=False)
+    for ax, (title, grid) in zip(axes[0], maps.items()):
+        g = np.array(grid)
+        im = ax.contourf(rtts_ms, draft_steps_ms, g, levels=[0, 0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0], cmap="RdYlGn")
+        cs = ax.contour(rtts_ms, draft_steps_ms, g, levels=[1.0, 2.0], colors="k", linewidths=0.8)
+        ax.clabel(cs, fmt="%gx", fontsize=7)
+        for p in points:
+            ax.axhline(p["step_ms"], color="C0", lw=0.5, ls=":")
+            ax.text(rtts_ms[-1], p["step_ms"], f" {p['device']} {p['draft'].split()[-1]}", fontsize=6, va="center")
+        for m in measured:
+            if m.get("panel") == title:
+                ax.plot(m["rtt_ms"], m["draft_step_ms"], "k*" if m["kind"] == "measured" else "bs", ms=6)
+        ax.set(xscale="log", yscale="log", title=title, xlabel="round trip (ms)")
+    axes[0][0].set_ylabel("draft step (ms)")
+    fig.colorbar(im, ax=axes[0].tolist(), label="speedup over target-only (modelled)")
+    fig.text(0.01, -0.08, "modelled: sdeth.costmodel's pipelined event model; lines: device profiles (params/devices); "
+             "star: measured, square: emulated", fontsize=8)
+    plt.show()

@@ -1,0 +1,170 @@
+"""M4: which draft hardware makes SD over Ethernet pay (notebooks/40_heterogeneous).
+
+The design map is the event model (sdeth.costmodel: sync rounds, and the pipelined protocol simulated
+event by event) over a grid of draft step times and round trips, for a target whose step is measured
+(Qwen3-8B on an H200) or modelled from its bytes (a device profile). Device profiles place each draft
+device on it; measured and emulated runs are checked against it. Kinds are kept apart in every row:
+measured, emulated (paced replay of a real draft's tokens), modelled (a formula).
+"""
+from __future__ import annotations
+
+from .. import costmodel, devices
+
+VERIFY_SLOPE = 0.0125      # measured on the H200 8B step: verify of 8 tokens = 1.09 steps -> +1.25% per token
+HOST_S = 0.3e-3            # measured target host work per sync round on the H200 (reports/gpu/bench_sd_1.7b.json)
+ALLREDUCE_S = 10e-6        # modelled: one all-reduce of a hidden state over NVLink, two per layer (tensor parallel)
+
+
+def target_steps(measured_8b_h200_s: float | None = None) -> dict[str, dict]:
+    """The targets of the map: Qwen3-8B on an H200 (measured when given) and on an A100, and a 70B-class
+    target on two H200s (tensor parallel), each {step_s, kind, how}."""
+    h200, a100 = devices.load("h200"), devices.load("a100")
+    w, kv, layers = devices.model_bytes("Qwen3-8B")
+    out = {"Qwen3-8B on H200": {"step_s": measured_8b_h200_s or h200.step_s(w, kv, layers),
+                                "kind": "measured" if measured_8b_h200_s else "modelled",
+                                "how": "sdeth bench sd, target-only" if measured_8b_h200_s else "profile h200"},
+           "Qwen3-8B on A100": {"step_s": a100.step_s(w, kv, layers), "kind": "modelled", "how": "profile a100"}}
+    w, kv, layers = devices.model_bytes("Llama-3.1-70B")
+    half = (w + kv) / 2
+    step = half / h200.offchip_Bps + layers * h200.per_layer_s + 2 * layers * ALLREDUCE_S + h200.host_link_s
+    out["70B-class on 2x H200"] = {"step_s": step, "kind": "modelled",
+                                   "how": "half the bytes per GPU, profile h200, two all-reduces per layer"}
+    return out
+
+
+def costs(target_step_s: float, draft_step_s: float, rtt_s: float) -> costmodel.Costs:
+    return costmodel.Costs(target_step_s, draft_step_s,
+                           {m: target_step_s * (1 + VERIFY_SLOPE * (m - 1)) for m in range(2, 18)}, rtt_s, HOST_S)
+
+
+def predict(alpha: float, target_step_s: float, draft_step_s: float, rtt_s: float, k_max: int = 8,
+            n_tokens: int = 3000) -> dict:
+    """Speedup over target-only of sync SD (best k) and pipelined SD (the event model), modelled."""
+    c = costs(target_step_s, draft_step_s, rtt_s)
+    k, sync = costmodel.best_k(alpha, c, k_max)
+    return {"sync": sync, "sync_k": k, "pipelined": costmodel.pipelined_speedup(alpha, c, k_max, n_tokens=n_tokens)}
+
+
+def design_map(alpha: float, target_step_s: float, draft_steps_s, rtts_s, mode: str = "pipelined") -> list[list[float]]:
+    """Speedup (rows: draft step, columns: round trip) of `mode`, modelled."""
+    return [[predict(alpha, target_step_s, d, r)[mode] for r in rtts_s] for d in draft_steps_s]
+
+
+def device_points(shape: str = "Qwen3-1.7B") -> list[dict]:
+    """Each device profile as a draft of `shape` in bf16 and fp8: its modelled step and where the weights sit."""
+    rows = []
+    for key, p in devices.all_profiles().items():
+        for fmt, bpp in (("bf16", 2.0), ("fp8", 1.0)):
+            w, kv, layers = devices.model_bytes(shape, bpp)
+            rows.append({"device": key, "draft": f"{shape} {fmt}", "step_ms": p.step_s(w, kv, layers) * 1e3,
+                         "memory": p.memory(w, kv), "kind": "modelled (profile)"})
+    return rows
+
+
+def needed_draft_step(alpha: float, target_step_s: float, rtt_s: float, goal: float, mode: str = "pipelined",
+                      lo: float = 10e-6, hi: float = 20e-3) -> float | None:
+    """The slowest draft step (s) at which `mode` still reaches `goal` x (None: not even with a free draft)."""
+    f = lambda d: predict(alpha, target_step_s, d, rtt_s, n_tokens=2000)[mode]  # noqa: E731
+    if f(lo) < goal:
+        return None
+    for _ in range(12):                      # speedup falls as the draft slows: bisect (in log steps, ~4%)
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if f(mid) >= goal else (lo, mid)
+    return lo
+
+
+def economics(speedup: float, base_tokens_per_s: float) -> dict:
+    """SD over Ethernet spends a second device on one stream: per-request latency against tokens/s per
+    device, beside using that device as a second target replica (two streams, each at the base speed)."""
+    return {"per-request speedup": speedup, "SD tokens/s per device": base_tokens_per_s * speedup / 2,
+            "replica tokens/s per device": base_tokens_per_s,
+            "SD throughput per device vs replica": speedup / 2,
+            "worth it when": "latency of one stream matters more than throughput" if speedup < 2 else
+            "always: faster per request and no less throughput per device"}
+
+
+def answer(alphas: dict[str, float], targets: dict[str, dict], rtt_s: float, points: list[dict], measured: dict) -> dict:
+    """M4's answer: per target and alpha, the draft step that reaches 2x and 3x at this round trip (modelled),
+    which device profiles get there, and the measured anchors. Returns {"text", "needed"}."""
+    needed = []
+    for aname, a in alphas.items():
+        for tname, t in targets.items():
+            row = {"alpha": f"{a:.2f} ({aname})", "target": tname, "target step ms": t["step_s"] * 1e3,
+                   "target kind": t["kind"]}
+            for g in (2, 3):
+                d = needed_draft_step(a, t["step_s"], rtt_s, g)
+                row[f"draft step for {g}x (ms)"] = None if d is None else d * 1e3
+            needed.append(row)
+    best8 = max((r for r in needed if r["target"].startswith("Qwen3-8B on H200")), key=lambda r: r["alpha"])
+    d2 = best8["draft step for 2x (ms)"]
+    fast = [p for p in points if d2 and p["step_ms"] <= d2]
+    text = (f"At a {rtt_s * 1e3:g} ms round trip (modelled; datacentre Ethernet is 0.02-0.2 ms), pipelined SD over "
+            f"Ethernet reaches 2x over a Qwen3-8B target on an H200 only with a draft whose step is at most "
+            f"{d2:.2f} ms at alpha {best8['alpha']}" if d2 else "Pipelined SD reaches 2x at no draft speed")
+    text += ("; 3x is out of reach at these alphas for every target with today's protocol (no outcome cache: each "
+             "round's expected tokens cap it)"
+             if all(r["draft step for 3x (ms)"] is None for r in needed) else "")
+    text += (". Among the device profiles only " + ", ".join(f"{p['device']} ({p['draft']}, {p['step_ms']:.2f} ms, "
+             f"{p['memory']})" for p in fast) + " is that fast" if fast else ". No device profile is that fast")
+    for r in needed:
+        if r["target"] != best8["target"] and r["alpha"] == best8["alpha"] and r["draft step for 2x (ms)"]:
+            ok = [p["device"] + " " + p["draft"].split()[-1] for p in points if p["step_ms"] <= r["draft step for 2x (ms)"]]
+            text += (f"; for {r['target']} ({r['target kind']} step {r['target step ms']:.1f} ms) 2x needs a draft step of "
+                     f"at most {r['draft step for 2x (ms)']:.2f} ms: " + (", ".join(ok) or "no profile"))
+    text += (f"; a GPU draft as our decoder runs it today ({measured.get('gpu_draft_step_ms', float('nan')):.2f} ms, "
+             f"measured) gives {measured.get('gpu_pipelined', float('nan')):.2f}x (measured, synthetic alpha 0.71).")
+    return {"text": text, "needed": needed}
+
+
+def profiles_table():
+    import pandas as pd
+    rows = []
+    for key, p in devices.all_profiles().items():
+        rows.append({"profile": key, "device": p.name, "on-chip GB": p.onchip_bytes / 1e9,
+                     "on-chip TB/s": p.onchip_Bps / 1e12, "off-chip GB": p.offchip_bytes / 1e9,
+                     "off-chip TB/s": p.offchip_Bps / 1e12, "per layer us": p.per_layer_s * 1e6,
+                     "host link us": p.host_link_s * 1e6, "sources": "; ".join(f"{k}: {v}" for k, v in p.sources.items())})
+    return pd.DataFrame(rows).set_index("profile")
+
+
+def testbed_runs(cfg, pair, emulations: list[str], chains_path: str, progress: bool = False) -> dict[str, dict]:
+    """On the testbed: target-only, then sync and pipelined SD over the link with the pair's own draft (measured)
+    and with each emulated draft device (the draft's recorded tokens, paced by the profile: emulated)."""
+    from dataclasses import replace
+    from . import experiment
+    runs = {"target-only": experiment.run(replace(cfg, mode="target-only", placement="colocated", rtt_ms=0.0), pair, progress)}
+    for label, extra in [("draft: this machine's CPU (measured)", {})] + [
+            (f"draft: {e} (emulated)", {"draft_emulate": e, "draft_chains": chains_path}) for e in emulations]:
+        for mode in ("sd", "pipelined"):
+            runs[f"{mode}, {label}"] = experiment.run(replace(cfg, mode=mode, placement="ethernet", **extra), pair, progress)
+    return runs
+
+
+def runs_table(runs: dict[str, dict]):
+    import pandas as pd
+    from .summary import identical_outputs
+    base = runs["target-only"]
+    rows = []
+    for label, r in runs.items():
+        s = r["summary"]
+        rows.append({"run": label, "kind": "emulated" if "emulated" in label else "measured",
+                     "tokens/s": s["tokens_per_s"], "speedup": s["tokens_per_s"] / base["summary"]["tokens_per_s"],
+                     "predicted": (s.get("predicted_tokens_per_s") or 0) / base["summary"]["predicted_tokens_per_s"]
+                     if s.get("predicted_tokens_per_s") else None,
+                     "alpha": s.get("alpha"), "draft step ms": (s.get("costs") or {}).get("draft_step", 0) * 1e3,
+                     "identical to target-only": identical_outputs(r, base)})
+    return pd.DataFrame(rows).set_index("run")
+
+
+def model_check(bench_rows: list[dict], testbed: "object") -> "object":
+    """Measured and emulated points against the model's prediction for each (within 15% is the goal)."""
+    import pandas as pd
+    rows = [{"point": f"two H200s, {b['run']}: {b['mode']}", "kind": "measured", "measured": b["speedup"],
+             "predicted": b["predicted"]} for b in bench_rows if b["mode"] != "target-only" and b.get("predicted")]
+    for label, r in testbed.iterrows():
+        if label != "target-only" and r["predicted"]:
+            rows.append({"point": f"testbed, {label}", "kind": r["kind"], "measured": r["speedup"], "predicted": r["predicted"]})
+    df = pd.DataFrame(rows).set_index("point")
+    df["gap"] = df["predicted"] / df["measured"] - 1
+    df["within 15%"] = df["gap"].abs() <= 0.15
+    return df
