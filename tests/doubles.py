@@ -89,3 +89,14 @@ def two_token_chi2(engine, prompt: list[int], s: Sampling, counts: dict[tuple, i
         obs.append(sum(v for c, v in counts.items() if c not in big))
         exp.append(sum(e for c, e in expected.items() if c not in big))
     return chisquare(obs, [e * sum(obs) / sum(exp) for e in exp]).pvalue
+
+
+def tiny_qwen3(seed: int = 0):
+    """A two-layer Qwen3 model (300 ids, GQA, tied output layer) with random weights from `seed`."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                      tie_word_embeddings=True)
+    return Qwen3ForCausalLM(cfg).eval()

@@ -12,14 +12,7 @@ from sdeth.runtime.loop import Drafter, generate_sd, generate_target_only
 from sdeth.runtime.verify import Sampling
 from sdeth.study.acceptance import chains_for
 
-
-def _tiny(seed):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
-                      tie_word_embeddings=True)
-    return Qwen3ForCausalLM(cfg).eval()
+from doubles import tiny_qwen3 as _tiny
 
 
 def test_replayed_draft_proposes_and_is_accepted_as_the_real_one():

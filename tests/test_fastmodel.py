@@ -5,15 +5,13 @@ import torch
 
 from sdeth.runtime.engine import Engine
 
+from doubles import tiny_qwen3
+
 
 def _tiny(kind):
-    torch.manual_seed(0)
     if kind == "qwen3":
-        from transformers import Qwen3Config, Qwen3ForCausalLM
-        cfg = Qwen3Config(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
-                          tie_word_embeddings=True)
-        return Qwen3ForCausalLM(cfg).eval()
+        return tiny_qwen3(0)
+    torch.manual_seed(0)
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=256,

@@ -6,14 +6,7 @@ import torch
 from sdeth.runtime.engine import Engine
 from sdeth.runtime.fastmodel import FastDecoder, FastOptions, FastOptionsError
 
-
-def _tiny(seed=0, vocab=300):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
-                      tie_word_embeddings=True)
-    return Qwen3ForCausalLM(cfg).eval()
+from doubles import tiny_qwen3 as _tiny
 
 
 def _run(model, fast, ids, split=9):

@@ -61,7 +61,7 @@ def draft_token(seed: int, pos: int, vocab: int, alpha: float) -> int:
 
 class AcceptanceTrace:
     """A recorded acceptance trace: for each sequence, the rank (0..top) of the target's token in the draft's
-    order at each generated position. RequestRecord r replays sequence (r's key mod the number of sequences),
+    order at each generated position. Request r replays sequence (r's key mod the number of sequences),
     position j its event j (wrapping round).
 
     Scaling to a set alpha (the documented rule): events are changed one by one, each by its own hash, never

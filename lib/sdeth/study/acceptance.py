@@ -49,6 +49,12 @@ def per_position_alpha(p_logits: torch.Tensor, q_logits: torch.Tensor, s: Sampli
     return torch.minimum(p, probs(q_logits, s)).sum(-1)
 
 
+def sequence_se(per_seq: list[float]) -> float:
+    """Standard error of a mean over positions, from the spread of per-sequence means (positions within a
+    sequence are not independent)."""
+    return statistics.stdev(per_seq) / math.sqrt(len(per_seq)) if len(per_seq) > 1 else float("nan")
+
+
 def expected_alpha(target, draft, seqs: list[Sequence], s: Sampling) -> dict:
     """Mean per-token alpha over all continuation positions, with a standard error from the spread of
     per-sequence means (positions within a sequence are not independent)."""
@@ -60,7 +66,7 @@ def expected_alpha(target, draft, seqs: list[Sequence], s: Sampling) -> dict:
         per_seq.append(a.mean().item())
         all_pos.append(a)
     pos = torch.cat(all_pos)
-    se = statistics.stdev(per_seq) / math.sqrt(len(per_seq)) if len(per_seq) > 1 else float("nan")
+    se = sequence_se(per_seq)
     return {"alpha": pos.mean().item(), "se": se, "positions": pos.numel(), "sequences": len(seqs)}
 
 
@@ -265,7 +271,7 @@ def fast_draft_agreement(draft, seqs, fast: str = "", dtype=None) -> dict:
         h = (logits.argmax(-1).cpu() == torch.tensor(ids[plen:])).float()
         hits, n = hits + h.sum().item(), n + h.numel()
         per_seq.append(h.mean().item())
-    se = statistics.stdev(per_seq) / math.sqrt(len(per_seq)) if len(per_seq) > 1 else float("nan")
+    se = sequence_se(per_seq)
     return {"greedy_agreement": round(hits / n, 4), "se": round(se, 4), "positions": n}
 
 

@@ -141,18 +141,15 @@ def testbed_runs(cfg, pair, emulations: list[str], chains_path: str, progress: b
 
 
 def runs_table(runs: dict[str, dict]):
+    """testbed_runs' results, a row each (speedups against its first run, target-only: summary.sweep_table)."""
     import pandas as pd
-    from .summary import identical_outputs
-    base = runs["target-only"]
+    from .summary import sweep_table
     rows = []
-    for label, r in runs.items():
-        s = r["summary"]
+    for (label, r), t in zip(runs.items(), sweep_table(list(runs.values()))):
         rows.append({"run": label, "kind": "emulated" if "emulated" in label else "measured",
-                     "tokens/s": s["tokens_per_s"], "speedup": s["tokens_per_s"] / base["summary"]["tokens_per_s"],
-                     "predicted": (s.get("predicted_tokens_per_s") or 0) / base["summary"]["predicted_tokens_per_s"]
-                     if s.get("predicted_tokens_per_s") else None,
-                     "alpha": s.get("alpha"), "draft step ms": (s.get("costs") or {}).get("draft_step", 0) * 1e3,
-                     "identical to target-only": identical_outputs(r, base)})
+                     "tokens/s": t["tokens_per_s"], "speedup": t["speedup"], "predicted": t["predicted_speedup"],
+                     "alpha": t["alpha"], "draft step ms": (r["summary"].get("costs") or {}).get("draft_step", 0) * 1e3,
+                     "identical to target-only": t["identical_to_target_only"]})
     return pd.DataFrame(rows).set_index("run")
 
 

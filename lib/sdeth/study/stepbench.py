@@ -47,17 +47,25 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return round(float((got[fin].float() - want[fin].float()).norm() / want[fin].float().norm()), 5)
 
 
+def bench_ids(vocab: int, context: int) -> list[int]:
+    """The benchmark's prompt (context ids) and the ids after it, the same for every lever."""
+    return torch.randint(0, vocab, (context + 16,), generator=torch.Generator().manual_seed(0)).tolist()
+
+
+def eager_first_step(model, name: str, context: int, capacity: int, fast: str = "") -> torch.Tensor:
+    """The first decode step's logits after the benchmark's prompt: the fast decoder with `fast`, uncompiled,
+    outside a graph."""
+    ids = bench_ids(model.config.vocab_size, context)
+    e = Engine(model, name, capacity=capacity, impl="fast", fast=fast or None, cuda_graphs=False)
+    e.start(capacity)
+    e.forward(ids[:context])
+    return e.forward(ids[context:context + 1])[0].clone()
+
+
 def fp32_logits(model, name: str, context: int, capacity: int) -> torch.Tensor:
     """The first decode step's logits from an fp32 copy of the model, eager: the reference."""
     import copy
-    m32 = copy.deepcopy(model).float()
-    e = Engine(m32, name, capacity=capacity, impl="fast", cuda_graphs=False)
-    ids = torch.randint(0, model.config.vocab_size, (context + 16,), generator=torch.Generator().manual_seed(0)).tolist()
-    e.start(capacity)
-    e.forward(ids[:context])
-    out = e.forward(ids[context:context + 1])[0].clone()
-    del e, m32
-    return out
+    return eager_first_step(copy.deepcopy(model).float(), name, context, capacity)
 
 
 def timed_ms(fn, device) -> float:
@@ -145,7 +153,7 @@ def measure(model, name: str, label: str, fast: str, compile_mode: str, capacity
     """One lever set on one model: compile/capture time, step, replay, rows, floor, logits checks."""
     cfg = model.config
     row = {"model": name, "lever": label, "fast": fast or "defaults", "compile": compile_mode, "capacity": capacity}
-    ids = torch.randint(0, cfg.vocab_size, (context + 16,), generator=torch.Generator().manual_seed(0)).tolist()
+    ids = bench_ids(cfg.vocab_size, context)
     eng = Engine(model, name, capacity=capacity, impl="fast", compile_mode=compile_mode or None, fast=fast or None)
     eng.start(capacity)
     eng.forward(ids[:context])                   # prefill (eager)
@@ -156,15 +164,11 @@ def measure(model, name: str, label: str, fast: str, compile_mode: str, capacity
     eng.rollback(context)
     # graph = eager: the same decoder uncompiled and outside a graph, both against an fp32 eager decoder
     # (bf16 rounding differs between fused and unfused kernels: the graph should be no further from fp32)
-    eager = Engine(model, name, capacity=capacity, impl="fast", fast=fast or None, cuda_graphs=False)
-    eager.start(capacity)
-    eager.forward(ids[:context])
-    want = eager.forward(ids[context:context + 1])[0]
+    want = eager_first_step(model, name, context, capacity, fast)
     row["graph_vs_eager"] = rel_err(logits[0], want)
     if ref32 is not None:
         row["graph_vs_fp32"], row["eager_vs_fp32"] = rel_err(logits[0], ref32), rel_err(want, ref32)
         row["graph_as_exact_as_eager"] = row["graph_vs_fp32"] <= 1.25 * row["eager_vs_fp32"] + 0.005
-    del eager
     if ref is not None:                          # against the base's graph
         row["vs_base_rel_err"] = rel_err(logits[0], ref)
     for _ in range(2):
