@@ -10,7 +10,7 @@ from sdeth import costmodel
 from sdeth.runtime import loop, pipeline, verify
 from sdeth.costmodel import Costs, AdaptivePolicy
 from sdeth.runtime.verify import Sampling
-from doubles import LocalStream
+from doubles import LocalStream, row_bigram, tiny_qwen3
 from test_verify import DRAFT, TARGET, V, BigramEngine
 
 
@@ -25,8 +25,13 @@ class RandomPolicy(AdaptivePolicy):
         return self.rng.randint(0, min(available + 1, m_max))
 
 
-def _run(seed, s, max_tokens=40, k=4, die_after=0, gen=None, start=0, device="cpu"):
-    stream = LocalStream(BigramEngine(DRAFT, device), s, seed=seed, die_after=die_after, window=2 * k + 2)
+def _run(seed, s, max_tokens=40, k=4, die_after=0, gen=None, start=0, device="cpu", cache=None):
+    """cache: (fanout, depth, ranks) of the outcome cache (None: off)."""
+    if cache:
+        stream = LocalStream(row_bigram(DRAFT, device), s, seed=seed, die_after=die_after, window=2 * k + 2,
+                             fanout=cache[0], depth=cache[1], ranks=cache[2])
+    else:
+        stream = LocalStream(BigramEngine(DRAFT, device), s, seed=seed, die_after=die_after, window=2 * k + 2)
     return pipeline.generate_pipelined(BigramEngine(TARGET, device), stream, [start], max_tokens, k, s, None, gen,
                                        est=RandomPolicy(seed))
 
@@ -51,7 +56,7 @@ def test_stream_view_follows_the_draft():
     d = pipeline.StreamDrafter(BigramEngine(DRAFT), window=8)
     d.start([0], 32, first=3, s=Sampling())
     view = pipeline.StreamView()
-    msgs = [d.step() for _ in range(3)]               # positions 1, 2, 3
+    msgs = [d.step()[0] for _ in range(3)]               # positions 1, 2, 3
     for m in msgs[:2]:
         view.on_drafted(*m)
     assert [t for t, _ in view.chain(1, 8)] == [msgs[0][2], msgs[1][2]]
@@ -68,7 +73,7 @@ def test_stream_view_follows_the_draft():
     view.on_commit(3, 4)                              # not drafted yet: the draft takes it
     d.commit(3, 4)
     assert d.chain[-1] == 4 and d.epoch == 1
-    nxt = d.step()
+    nxt = d.step()[0]
     assert nxt[1] == 4
     view.on_drafted(*nxt)
     assert view.unresolved == {} and [t for t, _ in view.chain(4, 8)] == [nxt[2]]
@@ -80,25 +85,25 @@ def test_commits_made_before_a_restart_is_seen_are_compared_in_the_new_epoch():
     d = pipeline.StreamDrafter(BigramEngine(DRAFT), window=8)
     d.start([0], 32, first=3, s=Sampling())
     view = pipeline.StreamView()
-    x1 = d.step()                                     # position 1, in flight
+    x1 = d.step()[0]                                     # position 1, in flight
     y1, y2 = (x1[2] + 1) % V, 0
     view.on_commit(1, y1), view.on_commit(2, y2)      # two plain steps of the target
     d.commit(1, y1)                                   # the draft: mismatch, epoch 1
-    z = d.step()                                      # position 2 in epoch 1
+    z = d.step()[0]                                      # position 2 in epoch 1
     d.commit(2, y2)                                   # compared (or taken as given)
     view.on_drafted(*x1)                              # target learns of the mismatch: epoch 1
     view.on_drafted(*z)
     assert view.epoch == d.epoch, (view.epoch, d.epoch)
-    nxt = d.step()
+    nxt = d.step()[0]
     view.on_drafted(*nxt)
     assert view.epoch == d.epoch and [t for t, _ in view.chain(3, 8)] == [nxt[2]]
 
 
-def _pvalue(s, n=8000, seed=0, device="cpu"):
+def _pvalue(s, n=8000, seed=0, device="cpu", cache=None):
     gen = torch.Generator(device).manual_seed(seed)
     counts = torch.zeros(V * V)
     for i in range(n):
-        r = _run(seed * 100000 + i, s, max_tokens=3, k=3, gen=gen, device=device)
+        r = _run(seed * 100000 + i, s, max_tokens=3, k=3, gen=gen, device=device, cache=cache)
         b, c = r.output_ids[1:3]
         counts[b * V + c] += 1
     p = verify.probs(TARGET, s)
@@ -114,6 +119,86 @@ def test_pipelined_sampling_reproduces_target_distribution(draft_sampled):
     assert _pvalue(Sampling(1.0, draft_sampled=draft_sampled)) > 1e-3
 
 
+@pytest.mark.parametrize("cache", [(2, 3, 1), (4, 2, 2), (1, 1, 1)])
+@pytest.mark.parametrize("die_after", [0, 7])
+def test_outcome_cache_greedy_equals_target_only(cache, die_after):
+    """Random interleavings of drafting, commits and delivery with branches open: hits (a branch adopted,
+    its tokens taken before or after the commit), misses (a restart) and the draft's death all occur."""
+    s = Sampling()
+    hits = restarts = branch_tokens = 0
+    for seed in range(200):
+        start = seed % V
+        ref = loop.generate_target_only(BigramEngine(TARGET), [start], 40, s, None)
+        r = _run(seed, s, die_after=die_after, start=start, cache=cache)
+        assert r.output_ids == ref.output_ids, seed
+        hits, restarts, branch_tokens = hits + r.cache_hits, restarts + r.stream_restarts, branch_tokens + r.branch_tokens
+        assert r.cache_hits <= r.stream_restarts
+    assert branch_tokens > 0 and 0 < hits < restarts, (hits, restarts)
+
+
+@pytest.mark.parametrize("draft_sampled", [True, False])
+def test_outcome_cache_sampling_reproduces_target_distribution(draft_sampled):
+    assert _pvalue(Sampling(1.0, draft_sampled=draft_sampled), n=6000, cache=(2, 3, 2)) > 1e-3
+
+
+def test_stream_view_takes_a_branch_before_and_after_the_commit():
+    """A hit: the target's commit selects a branch; the tokens it already holds become the new epoch's
+    drafts at once, and the ones still on the wire (old epoch, same fork) are taken when they arrive."""
+    view = pipeline.StreamView()
+    view.on_drafted(0, 1, 7, None)                    # the draft's token at 1
+    view.on_drafted(0, 2, 8, None, fork=1, corr=9)    # branch: if the target takes 9 at 1, then 8 at 2
+    view.on_commit(1, 9)                              # a rejection with the branch's correction: a hit
+    assert (view.epoch, view.hits, view.restarts) == (1, 1, 1)
+    assert [t for t, _ in view.chain(2, 8)] == [8]
+    view.on_drafted(0, 3, 4, None, fork=1, corr=9)    # the branch's next token, sent before the draft adopted
+    view.on_drafted(0, 3, 5, None, fork=1, corr=6)    # another branch at 1: dropped
+    view.on_drafted(1, 4, 2, None)                    # the draft's own next token in the new epoch
+    assert [t for t, _ in view.chain(2, 8)] == [8, 4, 2]
+    view.on_commit(2, 3)                              # a miss: no branch at 2
+    assert (view.epoch, view.hits, view.restarts) == (2, 1, 2) and view.chain(3, 8) == []
+
+
+def test_outcome_cache_adopts_the_branch_rows_exactly():
+    """On a real cache (the fast decoder, branch rows in scratch slots): after a hit the draft's chain and
+    its next tokens equal a draft that decoded the corrected sequence from scratch."""
+    from sdeth.runtime.engine import Engine
+    model = tiny_qwen3(3)
+    eng = Engine(model, "draft", impl="fast", capacity=64, scratch=16)
+    d = pipeline.StreamDrafter(eng, window=12, fanout=3, depth=4, ranks=2)
+    prompt = [5, 17, 42, 9]
+    d.start(prompt, 48, first=11, s=Sampling())
+    for _ in range(7):
+        d.step()
+    (fork, corr), b = min(d.branches.items())         # the earliest branch (its fork: position 1)
+    assert len(b.tokens) >= 3 and corr != d.chain[fork]
+    d.commit(fork, corr)
+    assert d.hits == 1 and d.chain[fork] == corr
+    for _ in range(3):
+        d.step()
+    ref = Engine(model, "ref", impl="fast", capacity=64)
+    ref.start(64)
+    seq = prompt + [11]
+    logits = ref.forward(seq + d.chain[1:fork + 1])[-1]
+    want = []
+    for _ in range(len(d.chain) - fork - 1):
+        want.append(int(logits.argmax()))
+        logits = ref.forward([want[-1]])[-1]
+    assert d.chain[fork + 1:] == want
+
+
+def test_outcome_cache_config_errors():
+    from sdeth.study.config import ConfigError, RunConfig
+    with pytest.raises(ValueError, match="FANOUT"):
+        pipeline.parse_cache("2x")
+    assert pipeline.parse_cache("3") == (3, 4, 1) and pipeline.parse_cache("off")[0] == 0
+    with pytest.raises(ConfigError, match="impl 'fast'"):
+        RunConfig(mode="pipelined", placement="ethernet", cache="2x4").check()
+    with pytest.raises(ValueError, match="scratch slots"):
+        pipeline.StreamDrafter(BigramEngine(DRAFT), fanout=2)
+    assert RunConfig(mode="pipelined", placement="ethernet").outcome_cache() == "off"          # hf: no rows
+    assert RunConfig(mode="pipelined", placement="ethernet", impl="fast").outcome_cache() == pipeline.CACHE_DEFAULT
+
+
 def test_estimator_alpha_and_choices():
     e = AdaptivePolicy(alpha0=0.5, prior=2.0, decay=1.0)
     for _ in range(100):
@@ -127,6 +212,20 @@ def test_estimator_alpha_and_choices():
     assert e.choose_m(5, 5) >= 2                       # cheap drafts already here: verify several
     e.rtt = 1.0
     assert e.choose_m(0, 5, fresh=True, since_s=0.0) == 0   # a second away: step alone
+
+
+def test_event_model_outcome_cache():
+    """No hits at no extra cost: the plain pipelined figure; every covered rejection a hit: faster, and the
+    reported hit rate is what was put in."""
+    c = Costs(0.05, 0.02, {m: 0.05 + 0.002 * m for m in range(2, 10)}, rtt=0.004)
+    plain = costmodel.simulate_pipelined(0.7, c, 6, n_tokens=4000)
+    none = costmodel.simulate_pipelined(0.7, c, 6, n_tokens=4000, cache=(2, 4, 0.0, 1.0))
+    some = costmodel.simulate_pipelined(0.7, c, 6, n_tokens=4000, cache=(2, 4, 0.3, 1.0))
+    every = costmodel.simulate_pipelined(0.7, c, 6, n_tokens=4000, cache=(16, 6, 1.0, 1.0))
+    assert none["tokens_per_s"] == pytest.approx(plain["tokens_per_s"], rel=1e-9) and none["cache_hit_rate"] == 0
+    assert every["tokens_per_s"] > some["tokens_per_s"] > plain["tokens_per_s"]
+    assert every["cache_hit_rate"] > 0.95 and 0.15 < some["cache_hit_rate"] < 0.3
+    assert costmodel.cache_terms(4, 4, 2, [0.0, 0.2, 0.1, 0.05], {1: 1.0, 4: 1.07}) == (2, 4, pytest.approx(0.3), 1.07)
 
 
 def test_simulation_brackets():

@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--placement", default="colocated", choices=["colocated", "ethernet"],
                    help="colocated: one process; ethernet: draft and target workers on two (namespace) nodes")
     r.add_argument("--rtt-ms", type=float, default=0.0, help="ethernet: injected round trip (ms), half each way")
+    r.add_argument("--impl", default="hf", choices=["hf", "fast"], help="model code: transformers or sdeth's fast decoder")
+    r.add_argument("--cache", default="auto", help="pipelined: the outcome cache, off | auto | FANOUT[xDEPTH[xRANKS]] "
+                   "(auto: on where the draft drafts rows, impl fast)")
     r.add_argument("--max-len", type=int, default=2048, help="longest prompt + max_tokens accepted")
     r.add_argument("--json", help="write the results JSON here")
     r.add_argument("--engine", default="sdeth", choices=["sdeth", "vllm", "vllm-server"],
@@ -80,7 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-tokens", type=int, default=128, help="generated tokens per request")
     b.add_argument("--k", type=int, default=3, help="k of the fixed-k modes (colocated, sync)")
     b.add_argument("--k-max", type=int, default=8, help="the most k of adaptive and pipelined")
-    b.add_argument("--modes", default="target-only,colocated,sync,adaptive,pipelined")
+    b.add_argument("--modes", default="target-only,colocated,sync,adaptive,pipelined,cached",
+                   help="cached: pipelined with the outcome cache (--cache)")
+    b.add_argument("--cache", default="auto", help="the outcome cache of mode 'cached': FANOUT[xDEPTH[xRANKS]] "
+                   "(auto: runtime.pipeline.CACHE_DEFAULT)")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json", required=True)
     b.add_argument("--draft-fast", default="", help="sd: the draft decoder's levers (FastOptions spec)")
@@ -235,7 +241,7 @@ def _bench(a) -> int:
                          compile=a.compile, capacity=a.capacity, prompts=f"random:{a.requests}:{a.context}:{a.seed}",
                          max_tokens=a.max_tokens, k=a.k, seed=a.seed, max_len=a.capacity,
                          synthetic_alpha=None if a.synthetic_alpha < 0 else a.synthetic_alpha, netns=False,
-                         synthetic_trace=a.trace, draft_fast=a.draft_fast, target_fast=a.target_fast)
+                         synthetic_trace=a.trace, draft_fast=a.draft_fast, target_fast=a.target_fast, cache=a.cache)
         res = bench.bench_sd(base, tuple(m for m in a.modes.split(",") if m), a.k_max)
     except (ConfigError, ValueError) as e:
         print(f"sdeth: error: {e}", file=sys.stderr)
@@ -251,7 +257,7 @@ def _run(a) -> int:
                     top_p=a.top_p, top_k=a.top_k, draft_sampled=a.draft_sampled, prompts=a.prompts,
                     max_tokens=a.max_tokens, chat=not a.raw_prompts, thinking=a.thinking, seed=a.seed,
                     device=a.device, placement=a.placement, rtt_ms=a.rtt_ms, max_len=a.max_len,
-                    engine=a.engine, adaptive=a.adaptive).check()
+                    engine=a.engine, adaptive=a.adaptive, impl=a.impl, cache=a.cache).check()
     if a.rtt_sweep:
         return _sweep(cfg, a)
     res = run(cfg)

@@ -166,7 +166,7 @@ class FixedPolicy(AdaptivePolicy):
 
 
 def simulate_pipelined(alpha: float, c: Costs, k_max: int, n_tokens: int = 20000, seed: int = 0,
-                       adaptive: bool = True) -> dict:
+                       adaptive: bool = True, cache: tuple | None = None) -> dict:
     """Event model of the pipelined protocol (sdeth.pipeline): the draft drafts one token per
     draft_step from the start of its current run; a token reaches the target rtt/2 after it is
     drafted; each draft token equals the target's choice with probability alpha (for greedy decoding
@@ -174,14 +174,27 @@ def simulate_pipelined(alpha: float, c: Costs, k_max: int, n_tokens: int = 20000
     verifies, and commits; the Commit reaches the draft rtt/2 later, between two of its steps: a
     mismatch there restarts the draft's run, a position not drafted yet is taken as given.
     Returns tokens/s, mean drafts verified per round, share of plain target steps and of idle
-    target time. Deterministic for a seed. adaptive=False plays the fixed policy (FixedPolicy)."""
+    target time. Deterministic for a seed. adaptive=False plays the fixed policy (FixedPolicy).
+
+    cache = (forks, depth, hit, row_cost) (cache_terms makes it from a cache spec): the outcome cache
+    (runtime.pipeline). Branches open at the first `forks` positions past the last commit; a rejection at a covered position finds its correction there
+    with probability `hit` (the share of rejections whose correction is among the draft's branched
+    alternatives: the rank distribution of corrections); a branch drafts `depth` tokens from its fork's
+    step on, one per step, streamed at once; a hit then costs no restart (the branch tokens are at the
+    target or on their way, and the draft drafts on from the branch's end). Every step costs row_cost
+    times a plain one (the branch rows of the same forward). Adds the hit rate after a rejection."""
     import random
     rng = random.Random(seed)
     est = AdaptivePolicy() if adaptive else FixedPolicy()
     est.acc, est.rej = alpha * 1e9, (1 - alpha) * 1e9
     est.draft_step, est.rtt, est.overhead = c.draft_step, c.rtt, c.overhead
     est.verify_s = {m: c.verify(m) for m in range(1, k_max + 2)}
-    d, ow = c.draft_step, c.rtt / 2
+    forks, depth, hit, row_cost = cache if cache else (0, 0, 0.0, 1.0)
+    d, ow = c.draft_step * row_cost, c.rtt / 2
+    if cache:
+        est.draft_step = d
+    restarts = hits = 0
+    acked = 1                    # positions < acked were committed when the last Commit arrived
     prod: list[list] = []        # the draft's current run: [pos, end time, equals the target's choice]
     nxt_pos, last_end = 1, ow    # the first Commit (position 0) reaches the draft at rtt/2
     t, out = 0.0, 1              # target clock; positions < out are committed
@@ -195,7 +208,7 @@ def simulate_pipelined(alpha: float, c: Costs, k_max: int, n_tokens: int = 20000
             nxt_pos += 1
 
     def commit(p: int, tc: float) -> None:
-        nonlocal nxt_pos, last_end, t_restart
+        nonlocal nxt_pos, last_end, t_restart, restarts, hits
         arrive = tc + ow
         produce_until(arrive - d)                 # every step started before the Commit arrives
         mine = next((x for x in prod if x[0] == p), None)
@@ -203,9 +216,15 @@ def simulate_pipelined(alpha: float, c: Costs, k_max: int, n_tokens: int = 20000
             nxt_pos = p + 1                       # not drafted yet: take the target's token
             last_end = max(last_end, arrive)
         elif mine is not None and not mine[2]:
+            restarts += 1
             del prod[:]                           # mismatch: a new run from p + 1
-            nxt_pos, last_end = p + 1, max(last_end, arrive)
-            t_restart = tc
+            if hit and p < acked + forks and rng.random() < hit:
+                hits += 1                         # the branch at p: drafted from its fork's step on
+                prod.extend([p + j, mine[1] + j * d, rng.random() < alpha] for j in range(1, depth + 1))
+                nxt_pos, last_end = p + depth + 1, max(mine[1] + depth * d, arrive)
+            else:
+                nxt_pos, last_end = p + 1, max(last_end, arrive)
+                t_restart = tc
 
     while out < n_tokens:
         produce_until(t - ow)
@@ -230,9 +249,21 @@ def simulate_pipelined(alpha: float, c: Costs, k_max: int, n_tokens: int = 20000
             n += 1
         out += n + 1
         commit(out - 1, t)
+        acked = out
         prod[:] = [x for x in prod if x[0] >= out]
     return {"tokens_per_s": out / t, "verified_per_round": verified / rounds, "tokens_per_round": out / rounds,
-            "plain_step_share": plain / rounds, "target_idle_share": idle / t}
+            "plain_step_share": plain / rounds, "target_idle_share": idle / t,
+            "restarts": restarts, "cache_hit_rate": hits / restarts if restarts else None}
+
+
+def cache_terms(fanout: int, depth: int, ranks: int, rank_shares: list[float], row_costs: dict) -> tuple:
+    """simulate_pipelined's cache terms for an outcome cache of fanout branches, depth deep, on the first
+    `ranks` alternatives: forks covered (fanout // ranks), the hit probability (the share of rejections whose
+    correction is the draft's 2nd..(ranks+1)th choice: rank_shares[r] = P(rank r | rejection)), and the
+    step's cost with fanout + 1 rows over one row (row_costs: rows -> ratio; missing: the nearest below)."""
+    rows = fanout + 1
+    known = sorted(r for r in row_costs if r <= rows) or [1]
+    return (max(fanout // ranks, 1), depth, sum(rank_shares[1:ranks + 1]), row_costs.get(known[-1], 1.0))
 
 
 def pipelined_speedup(alpha: float, c: Costs, k_max: int, **kw) -> float:

@@ -7,6 +7,9 @@ from .engine import Engine
 from .synthetic import AcceptanceTrace, SyntheticEngine
 
 
+DRAFT_SCRATCH = 32     # a fast draft's cache slots for the outcome cache's branch rows (fanout x depth at most)
+
+
 def make_engine(model, name: str, role: str, impl: str = "hf", compile_mode: str | None = None,
                 capacity: int = 4096, synthetic_alpha: float | None = None, synthetic_seed: int = 0,
                 vocab: int | None = None, synthetic_trace: str | None = None, draft_fast: str = "",
@@ -20,7 +23,8 @@ def make_engine(model, name: str, role: str, impl: str = "hf", compile_mode: str
         from .emulated import emulated_draft
         return emulated_draft(model, draft_emulate, draft_chains, vocab=vocab)
     fast = draft_fast if role == "draft" else target_fast
-    kw = dict(impl=impl, compile_mode=compile_mode or None, capacity=capacity, vocab=vocab, fast=fast or None)
+    kw = dict(impl=impl, compile_mode=compile_mode or None, capacity=capacity, vocab=vocab, fast=fast or None,
+              scratch=DRAFT_SCRATCH if role == "draft" and impl == "fast" else 0)
     if synthetic_alpha is None and not synthetic_trace:
         return Engine(model, name, **kw)
     trace = AcceptanceTrace.load(synthetic_trace, synthetic_alpha) if synthetic_trace and role == "draft" else None

@@ -255,13 +255,16 @@ class Engine:
         self.rollback(0)
 
     @torch.inference_mode()
-    def forward_rows(self, ids, positions, slots, visible) -> torch.Tensor:
+    def forward_rows(self, ids, positions, slots, visible, advance: int = 0) -> torch.Tensor:
         """Several rows in one forward (the fast decoder only): token i at positions[i], its keys written
         to slots[i] (the scratch region past capacity for rows that branch off the cached prefix), and
-        attending to the slots visible[i] marks. The chain position does not move. Returns [m, V]."""
+        attending to the slots visible[i] marks. advance: how many of the rows (the first ones) extend the
+        chain, written at its next slots; the chain position moves by that many. Returns [m, V]."""
         if self.impl != "fast":
             raise ValueError(f"{self.name}: rows need impl='fast'")
         ids = self.on_device(ids)
+        if self.pos + advance > self.max_len:
+            raise CacheFull(f"{self.name}: {self.pos} + {advance} tokens exceed the cache of {self.max_len}")
         dev = lambda t, dt: torch.as_tensor(t, dtype=dt).to(self.device, non_blocking=True)  # noqa: E731
         inputs = (ids, dev(positions, torch.long), dev(slots, torch.long), dev(visible, torch.bool))
         t0 = self.clock.begin()
@@ -271,9 +274,40 @@ class Engine:
             logits = self._fixed(*inputs)
         if self.vocab is not None:
             logits = logits[:, :self.vocab]
+        self.pos += advance
         self.clock.end(t0)
         self.forwards += 1
         return logits
+
+    def rows_visible(self, prefix, lo, hi) -> torch.Tensor:
+        """Row visibility for forward_rows, built on the device from three numbers per row: the chain's
+        slots below prefix[i], and the scratch slots lo[i]..hi[i] (the row's own branch, itself included)."""
+        slots = self.net.slots
+        p, a, b = (torch.as_tensor(v, dtype=torch.long).to(self.device, non_blocking=True)[:, None]
+                   for v in (prefix, lo, hi))
+        return (slots[None, :] < p) | ((slots[None, :] >= a) & (slots[None, :] <= b))
+
+    def scratch_base(self) -> int:
+        """The first scratch slot (past the chain's cache)."""
+        return self.net.capacity
+
+    def copy_slots(self, src: list[int], dst_pos: int) -> None:
+        """Move the cache entries at slots src to the chain's positions dst_pos.. (a branch adopted: its rows
+        become the chain, without recomputing them); the chain then holds dst_pos + len(src) tokens."""
+        if dst_pos + len(src) > self.max_len or dst_pos > self.pos:
+            raise CacheFull(f"{self.name}: cannot adopt {len(src)} rows at {dst_pos} (cache {self.pos}/{self.max_len})")
+        t = lambda v: torch.as_tensor(v, dtype=torch.long).to(self.device)  # noqa: E731
+        self.net.copy_slots(t(src), t(list(range(dst_pos, dst_pos + len(src)))))
+        self.pos = dst_pos + len(src)
+
+    def warm_rows(self, max_rows: int) -> None:
+        """Capture the row forwards of 1..max_rows rows now (the outcome cache's widths)."""
+        if not self.graphs_on or self.impl != "fast" or not self.scratch:
+            return
+        self.start(min(self.capacity, 4))
+        for m in range(1, min(max_rows, self.max_graph_width) + 1):
+            self.forward_rows([0] * m, [0] * m, [self.scratch_base()] * m, self.rows_visible([0] * m, [0] * m, [0] * m))
+        self.rollback(0)
 
     def _replay(self, key, inputs) -> torch.Tensor:
         if key not in self.graphs:

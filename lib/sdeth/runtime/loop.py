@@ -50,6 +50,9 @@ class RequestRecord:
     rtt_est_ms: float | None = None # pipelined: the target's running estimate of the link round trip
     restarts_ms: list[float] = field(default_factory=list)  # pipelined, remote: a correcting commit sent ->
                                     # the draft's first token of the new epoch received, each time
+    stream_restarts: int = 0        # pipelined: the target's token differed from a streamed draft's (new epoch)
+    cache_hits: int = 0             # pipelined, outcome cache: of those, the ones a drafted branch served
+    branch_tokens: int = 0          # pipelined, outcome cache: branch tokens the draft streamed
     rejections: int = 0             # rounds that ended in a rejection (alpha = accepted / (accepted + this))
     verify_widths: dict = field(default_factory=dict)   # "m" -> [forwards of m tokens, seconds] during rounds
 

@@ -26,11 +26,24 @@ a plain target step. m is chosen per round by costmodel.AdaptivePolicy.choose_m 
 draft step, verify costs and round trip: wait for more drafts only when that pays. Lossless for the
 same reason as synchronous SD: every committed token is either the target's own sample or a draft
 token accepted against the q the draft used, in the context the target committed.
+
+The outcome cache (fanout > 0; Saguaro's speculative speculative decoding, across a link): at each drafted
+position the target has not settled, the draft also opens a branch on its next choice there (the likely
+correction if the target rejects it) and drafts that branch's continuation as extra rows of the same
+forward (Engine.forward_rows: the rows share the cached prefix, each branch writes to its own scratch
+slots). Branch tokens stream to the target at once as Drafted(fork, corr): "if your token at fork is corr,
+my next tokens are these". A Commit that rejects the draft's token at fork with corr selects the branch on
+both sides by the same rule: the draft adopts it (its rows copied into the chain, no recompute) and drafts
+on from its end in a new epoch; the target takes the branch tokens it already holds, and those still on
+the wire, as that epoch's drafts, so a hit costs neither the round trip nor fresh draft steps. A commit
+that finds no branch restarts as before (a miss). Which branches to open is the fan-out (how many open at
+once, earliest positions first, the first `ranks` alternatives at each) and the depth (tokens per branch).
+The branches are drafts like any other: the target verifies them, so the cache changes speed, never output.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -40,6 +53,25 @@ from .loop import (DraftUnavailable, RequestRecord, _done, _finish, begin_reques
                    draft_token, note_round, note_width, q_support, start_draft)
 from .roles import DraftStream
 from .verify import Sampling, read_verdict
+
+
+CACHE_DEFAULT = "4x4x2"   # what "auto" turns on: 2 forks x 2 alternatives, 4 tokens deep (AGENT_LOG says why)
+
+
+def parse_cache(spec: str) -> tuple[int, int, int]:
+    """An outcome-cache spec: "off" (or "" / "0"), or FANOUT[xDEPTH[xRANKS]] (e.g. "2x4": two branches open at
+    once, four tokens each, on the draft's second choice). Returns (fanout, depth, ranks); fanout 0 is off."""
+    if spec in ("", "off", "0"):
+        return 0, 4, 1
+    try:
+        parts = [int(x) for x in spec.lower().split("x")]
+    except ValueError:
+        parts = []
+    if not 1 <= len(parts) <= 3 or min(parts) < 1:
+        raise ValueError(f"outcome cache {spec!r}: use 'off' or FANOUT[xDEPTH[xRANKS]] with each >= 1, "
+                         "e.g. '2x4' or '4x4x2'")
+    fanout, depth, ranks = parts + [4, 1][len(parts) - 1:]
+    return fanout, depth, ranks
 
 
 # ------------------------------------------------------------------------------------- draft side
@@ -57,6 +89,40 @@ class Step:
     q_val: list | None = None
     ms: float = 0.0                     # after settle: the step's device time
     restart_ms: float | None = None     # after settle, the first step after a restart: ms since that commit
+    rows: list = field(default_factory=list)       # outcome cache: (branch, token, q, copies) launched with it
+    alts: object = None                 # outcome cache: HostCopy of the draft's top choices at pos
+    branched: list = field(default_factory=list)   # after settle: the branch tokens (BranchToken) it made
+
+
+@dataclass
+class BranchToken:
+    """A token of a branch: the draft's token at `pos` if the target's token at `fork` is `corr`."""
+    fork: int
+    corr: int
+    pos: int
+    token: int
+    q: torch.Tensor | None = None
+    q_idx: list | None = None
+    q_val: list | None = None
+
+    def message(self, epoch: int) -> tuple:
+        """As StreamView.on_drafted takes it."""
+        return (epoch, self.pos, self.token, self.q, self.fork, self.corr)
+
+
+@dataclass
+class Branch:
+    """A continuation drafted for one likely correction: at generated position `fork` the target takes
+    `corr` (not the draft's token); `tokens` are the draft's for fork+1, fork+2, ...; its rows (corr,
+    tokens[0], ...) sit in the scratch slots region, region+1, ... of the draft's cache."""
+    fork: int
+    corr: int
+    region: int
+    tokens: list[int] = field(default_factory=list)
+    fed: int = 0                        # rows in the cache
+
+    def feed(self, j: int) -> int:
+        return self.corr if j == 0 else self.tokens[j - 1]
 
 
 class StreamDrafter:
@@ -69,8 +135,24 @@ class StreamDrafter:
     the device from ever waiting for the host between steps, but a restart then waits for two stale steps
     (measured on two H200s: median restart 5.7 ms at depth 2), so the default is 1. `step()` is launch + settle."""
 
-    def __init__(self, engine: Engine, q_top: int = 0, window: int = 16):
+    def __init__(self, engine: Engine, q_top: int = 0, window: int = 16, fanout: int = 0, depth: int = 4,
+                 ranks: int = 1):
+        """fanout > 0: the outcome cache (see the module's doc): at most `fanout` branches open at once, each
+        drafted `depth` tokens deep, on the first `ranks` alternatives at a position. It needs a draft engine
+        with rows (the fast decoder) and fanout * depth scratch slots."""
         self.engine, self.q_top, self.window = engine, q_top, window
+        self.fanout, self.branch_depth, self.ranks = fanout, depth, ranks
+        if fanout:
+            if fanout < 0 or depth < 1 or ranks < 1:
+                raise ValueError(f"outcome cache fanout={fanout} depth={depth} ranks={ranks}: use fanout >= 0, "
+                                 "depth >= 1, ranks >= 1")
+            have = getattr(engine, "scratch", 0) if getattr(engine, "impl", "") == "fast" else 0
+            if have < fanout * depth:
+                raise ValueError(f"outcome cache {fanout}x{depth} needs a fast-decoder draft engine with "
+                                 f"{fanout * depth} scratch slots (this one: impl={getattr(engine, 'impl', '?')!r}, "
+                                 f"scratch={have}): run the draft with impl 'fast', or turn the cache off")
+        self.branches: dict[tuple[int, int], Branch] = {}
+        self.hits = 0           # commits that selected a branch
         self.gen = torch.Generator(device=engine.device)
         self.s = Sampling()
         self.chain: list[int] = []          # settled tokens
@@ -86,6 +168,19 @@ class StreamDrafter:
         self.prefill_s = draft_prefill(self.engine, self.gen, prompt_ids, size, seed)
         self.base, self.size = len(prompt_ids), size
         self.chain, self.flight, self.fed, self.epoch, self.acked = [first], [], 0, 0, 1
+        self._drop_branches(lambda b: True)
+        self.hits = 0
+
+    def _drop_branches(self, dead) -> None:
+        for key in [k for k, b in self.branches.items() if dead(b)]:
+            del self.branches[key]
+
+    def _free_region(self) -> int | None:
+        """A scratch region no open branch holds (fanout regions of depth slots each)."""
+        used = {b.region for b in self.branches.values()}
+        base = self.engine.scratch_base()
+        return next((r for r in range(base, base + self.fanout * self.branch_depth, self.branch_depth)
+                     if r not in used), None)
 
     @property
     def compute_s(self) -> float:
@@ -103,6 +198,8 @@ class StreamDrafter:
 
     def launch(self) -> None:
         """Queue the next position's forward (nothing waits for the device)."""
+        if self.fanout:
+            return self._launch_rows()
         if self.flight:
             assert self.fed == self.ahead - 1, "only the newest token is unfed while steps are in flight"
             feed = self.flight[-1].tok
@@ -110,12 +207,47 @@ class StreamDrafter:
             feed = self.chain[self.fed:]
         logits = self.engine.forward(feed)[-1]
         self.fed = self.ahead
+        self.flight.append(self._step(logits))
+
+    def _step(self, logits, rows=(), alts=None) -> Step:
         tok, q = draft_token(logits, self.s, self.gen, self.q_top)
         copies = (HostCopy(tok),)
         if q is not None:
             top = q_support(q, self.q_top)
             copies += (HostCopy(top.indices), HostCopy(top.values))
-        self.flight.append(Step(self.epoch, self.ahead, tok, q, copies, self.engine.clock.last()))
+        return Step(self.epoch, self.ahead, tok, q, copies, self.engine.clock.last(), rows=list(rows), alts=alts)
+
+    def _launch_rows(self) -> None:
+        """One forward of rows: the chain's unfed tokens, then one row for each branch still growing."""
+        assert not self.flight, "the outcome cache keeps one step in flight"
+        main = self.chain[self.fed:]
+        a0 = self.base + self.fed
+        ids, pos = list(main), list(range(a0, a0 + len(main)))
+        slots, prefix, lo, hi = list(pos), [a + 1 for a in pos], [-1] * len(main), [-2] * len(main)
+        growing = [b for b in self.branches.values() if len(b.tokens) < self.branch_depth
+                   and self.base + b.fork + b.fed + 1 < self.size]
+        for b in growing:
+            j = b.fed
+            ids.append(b.feed(j))
+            pos.append(self.base + b.fork + j)
+            slots.append(b.region + j)
+            prefix.append(self.base + b.fork)
+            lo.append(b.region)
+            hi.append(b.region + j)
+        logits = self.engine.forward_rows(ids, pos, slots, self.engine.rows_visible(prefix, lo, hi), advance=len(main))
+        self.fed = len(self.chain)
+        rows = []
+        for r, b in enumerate(growing):
+            b.fed += 1
+            tok, q = draft_token(logits[len(main) + r], self.s, self.gen, self.q_top)
+            copies = (HostCopy(tok),)
+            if q is not None:
+                top = q_support(q, self.q_top)
+                copies += (HostCopy(top.indices), HostCopy(top.values))
+            rows.append((b, tok, q, copies))
+        last = logits[len(main) - 1]
+        alts = HostCopy(torch.topk(last, min(self.ranks + 1, last.shape[-1])).indices)
+        self.flight.append(self._step(last, rows, alts))
 
     def ready(self) -> bool:
         return bool(self.flight) and self.flight[0].copies[0].done()
@@ -130,31 +262,57 @@ class StreamDrafter:
         self.chain.append(st.token)
         if self.t_restart is not None and st.epoch == self.epoch:
             st.restart_ms, self.t_restart = (time.perf_counter() - self.t_restart) * 1e3, None
+        for b, tok, q, copies in st.rows:
+            bt = BranchToken(b.fork, b.corr, b.fork + 1 + len(b.tokens), int(copies[0].value()), q)
+            if q is not None:
+                bt.q_idx, bt.q_val = copies[1].value(), copies[2].value()
+            b.tokens.append(bt.token)
+            st.branched.append(bt)
+        if st.alts is not None and st.pos >= self.acked:     # open branches on the next choices here
+            for corr in [int(a) for a in st.alts.value() if int(a) != st.token][:self.ranks]:
+                region = self._free_region()
+                if region is None:
+                    break
+                self.branches[(st.pos, corr)] = Branch(st.pos, corr, region)
         return st
 
-    def step(self):
-        """Draft the next position now. Returns (epoch, pos, token, q or None)."""
+    def messages(self, st: Step) -> list[tuple]:
+        """A settled step as StreamView.on_drafted's arguments: its token, then its branch tokens."""
+        return [(st.epoch, st.pos, st.token, st.q, -1, -1)] + [bt.message(st.epoch) for bt in st.branched]
+
+    def step(self) -> list[tuple]:
+        """Draft the next position now. Returns its messages (see messages())."""
         self.launch()
-        st = self.settle()
-        return st.epoch, st.pos, st.token, st.q
+        return self.messages(self.settle())
 
     def commit(self, pos: int, token: int) -> list[Step]:
-        """The target's token at pos. Returns the steps it made settle (launched at or before pos): they
-        must reach the target before anything drafted after this commit."""
+        """The target's token at pos. Returns the steps it made settle (launched at or before pos; with the
+        outcome cache, every step in flight): they must reach the target before anything drafted after
+        this commit."""
         settled = []
-        while self.flight and self.flight[0].pos <= pos:
+        while self.flight and (self.fanout or self.flight[0].pos <= pos):
             settled.append(self.settle())
         if pos < len(self.chain):
             if self.chain[pos] != token:
+                b = self.branches.get((pos, token))
                 # positions < pos are all fed (pos was drafted from them); steps in flight are dropped
                 self.engine.rollback(self.base + pos)
-                self.chain, self.fed, self.flight = self.chain[:pos] + [token], pos, []
+                if b is not None and b.tokens:
+                    # a hit: the branch's rows (corr, tokens[:-1]) become the chain's, its tokens already sent
+                    self.engine.copy_slots([b.region + j for j in range(b.fed)], self.base + pos)
+                    self.chain, self.fed = self.chain[:pos] + [token] + b.tokens, pos + b.fed
+                    self.hits += 1
+                else:
+                    self.chain, self.fed = self.chain[:pos] + [token], pos
+                    self.t_restart = time.perf_counter()
+                self.flight = []
                 self.epoch += 1
-                self.t_restart = time.perf_counter()
+                self._drop_branches(lambda b: True)
         elif pos == len(self.chain):
             self.chain.append(token)
         else:
             raise ValueError(f"commit at position {pos}, but the draft's chain ends at {len(self.chain) - 1}")
+        self._drop_branches(lambda b: b.fork <= pos)
         self.acked = max(self.acked, pos + 1)
         return settled
 
@@ -172,36 +330,69 @@ class StreamView:
         self.unresolved: dict[int, int] = {}     # committed by the target, draft's token not seen yet
         self.t_epoch = time.perf_counter()
         self.received = 0                        # tokens received in this epoch
+        self.branches: dict[tuple[int, int], dict[int, tuple]] = {}   # (fork, corr) -> {pos: (token, q)}
+        self.follow: tuple | None = None         # (old epoch, fork, corr): the branch the draft adopts
+        self.restarts = 0                        # rejections of a streamed token (each starts an epoch)
+        self.hits = 0                            # of those, the ones a branch of the outcome cache served
+        self._hit = False
 
-    def _restart(self, at: int) -> None:
-        """The draft's token at `at` differs from ours: it rolls back there and starts a new epoch.
-        Our commits after `at` still reach it (in order) and are compared in the new epoch."""
+    def _restart(self, at: int, token: int) -> None:
+        """The draft's token at `at` differs from ours (`token`): it rolls back there and starts a new
+        epoch, from its branch (at, token) if it drafted one. Our commits after `at` still reach it (in
+        order) and are compared in the new epoch."""
+        branch = self.branches.get((at, token), {})
+        self.follow = (self.epoch, at, token)
         self.epoch += 1
         self.drafts.clear()
+        self.branches.clear()
         self.unresolved = {u: t for u, t in self.unresolved.items() if u > at}
         self.t_epoch = time.perf_counter()
         self.received = 0
+        self.restarts += 1
+        self._hit = bool(branch)
+        self.hits += self._hit
+        epoch = self.epoch
+        for p in sorted(branch):
+            if self.epoch != epoch:
+                break                            # a commit after `at` rejected the branch itself
+            self._take(p, *branch[p])
 
-    def on_drafted(self, epoch: int, pos: int, token: int, q) -> None:
-        if epoch != self.epoch:
-            return                               # run-ahead the draft has since dropped
+    def _take(self, pos: int, token: int, q) -> None:
+        """A token of the current epoch at pos."""
         self.received += 1
         for u in [u for u in self.unresolved if u < pos]:
             del self.unresolved[u]               # the draft took our token there (drafted none)
         if pos in self.unresolved:
-            if self.unresolved.pop(pos) != token:
-                self._restart(pos)
+            mine = self.unresolved.pop(pos)
+            if mine != token:
+                self._restart(pos, mine)
             return
         self.drafts[pos] = (token, q)
+
+    def on_drafted(self, epoch: int, pos: int, token: int, q, fork: int = -1, corr: int = -1) -> None:
+        if fork >= 0:                            # a branch token (outcome cache)
+            if epoch == self.epoch:
+                self.branches.setdefault((fork, corr), {})[pos] = (token, q)
+                return
+            if self.follow != (epoch, fork, corr):
+                return                           # a branch the draft did not adopt
+            epoch = self.epoch                   # the adopted branch: this epoch's drafts
+            if not self._hit:
+                self._hit, self.hits = True, self.hits + 1
+        if epoch != self.epoch:
+            return                               # run-ahead the draft has since dropped
+        self._take(pos, token, q)
 
     def on_commit(self, pos: int, token: int) -> None:
         d = self.drafts.pop(pos, None)
         for p in [p for p in self.drafts if p < pos]:
             del self.drafts[p]
-        if d is not None:
-            if d[0] != token:
-                self._restart(pos)
-        else:
+        if d is not None and d[0] != token:
+            self._restart(pos, token)
+            return
+        for key in [key for key in self.branches if key[0] <= pos]:
+            del self.branches[key]               # resolved forks
+        if d is None:
             self.unresolved[pos] = token
 
     def chain(self, pos: int, n_max: int) -> list[tuple[int, torch.Tensor | None]]:
@@ -286,5 +477,7 @@ def generate_pipelined(target: Engine, stream: DraftStream, prompt_ids: list[int
     req.drafted = stream.streamed
     req.rtt_est_ms = est.rtt * 1e3 if est.rtt is not None else None
     req.restarts_ms = list(getattr(stream, "restarts_ms", []))
+    req.stream_restarts, req.cache_hits = view.restarts, view.hits
+    req.branch_tokens = getattr(stream, "branched", 0)
     req.wire_s = wait_s                            # target idle, waiting for streamed drafts
     return _finish(req, t0, t_first, eos, max_tokens)

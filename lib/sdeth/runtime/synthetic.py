@@ -147,10 +147,17 @@ class SyntheticEngine(Engine):
             self.request_seed = _mix(self.seed ^ prompt_key(torch.as_tensor(ids).reshape(-1).tolist()))
             self.prompt_len = torch.as_tensor(ids).numel()
         logits = super().forward(ids)
-        m = logits.shape[0]
+        return self._answer(logits, range(start + 1, start + 1 + logits.shape[0]))
+
+    def forward_rows(self, ids, positions, slots, visible, advance: int = 0) -> torch.Tensor:
+        """Rows (the outcome cache's branches): each row answers for the position after its own."""
+        logits = super().forward_rows(ids, positions, slots, visible, advance)
+        return self._answer(logits, [int(p) + 1 for p in torch.as_tensor(positions).tolist()])
+
+    def _answer(self, logits: torch.Tensor, next_positions) -> torch.Tensor:
+        """Logits that put all mass on the synthetic token of each row's next position."""
         rows, cols, vals = [], [], []
-        for i in range(m):
-            p = start + i + 1
+        for i, p in enumerate(next_positions):
             t = self.token_at(p)
             # trace-driven draft: rank r puts r other tokens above the true one (a greedy draft takes the first)
             r = (self.trace.rank(self.request_seed, p - self.prompt_len)

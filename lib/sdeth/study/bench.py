@@ -17,6 +17,7 @@ from dataclasses import asdict, replace
 
 from .. import hardware, metrics
 from ..models import prompts as P
+from ..runtime.pipeline import CACHE_DEFAULT
 from .config import RunConfig
 from .experiment import run, testbed_for
 from .summary import identical_outputs
@@ -27,15 +28,19 @@ MODES = {
     "colocated": dict(mode="sd", placement="colocated", adaptive=False),
     "sync": dict(mode="sd", placement="ethernet", adaptive=False),
     "adaptive": dict(mode="sd", placement="ethernet", adaptive=True),
-    "pipelined": dict(mode="pipelined", placement="ethernet", adaptive=True),
+    "pipelined": dict(mode="pipelined", placement="ethernet", adaptive=True, cache="off"),
+    "cached": dict(mode="pipelined", placement="ethernet", adaptive=True),   # pipelined with the outcome cache
 }
-ADAPTS = ("adaptive", "pipelined")     # these take k_max as their k
+ADAPTS = ("adaptive", "pipelined", "cached")     # these take k_max as their k
 
 
 def mode_config(base: RunConfig, name: str, k_max: int) -> RunConfig:
     if name not in MODES:
         raise ValueError(f"mode {name!r}: use some of {list(MODES)}")
-    return replace(base, **MODES[name], k=k_max if name in ADAPTS else base.k)
+    cfg = replace(base, **MODES[name], k=k_max if name in ADAPTS else base.k)
+    if name == "cached" and cfg.cache in ("auto", "off"):
+        cfg = replace(cfg, cache=CACHE_DEFAULT)
+    return cfg
 
 
 def per_request(res: dict) -> dict:
@@ -67,7 +72,7 @@ def compare(results: dict[str, dict]) -> list[dict]:
             row.update(alpha=a[0], alpha_ci95=[a[1], a[2]])
         for key in ("wire_ms_per_round", "link_ms_per_round", "draft_host_ms_per_round", "bare_rtt_ms",
                     "tokens_without_draft", "plain_steps", "time_breakdown_s", "components_ms_per_round",
-                    "restart_ms"):
+                    "restart_ms", "cache_hit_rate", "cache"):
             if key in s:
                 row[key] = s[key]
         rows.append(row)

@@ -54,6 +54,8 @@ class RunConfig:
     target_fast: str = ""           # e.g. 'scope=layer,weights=fp8,head=32768'); the target's must keep its numerics
     draft_emulate: str = ""         # an emulated draft device, PROFILE:SHAPE[:fp8] (params/devices, runtime.emulated)
     draft_chains: str = ""          # ... replaying the draft's continuations recorded here (`python -m sdeth chains`)
+    cache: str = "auto"             # pipelined: the outcome cache (runtime.pipeline), off | auto | FANOUT[xDEPTH[xRANKS]];
+                                    # auto: on (pipeline.CACHE_DEFAULT) where the draft can draft rows (impl fast)
 
     def check(self) -> "RunConfig":
         if self.mode not in MODES:
@@ -103,6 +105,15 @@ class RunConfig:
         if self.synthetic_trace and not Path(self.synthetic_trace).exists():
             raise ConfigError(f"synthetic_trace={self.synthetic_trace!r}: no such file (the committed one is "
                               "reports/traces/embedded_greedy.json; `python -m sdeth trace` records another)")
+        if self.cache != "auto":
+            from ..runtime.pipeline import parse_cache
+            try:
+                on = parse_cache(self.cache)[0] > 0
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+            if on and (self.impl != "fast" or self.draft_emulate):
+                raise ConfigError(f"cache={self.cache!r} drafts branches as rows of the fast decoder: use impl "
+                                  "'fast' (and a draft that is not emulated), or cache 'off'")
         self.sampling()                 # raises on bad temperature / top-p / top-k
         P.parse_spec(self.prompts)      # raises on a bad prompt spec
         return self
@@ -110,6 +121,15 @@ class RunConfig:
     @property
     def adapts(self) -> bool:
         return self.adaptive if self.adaptive is not None else self.mode == "pipelined"
+
+    def outcome_cache(self) -> str:
+        """The outcome cache this run uses (a pipeline.parse_cache spec): 'auto' resolved."""
+        from ..runtime.pipeline import CACHE_DEFAULT
+        if self.mode != "pipelined":
+            return "off"
+        if self.cache == "auto":
+            return CACHE_DEFAULT if self.impl == "fast" and not self.draft_emulate else "off"
+        return self.cache
 
     def engine_opts(self) -> dict:
         """What sdeth.runtime.make_engine takes (in-process engines)."""

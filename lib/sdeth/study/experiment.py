@@ -84,7 +84,7 @@ def run_requests(cfg: RunConfig, prompts, testbed=None, **testbed_kw) -> tuple[l
         try:
             for i, (pid, ids) in enumerate(prompts):
                 reply = client.call(protocol.Generate(pid, ids, cfg.max_tokens, cfg.mode, cfg.k, cfg.adapts, seed=cfg.seed + i,
-                                                      **protocol.sampling_fields(cfg)))
+                                                      cache=cfg.outcome_cache(), **protocol.sampling_fields(cfg)))
                 if isinstance(reply, protocol.Error):
                     raise ConfigError(f"target worker failed on {pid}: {reply.message}\n{tb.log('target')[-1500:]}")
                 reqs.append(reply.record)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 
 from .. import costmodel, metrics
+from ..runtime.pipeline import parse_cache
 from .config import RunConfig
 
 
@@ -22,6 +23,15 @@ def _widths(reqs: list[dict]) -> dict[int, float]:
             t[0] += n
             t[1] += sec
     return {m: sec / n for m, (n, sec) in sorted(tot.items()) if n}
+
+
+def rank_shares(trace_path: str) -> list[float]:
+    """P(rank r | rejection) for r = 0.. of an acceptance trace (rank 0: accepted, so its share is 0): how often
+    the target's correction is the draft's 2nd, 3rd, ... choice."""
+    from ..runtime.synthetic import AcceptanceTrace
+    tr = AcceptanceTrace.load(trace_path)
+    rej = [r for s in tr.raw for r in s if r]
+    return [0.0] + [rej.count(r) / len(rej) for r in range(1, tr.top + 1)] if rej else [0.0]
 
 
 def summarize(reqs: list[dict], cfg: RunConfig) -> dict:
@@ -74,7 +84,24 @@ def summarize(reqs: list[dict], cfg: RunConfig) -> dict:
             overhead=(decode_s - verify_s - wire_s) / rounds)
         if 1 not in widths:      # no plain step in the run: extrapolate a step from the two narrowest widths
             c.target_step = c.verify(1) if len(widths) > 1 else min(widths.values())
-        sim = costmodel.simulate_pipelined(alpha, c, cfg.k, n_tokens=4000, seed=cfg.seed, adaptive=cfg.adapts)
+        restarts, hits = (sum(r.get(f, 0) for r in reqs) for f in ("stream_restarts", "cache_hits"))
+        spec = cfg.outcome_cache()
+        terms = None
+        if spec != "off":
+            out["cache"] = spec
+            out["cache_hit_rate"] = hits / restarts if restarts else None
+            fanout, depth, ranks = parse_cache(spec)
+            # the hit input: the rank distribution of corrections where the acceptance is a trace's (then the
+            # hit rate is predicted), else this run's own hit rate (then only the speedup is)
+            shares = rank_shares(cfg.synthetic_trace) if cfg.synthetic_trace else None
+            if shares is None:
+                shares = [0.0, out["cache_hit_rate"] or 0.0]
+                ranks = 1
+            terms = costmodel.cache_terms(fanout, depth, ranks, shares, {})   # the rows' cost: in draft_step
+        sim = costmodel.simulate_pipelined(alpha, c, cfg.k, n_tokens=4000, seed=cfg.seed, adaptive=cfg.adapts,
+                                           cache=terms)
+        if terms:
+            out["predicted_cache_hit_rate"] = sim["cache_hit_rate"]
         rate = sim["tokens_per_s"]
         out["plain_steps"] = sum(r.get("plain_steps", 0) for r in reqs)
         out["drafted_tokens"] = streamed

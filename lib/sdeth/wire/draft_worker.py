@@ -15,6 +15,7 @@ from . import protocol
 from .transport import reply, serve_requests
 
 WARM_WIDTHS = 10     # forward widths captured as CUDA graphs before serving (verify of k <= 9)
+WARM_ROWS = 6        # row forwards captured too (the outcome cache: the chain's rows plus a branch row each)
 
 
 def welcome(pair, role_model) -> protocol.Welcome:
@@ -43,11 +44,16 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, eng
     # one engine (one cache, its CUDA graphs) for the worker's life
     engine = make_engine(pair.draft, "draft", "draft", vocab=pair.vocab_size, **(engine_opts or {}))
     engine.warm(WARM_WIDTHS)
+    if hasattr(engine, "warm_rows"):
+        engine.warm_rows(WARM_ROWS)
 
     def send_steps(sock, ident, req, steps) -> None:
         nonlocal served
         for st in steps:
             reply(sock, ident, protocol.Drafted(req, st.epoch, st.pos, st.token, st.ms, st.q_idx, st.q_val, st.restart_ms))
+            for b in st.branched:           # the outcome cache's tokens drafted in the same forward
+                reply(sock, ident, protocol.Drafted(req, st.epoch, b.pos, b.token, 0.0, b.q_idx, b.q_val, None,
+                                                    b.fork, b.corr))
             served += 1
             if die_after and served >= die_after:
                 os._exit(17)
@@ -84,7 +90,11 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, eng
             elif isinstance(msg, protocol.Start):
                 s = Sampling(*protocol.sampling_args(msg))
                 if msg.stream:
-                    sd = StreamDrafter(engine, msg.q_top, msg.window)
+                    try:
+                        sd = StreamDrafter(engine, msg.q_top, msg.window, msg.fanout, msg.depth, msg.ranks)
+                    except ValueError as e:     # an outcome cache this draft engine cannot draft
+                        reply(sock, ident, protocol.Error("mismatch", str(e)))
+                        continue
                     sd.start(msg.prompt_ids, msg.size, msg.first, s, msg.seed)
                     streams.clear()            # one request at a time per draft worker (batch 1)
                     streams[msg.req] = (ident, sd)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import msgspec
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 MAX_MESSAGE_BYTES = 8 << 20     # a prompt of 2048 ids is ~10 KB; anything near this is an error
 
 
@@ -75,6 +75,9 @@ class Start(msgspec.Struct, tag="start"):
     stream: bool = False     # pipelined: draft ahead and stream Drafted messages, no Propose
     first: int = -1          # stream: the target's first token (position 0)
     window: int = 16         # stream: draft at most this far past the last position the target settled
+    fanout: int = 0          # stream: the outcome cache's branches open at once (0: off)
+    depth: int = 4           # stream: tokens drafted per branch
+    ranks: int = 1           # stream: alternatives branched on per position
 
 
 class Started(msgspec.Struct, tag="started"):
@@ -118,6 +121,8 @@ class Drafted(msgspec.Struct, tag="drafted"):
     q_val: list[float] | None = None
     restart_ms: float | None = None   # the first token after a commit that restarted the draft: ms from that
                                       # commit's arrival to this token's send, on the draft's own clock
+    fork: int = -1                    # outcome cache: a branch token, valid if the target's token at `fork`
+    corr: int = -1                    # is `corr` (runtime.pipeline's rules)
 
 
 class End(msgspec.Struct, tag="end"):
@@ -152,6 +157,7 @@ class Generate(msgspec.Struct, tag="generate"):
     top_k: int = 0
     draft_sampled: bool = False
     seed: int = 0
+    cache: str = "off"             # pipelined: the outcome cache, "off" or FANOUT[xDEPTH[xRANKS]]
 
 
 class Generated(msgspec.Struct, tag="generated"):

@@ -117,6 +117,8 @@ class RemoteStream(RemoteDrafter):
                  device="cpu", spin_s: float = 0.0, window: int = 16):
         super().__init__(addr, hello, s, q_top, timeout_s, device, spin_s)
         self.window, self.view, self.est, self.by_commit = window, StreamView(), None, False
+        self.cache = (0, 4, 1)                          # the outcome cache: (fanout, depth, ranks); 0: off
+        self.branched = 0                               # branch tokens the draft streamed in this request
         self.link_ms = self.bare_rtt_ms if self.bare_rtt_ms == self.bare_rtt_ms else 0.0   # two transits, learnt
         self.transits = collections.deque(maxlen=8)     # recent observations of them (ms)
 
@@ -135,19 +137,20 @@ class RemoteStream(RemoteDrafter):
     def start(self, prompt_ids, size, first, s=None, seed=None):
         seed = self._begin(seed)
         s = s or self.s
-        self.streamed = 0
+        self.streamed = self.branched = 0
         self.restarts_ms: list[float] = []     # commit that corrected the draft -> its first new token
         self.by_commit = False
         self.view.reset()
         # not waiting for Started: the draft's prefill overlaps the target's first steps
         self.client.send(protocol.Start(self.req, list(prompt_ids), size, q_top=self.q_top, seed=seed, stream=True,
-                                        first=first, window=self.window, **protocol.sampling_fields(s)))
+                                        first=first, window=self.window, fanout=self.cache[0], depth=self.cache[1],
+                                        ranks=self.cache[2], **protocol.sampling_fields(s)))
 
     def commit(self, pos: int, token: int) -> None:
-        epoch = self.view.epoch
+        epoch, hits = self.view.epoch, self.view.hits
         self.view.on_commit(pos, token)
-        if self.view.epoch != epoch:
-            self.by_commit = True          # a correction: time its round trip on the first new token
+        if self.view.epoch != epoch:       # a correction: time its round trip on the first new token (not a hit's)
+            self.by_commit = self.view.hits == hits
         self.client.send(protocol.Commit(self.req, pos, token))
 
     def _take(self, msg) -> None:
@@ -155,9 +158,16 @@ class RemoteStream(RemoteDrafter):
             raise DraftUnavailable(f"draft worker error ({msg.code}): {msg.message}")
         if not isinstance(msg, protocol.Drafted) or msg.req != self.req:
             return
+        q = self._q(msg.q_idx, msg.q_val)
+        if msg.fork >= 0:                  # a branch token: drafted in a main token's step (its time counted there)
+            self.branched += 1
+            hits = self.view.hits
+            self.view.on_drafted(msg.epoch, msg.pos, msg.token, q, msg.fork, msg.corr)
+            if self.view.hits != hits:
+                self.by_commit = False     # a hit: no restart to time
+            return
         self.compute_s += msg.draft_ms / 1e3
         self.streamed += 1
-        q = self._q(msg.q_idx, msg.q_val)
         fresh = msg.epoch == self.view.epoch and self.view.received == 0
         self.view.on_drafted(msg.epoch, msg.pos, msg.token, q)
         restart = self._restart_ms(msg, fresh)

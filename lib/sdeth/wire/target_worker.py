@@ -10,7 +10,7 @@ import torch
 from ..costmodel import AdaptivePolicy, FixedPolicy
 from ..models.presets import tokenizer_hash
 from ..runtime.loop import DraftUnavailable, generate_sd, generate_target_only
-from ..runtime.pipeline import StreamView, generate_pipelined
+from ..runtime.pipeline import StreamView, generate_pipelined, parse_cache
 from ..runtime import make_engine
 from ..runtime.verify import Sampling
 from . import protocol
@@ -60,6 +60,7 @@ def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float
                 if msg.mode == "pipelined":
                     if drafter is not None:
                         drafter.window, drafter.est = 2 * msg.k + 2, est
+                        drafter.cache = parse_cache(msg.cache)
                     r = generate_pipelined(target, drafter or _NoDraft(why_not), msg.prompt_ids, msg.max_tokens,
                                            msg.k, s, eos, gen, msg.req, est, draft_timeout_s, draft_seed)
                 else:
