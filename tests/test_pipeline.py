@@ -158,20 +158,25 @@ def test_stream_view_takes_a_branch_before_and_after_the_commit():
     assert (view.epoch, view.hits, view.restarts) == (2, 1, 2) and view.chain(3, 8) == []
 
 
-def test_outcome_cache_adopts_the_branch_rows_exactly():
+@pytest.mark.parametrize("in_flight", [False, True])
+def test_outcome_cache_adopts_the_branch_rows_exactly(in_flight):
     """On a real cache (the fast decoder, branch rows in scratch slots): after a hit the draft's chain and
-    its next tokens equal a draft that decoded the corrected sequence from scratch."""
+    its next tokens equal a draft that decoded the corrected sequence from scratch; also when the hit
+    arrives while a step (with a row of that branch) is still in flight."""
     from sdeth.runtime.engine import Engine
     model = tiny_qwen3(3)
     eng = Engine(model, "draft", impl="fast", capacity=64, scratch=16)
     d = pipeline.StreamDrafter(eng, window=12, fanout=3, depth=4, ranks=2)
     prompt = [5, 17, 42, 9]
     d.start(prompt, 48, first=11, s=Sampling())
-    for _ in range(7):
+    for _ in range(4):                                # positions 1-4; the branches at 1 hold 3 tokens
         d.step()
     (fork, corr), b = min(d.branches.items())         # the earliest branch (its fork: position 1)
     assert len(b.tokens) >= 3 and corr != d.chain[fork]
-    d.commit(fork, corr)
+    if in_flight:
+        d.launch()
+        assert d.flight and d.flight[0].rows
+    assert d.commit(fork, corr) == [] and not d.flight
     assert d.hits == 1 and d.chain[fork] == corr
     for _ in range(3):
         d.step()

@@ -67,8 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     rd.add_argument("--image", help="the sdeth worker image (registry/name:tag)")
     rd.add_argument("--namespace", default="sdeth")
     b = sub.add_parser("bench", help="compare decoding modes on the same requests, with 95%% intervals (JSON)")
-    b.add_argument("what", choices=["sd", "step"], help="sd: target-only, colocated, sync, adaptive, pipelined SD; "
-                   "step: the decode step, lever by lever (sdeth.study.stepbench)")
+    b.add_argument("what", choices=["sd", "step", "rtt"], help="sd: target-only, colocated, sync, adaptive, pipelined "
+                   "SD; step: the decode step, lever by lever (sdeth.study.stepbench); rtt: the link modes at each "
+                   "added round trip (--rtts)")
+    b.add_argument("--rtts", default="0,0.2,0.5,1,2,5", help="rtt: added round trips (ms)")
     b.add_argument("--pair", default="random-qwen3-8b/1.7b")
     b.add_argument("--synthetic-alpha", type=float, default=0.71,
                    help="random weights: accept each draft token with this probability; -1 for real acceptance")
@@ -242,6 +244,12 @@ def _bench(a) -> int:
                          max_tokens=a.max_tokens, k=a.k, seed=a.seed, max_len=a.capacity,
                          synthetic_alpha=None if a.synthetic_alpha < 0 else a.synthetic_alpha, netns=False,
                          synthetic_trace=a.trace, draft_fast=a.draft_fast, target_fast=a.target_fast, cache=a.cache)
+        if a.what == "rtt":
+            modes = tuple(m for m in a.modes.split(",") if m and m not in ("target-only", "colocated"))
+            res = bench.bench_rtt(base, tuple(float(x) for x in a.rtts.split(",")), modes, a.k_max)
+            print(bench.rtt_table(res))
+            print(f"wrote {save(res, a.json)}")
+            return 0
         res = bench.bench_sd(base, tuple(m for m in a.modes.split(",") if m), a.k_max)
     except (ConfigError, ValueError) as e:
         print(f"sdeth: error: {e}", file=sys.stderr)

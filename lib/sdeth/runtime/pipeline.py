@@ -263,6 +263,8 @@ class StreamDrafter:
         if self.t_restart is not None and st.epoch == self.epoch:
             st.restart_ms, self.t_restart = (time.perf_counter() - self.t_restart) * 1e3, None
         for b, tok, q, copies in st.rows:
+            if self.branches.get((b.fork, b.corr)) is not b:
+                continue                    # resolved while the row ran: nothing to send
             bt = BranchToken(b.fork, b.corr, b.fork + 1 + len(b.tokens), int(copies[0].value()), q)
             if q is not None:
                 bt.q_idx, bt.q_val = copies[1].value(), copies[2].value()
@@ -286,11 +288,11 @@ class StreamDrafter:
         return self.messages(self.settle())
 
     def commit(self, pos: int, token: int) -> list[Step]:
-        """The target's token at pos. Returns the steps it made settle (launched at or before pos; with the
-        outcome cache, every step in flight): they must reach the target before anything drafted after
-        this commit."""
+        """The target's token at pos. Returns the steps it made settle (launched at or before pos): they must
+        reach the target before anything drafted after this commit. A step launched after pos is not waited
+        for (a restart would drop it): a restart or a hit starts right behind it on the device."""
         settled = []
-        while self.flight and (self.fanout or self.flight[0].pos <= pos):
+        while self.flight and self.flight[0].pos <= pos:
             settled.append(self.settle())
         if pos < len(self.chain):
             if self.chain[pos] != token:
@@ -298,9 +300,11 @@ class StreamDrafter:
                 # positions < pos are all fed (pos was drafted from them); steps in flight are dropped
                 self.engine.rollback(self.base + pos)
                 if b is not None and b.tokens:
-                    # a hit: the branch's rows (corr, tokens[:-1]) become the chain's, its tokens already sent
-                    self.engine.copy_slots([b.region + j for j in range(b.fed)], self.base + pos)
-                    self.chain, self.fed = self.chain[:pos] + [token] + b.tokens, pos + b.fed
+                    # a hit: the branch's rows (corr, tokens[:-1]) become the chain's, its settled tokens (all
+                    # sent) its new tail; a row still in flight is not waited for (its token is drafted again)
+                    n = len(b.tokens)
+                    self.engine.copy_slots([b.region + j for j in range(n)], self.base + pos)
+                    self.chain, self.fed = self.chain[:pos] + [token] + b.tokens, pos + n
                     self.hits += 1
                 else:
                     self.chain, self.fed = self.chain[:pos] + [token], pos

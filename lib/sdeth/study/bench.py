@@ -12,6 +12,7 @@ hardware and the per-request records. Public functions only: any host with the p
 """
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import asdict, replace
 
@@ -113,6 +114,79 @@ def bench_sd(base: RunConfig, modes=tuple(MODES), k_max: int = 8, warmup_tokens:
             "rows": rows, "runs": results}
 
 
+def probe_rtt_ms(addr: str, n: int = 30) -> float:
+    """The link's round trip as the link probe sees it: the median of n bare Ping/Pong exchanges with the draft
+    worker through the same path the target uses (the delay relay included)."""
+    from ..wire import protocol
+    from ..wire.transport import Client
+    client = Client(addr, timeout_s=2.0)
+    try:
+        rtts = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            if isinstance(client.call(protocol.Ping(time.time()), timeout_s=2.0), protocol.Pong):
+                rtts.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(rtts)
+    finally:
+        client.close()
+
+
+RTT_SWEEP = (0.0, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+def bench_rtt(base: RunConfig, rtts=RTT_SWEEP, modes=("sync", "pipelined", "cached"), k_max: int = 8,
+              warmup_tokens: int = 32, pair=None) -> dict:
+    """The RTT sweep: target-only once, then each link mode at each added round trip (the user-space relay's
+    delay, set between points), on one testbed. Each point reports the round trip the link probe measures
+    (the relay's own cost included), each mode's speedup over target-only with its interval, and the cost
+    model's; `break_even` is each mode's largest round trip that still beats target-only (measured, by the
+    probe's round trip, interpolated between points)."""
+    from ..models.presets import load_pair
+    base = base.check()
+    pair = pair or load_pair(base.pair, base.target, base.draft, device=base.device, roles=())
+    length = P.random_spec(base.prompts)[1] if str(base.prompts).startswith("random:") else 64
+    warm = replace(base, prompts=f"random:1:{length}:999983", max_tokens=warmup_tokens)
+    t0 = time.time()
+    points = []
+    with testbed_for(base, up_ms=0.0, down_ms=0.0, relay=True, ready_timeout_s=1200, draft_timeout_s=300) as tb:
+        for name in ("target-only", *modes):
+            run(mode_config(warm, name, k_max), pair, False, tb)
+        ref = run(mode_config(base, "target-only", k_max), pair, False, tb)
+        for rtt in rtts:
+            tb.set_delay(rtt / 2, rtt / 2)
+            probe = probe_rtt_ms(tb.draft_addr_for_target())
+            results = {"target-only": ref}
+            for name in modes:
+                results[name] = run(replace(mode_config(base, name, k_max), rtt_ms=rtt), pair, False, tb)
+            for row in compare(results)[1:]:
+                points.append({"rtt_set_ms": rtt, "rtt_probe_ms": probe, **{k: v for k, v in row.items()}})
+    return {"schema": "sdeth.bench/1", "bench": "rtt", "config": asdict(base), "k_max": k_max, "modes": list(modes),
+            "acceptance": acceptance_label(base), "acceptance_kind": base.acceptance_kind,
+            "hardware": hardware.describe(base.device),
+            "draft_hardware": hardware.describe(base.draft_device) if base.draft_device else None,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "wall_s": time.time() - t0,
+            "target_only_tokens_per_s": ref["summary"]["tokens_per_s"], "points": points,
+            "break_even": break_even(points, modes)}
+
+
+def break_even(points: list[dict], modes) -> dict:
+    """Per mode: the largest probed round trip (ms) at which it still beats target-only, linearly interpolated
+    to speedup 1 between the last point above and the first below (None: below at every point; '>' the
+    largest: above at every point)."""
+    out = {}
+    for m in modes:
+        pts = sorted((p["rtt_probe_ms"], p["speedup"]) for p in points if p["mode"] == m)
+        if not pts or pts[0][1] <= 1:
+            out[m] = None
+            continue
+        out[m] = f">{pts[-1][0]:.2f}"
+        for (r0, s0), (r1, s1) in zip(pts, pts[1:]):
+            if s0 > 1 >= s1:
+                out[m] = round(r0 + (s0 - 1) / (s0 - s1) * (r1 - r0), 3)
+                break
+    return out
+
+
 def acceptance_label(cfg: RunConfig) -> str:
     if cfg.acceptance_kind == "trace-driven":
         from ..runtime.synthetic import AcceptanceTrace
@@ -137,4 +211,19 @@ def table(res: dict) -> str:
         alpha = f"{r['alpha']:.3f}" if "alpha" in r else "-"
         out.append(f"{r['mode']:12s} {r['tokens_per_s']:8.1f} {r['speedup']:8.3f} {ci:>15s} {pred:>9s} {alpha:>6s} "
                    f"{r['output_tokens']:7d} {r['identical_to_target_only']}")
+    return "\n".join(out)
+
+
+def rtt_table(res: dict) -> str:
+    """The RTT sweep as aligned text (the CLI prints it)."""
+    out = [f"{res['acceptance']}; {res['hardware'].get('label')}; target-only {res['target_only_tokens_per_s']:.1f} tok/s",
+           f"{'set ms':>6s} {'probe ms':>8s} {'mode':10s} {'speedup':>8s} {'95% interval':>15s} {'predicted':>9s} "
+           f"{'hits':>5s} identical"]
+    for p in res["points"]:
+        ci = "[{:.3f}, {:.3f}]".format(*p["speedup_ci95"])
+        pred = f"{p['predicted_speedup']:.3f}" if p["predicted_speedup"] else "-"
+        hits = f"{p['cache_hit_rate']:.2f}" if p.get("cache_hit_rate") is not None else "-"
+        out.append(f"{p['rtt_set_ms']:6.1f} {p['rtt_probe_ms']:8.3f} {p['mode']:10s} {p['speedup']:8.3f} {ci:>15s} "
+                   f"{pred:>9s} {hits:>5s} {p['identical_to_target_only']}")
+    out.append("break-even round trip (probe ms): " + ", ".join(f"{m} {v}" for m, v in res["break_even"].items()))
     return "\n".join(out)
