@@ -16,6 +16,7 @@ from sdeth.wire.remote import RemoteDrafter
 from sdeth.wire.draft_worker import serve_draft
 from sdeth.runtime.loop import DraftUnavailable
 from sdeth.runtime.verify import Sampling
+from sdeth.runtime.pipeline import CACHE_DEFAULT
 
 pytestmark = pytest.mark.slow
 N, MAX_TOKENS = 16, 32
@@ -71,6 +72,22 @@ def test_pipelined_over_the_link_is_identical_at_rtt_0_and_5(pair, target_only_1
             if rtt:
                 assert s["costs"]["rtt"] > 0.004           # the round trip the target measured
             assert 0.8 < s["predicted_over_measured"] < 1.25, s["predicted_over_measured"]   # the event model
+    assert not leftovers()
+
+
+def test_outcome_cache_on_the_real_pair_is_identical_and_hits(pair):
+    """The embedded pair over the link (fast decoder on both workers, 2 ms round trip) with the outcome cache:
+    greedy output equals target-only's, branches stream, and some rejections are served by a branch."""
+    common = dict(prompts="sharegpt:4", max_tokens=MAX_TOKENS, impl="fast")
+    base = experiment.run(RunConfig(mode="target-only", **common), pair, progress=False)
+    res = experiment.run(RunConfig(mode="pipelined", k=4, placement="ethernet", rtt_ms=2.0, cache="on", **common),
+                         pair, progress=False)
+    assert [r["output_ids"] for r in res["requests"]] == [r["output_ids"] for r in base["requests"]]
+    s, reqs = res["summary"], res["requests"]
+    assert s["tokens_without_draft"] == 0 and s["cache"] == CACHE_DEFAULT
+    assert sum(r["branch_tokens"] for r in reqs) > 0
+    assert 0 < sum(r["cache_hits"] for r in reqs) < sum(r["stream_restarts"] for r in reqs)
+    assert 0 < s["cache_hit_rate"] < 1
     assert not leftovers()
 
 

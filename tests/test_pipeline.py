@@ -200,8 +200,10 @@ def test_outcome_cache_config_errors():
         RunConfig(mode="pipelined", placement="ethernet", cache="2x4").check()
     with pytest.raises(ValueError, match="scratch slots"):
         pipeline.StreamDrafter(BigramEngine(DRAFT), fanout=2)
-    assert RunConfig(mode="pipelined", placement="ethernet").outcome_cache() == "off"          # hf: no rows
-    assert RunConfig(mode="pipelined", placement="ethernet", impl="fast").outcome_cache() == pipeline.CACHE_DEFAULT
+    assert RunConfig(mode="pipelined", placement="ethernet", impl="fast").outcome_cache() == "off"   # auto: off for now
+    on = RunConfig(mode="pipelined", placement="ethernet", impl="fast", cache="on").check()
+    assert on.outcome_cache() == pipeline.CACHE_DEFAULT
+    assert RunConfig(mode="sd", impl="fast", cache="on").outcome_cache() == "off"       # sync SD has no stream
 
 
 def test_estimator_alpha_and_choices():

@@ -55,7 +55,7 @@ from .roles import DraftStream
 from .verify import Sampling, read_verdict
 
 
-CACHE_DEFAULT = "4x4x2"   # what "auto" turns on: 2 forks x 2 alternatives, 4 tokens deep (AGENT_LOG says why)
+CACHE_DEFAULT = "4x4x2"   # what "on" turns on: 2 forks x 2 alternatives, 4 tokens deep (AGENT_LOG says why)
 
 
 def parse_cache(spec: str) -> tuple[int, int, int]:

@@ -39,7 +39,7 @@ def mode_config(base: RunConfig, name: str, k_max: int) -> RunConfig:
     if name not in MODES:
         raise ValueError(f"mode {name!r}: use some of {list(MODES)}")
     cfg = replace(base, **MODES[name], k=k_max if name in ADAPTS else base.k)
-    if name == "cached" and cfg.cache in ("auto", "off"):
+    if name == "cached" and cfg.cache in ("auto", "off", "on"):
         cfg = replace(cfg, cache=CACHE_DEFAULT)
     return cfg
 

@@ -54,8 +54,9 @@ class RunConfig:
     target_fast: str = ""           # e.g. 'scope=layer,weights=fp8,head=32768'); the target's must keep its numerics
     draft_emulate: str = ""         # an emulated draft device, PROFILE:SHAPE[:fp8] (params/devices, runtime.emulated)
     draft_chains: str = ""          # ... replaying the draft's continuations recorded here (`python -m sdeth chains`)
-    cache: str = "auto"             # pipelined: the outcome cache (runtime.pipeline), off | auto | FANOUT[xDEPTH[xRANKS]];
-                                    # auto: on (pipeline.CACHE_DEFAULT) where the draft can draft rows (impl fast)
+    cache: str = "auto"             # pipelined: the outcome cache (runtime.pipeline), off | on | auto | FANOUT[xDEPTH[xRANKS]];
+                                    # on: pipeline.CACHE_DEFAULT; auto: off for now (measured on two H200s it did not
+                                    # pay at the hit rates of the embedded pair's corrections; AGENT_LOG 2026-12-01)
 
     def check(self) -> "RunConfig":
         if self.mode not in MODES:
@@ -106,9 +107,9 @@ class RunConfig:
             raise ConfigError(f"synthetic_trace={self.synthetic_trace!r}: no such file (the committed one is "
                               "reports/traces/embedded_greedy.json; `python -m sdeth trace` records another)")
         if self.cache != "auto":
-            from ..runtime.pipeline import parse_cache
+            from ..runtime.pipeline import CACHE_DEFAULT, parse_cache
             try:
-                on = parse_cache(self.cache)[0] > 0
+                on = parse_cache(CACHE_DEFAULT if self.cache == "on" else self.cache)[0] > 0
             except ValueError as e:
                 raise ConfigError(str(e)) from None
             if on and (self.impl != "fast" or self.draft_emulate):
@@ -128,8 +129,8 @@ class RunConfig:
         if self.mode != "pipelined":
             return "off"
         if self.cache == "auto":
-            return CACHE_DEFAULT if self.impl == "fast" and not self.draft_emulate else "off"
-        return self.cache
+            return "off"
+        return CACHE_DEFAULT if self.cache == "on" else self.cache
 
     def engine_opts(self) -> dict:
         """What sdeth.runtime.make_engine takes (in-process engines)."""

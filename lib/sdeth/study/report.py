@@ -144,6 +144,53 @@ def plot_bench(benches: dict[str, dict]):
     return df
 
 
+def rtt_results() -> dict[str, dict]:
+    """The `bench rtt` results of reports/gpu (bench_rtt_*.json)."""
+    return {n: g for n, g in gpu_results().items() if g.get("bench") == "rtt"}
+
+
+def rtt_points(sweeps: dict[str, dict]):
+    """One row per sweep, round trip and mode: set and probed RTT, speedup with its interval, the model's,
+    the outcome cache's hit rate (measured and predicted), identity."""
+    import pandas as pd
+    rows = []
+    for name, b in sweeps.items():
+        for p in b["points"]:
+            rows.append({"run": name, "pair": b["config"]["pair"], "alpha set": b["config"].get("synthetic_alpha"),
+                         "rtt set ms": p["rtt_set_ms"], "rtt probe ms": p["rtt_probe_ms"], "mode": p["mode"],
+                         "speedup": p["speedup"], "95% low": p["speedup_ci95"][0], "95% high": p["speedup_ci95"][1],
+                         "predicted": p["predicted_speedup"], "hit rate": p.get("cache_hit_rate"),
+                         "identical": p["identical_to_target_only"]})
+    return pd.DataFrame(rows)
+
+
+def plot_gpu_rtt(sweeps: dict[str, dict]):
+    """Speedup against the probed round trip, per mode (with 95% intervals; dashed: the model), one panel per
+    sweep; returns the break-even round trips."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    df = rtt_points(sweeps)
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(6 * len(sweeps), 4), squeeze=False)
+    for ax, (name, b) in zip(axes[0], sweeps.items()):
+        d = df[df["run"] == name]
+        for i, mode in enumerate(b["modes"]):
+            m = d[d["mode"] == mode]
+            label = {"cached": "pipelined + outcome cache"}.get(mode, mode)
+            ax.errorbar(m["rtt probe ms"], m["speedup"], yerr=[m["speedup"] - m["95% low"], m["95% high"] - m["speedup"]],
+                        fmt="o-", color=f"C{i}", capsize=3, label=label)
+            ax.plot(m["rtt probe ms"], m["predicted"], "--", color=f"C{i}", alpha=0.6)
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set(xscale="symlog", xlabel="round trip, as the link probe measured it (ms)", ylabel="speedup over target-only",
+               title=f"{b['config']['pair']}, alpha {b['config'].get('synthetic_alpha')} ({b['acceptance_kind']})")
+        ax.legend(fontsize=8)
+    b = next(iter(sweeps.values()))
+    fig.text(0.01, -0.04, caption(b["hardware"], f"measured timing, {b['acceptance_kind']} acceptance; dashed: the event "
+                                  "model from each run's own components"), fontsize=8)
+    plt.show()
+    return pd.DataFrame([{"run": n, **{f"{m} break-even ms": v for m, v in b["break_even"].items()}}
+                         for n, b in sweeps.items()])
+
+
 def render(name: str, parameters: dict | None = None) -> tuple[bool, str]:
     """Execute notebooks/<name>.ipynb headless and render reports/<name>.html. Returns (ok, status)."""
     import nbformat
