@@ -15,6 +15,7 @@ from . import protocol
 from .transport import reply, serve_requests
 
 WARM_WIDTHS = 10     # forward widths captured as CUDA graphs before serving (verify of k <= 9)
+MAX_K = 16           # the most draft tokens a round may ask for
 WARM_ROWS = 6        # row forwards captured too (the outcome cache: the chain's rows plus a branch row each)
 
 
@@ -88,6 +89,11 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, eng
             elif ident not in welcomed:
                 reply(sock, ident, protocol.Error("version", "send Hello first (protocol handshake)"))
             elif isinstance(msg, protocol.Start):
+                bad = protocol.check_start(msg, pair.vocab_size, engine.capacity)
+                if bad is not None:
+                    print(f"sdeth draft worker: refused: {bad.message}", flush=True)
+                    reply(sock, ident, bad)
+                    continue
                 s = Sampling(*protocol.sampling_args(msg))
                 if msg.stream:
                     try:
@@ -110,11 +116,21 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, eng
                 if st is None:
                     reply(sock, ident, protocol.Error("unknown-request", f"no stream {msg.req!r} (send Start first)"))
                     continue
+                if not (msg.pos >= 0 and 0 <= msg.token < pair.vocab_size):
+                    streams.pop(msg.req)       # a target that sends this has lost the stream's thread: end it
+                    reply(sock, ident, protocol.Error("bad-message", f"Commit {msg.req!r}: position {msg.pos} / token "
+                                                      f"{msg.token} (token ids are in [0, {pair.vocab_size})); stream ended"))
+                    continue
                 send_steps(sock, st[0], msg.req, st[1].commit(msg.pos, msg.token))
             elif isinstance(msg, protocol.Propose):
                 d = drafters.get(msg.req)
                 if d is None:
                     reply(sock, ident, protocol.Error("unknown-request", f"no request {msg.req!r} (send Start first)"))
+                    continue
+                if not (1 <= msg.k <= MAX_K and msg.n_prev >= 0 and 0 <= msg.nxt < pair.vocab_size):
+                    reply(sock, ident, protocol.Error("bad-message", f"Propose {msg.req!r}: k={msg.k} (use 1 to {MAX_K}), "
+                                                      f"n_prev={msg.n_prev} (>= 0), nxt={msg.nxt} (a token id below "
+                                                      f"{pair.vocab_size})"))
                     continue
                 c0 = d.compute_s
                 toks, q = d.propose(msg.n_prev, msg.nxt, msg.k)
@@ -131,4 +147,5 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, eng
             else:
                 reply(sock, ident, protocol.Error("bad-message", f"a draft worker does not take {type(msg).__name__}"))
         except Exception as e:  # keep serving others
+            print(f"sdeth draft worker: {type(msg).__name__} failed: {type(e).__name__}: {e}", flush=True)
             reply(sock, ident, protocol.Error("internal", f"{type(e).__name__}: {e}"))

@@ -14,7 +14,7 @@ from ..runtime.pipeline import StreamView, generate_pipelined, parse_cache
 from ..runtime import make_engine
 from ..runtime.verify import Sampling
 from . import protocol
-from .draft_worker import WARM_WIDTHS
+from .draft_worker import MAX_K, WARM_WIDTHS
 from .remote import RemoteDrafter, RemoteStream
 from .transport import reply, serve_requests
 
@@ -36,6 +36,11 @@ def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float
             continue
         if not isinstance(msg, protocol.Generate):
             reply(sock, ident, protocol.Error("bad-message", f"a target worker takes Generate, not {type(msg).__name__}"))
+            continue
+        bad = protocol.check_generate(msg, pair.vocab_size, target.capacity, MAX_K)
+        if bad is not None:
+            print(f"sdeth target worker: refused: {bad.message}", flush=True)
+            reply(sock, ident, bad)
             continue
         try:
             s = Sampling(*protocol.sampling_args(msg))

@@ -43,8 +43,9 @@ def serve_requests(bind: str, max_seconds: float = 0, idle=None, spin_s: float =
             busy = idle is not None
             frames = sock.recv_multipart()
             t_recv, t_last = time.time(), time.perf_counter()
-            if len(frames) != 2:
-                continue                   # not a DEALER peer speaking our framing
+            if len(frames) != 2:           # not a DEALER peer speaking our framing: nothing to answer
+                print(f"sdeth: dropped a message of {len(frames)} frames (expected an identity and one frame)", flush=True)
+                continue
             ident, data = frames
             try:
                 msg = protocol.decode(data)

@@ -1,0 +1,227 @@
+"""Bad input at the wire (#14): property-based fuzzing of both workers with hypothesis. Cases are generated from
+the msgspec message types themselves (a message added to sdeth.wire.protocol is fuzzed without a change here):
+random bytes, truncated and oversized frames, extra frames, the wrong protocol version, unknown and duplicate
+request ids, commits out of order, messages for a finished request, and every message with random field values.
+Each gets an Error reply or is dropped (with a log line), and the worker serves the next good request."""
+import threading
+import time
+import typing
+
+import msgspec
+import pytest
+import zmq
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from sdeth.models import tokenizer_hash
+from sdeth.place.testbed import free_port
+from sdeth.wire import protocol as W
+from sdeth.wire.draft_worker import serve_draft
+from sdeth.wire.target_worker import serve_target
+from sdeth.wire.transport import Client
+
+pytestmark = pytest.mark.slow
+FUZZ = settings(max_examples=120, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+MESSAGES = [t for t in typing.get_args(W.Message)]
+
+
+def _values(tp, vocab: int):
+    """A strategy for a field of type tp: edge values beside plausible ones (ids near the vocabulary's ends)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return st.one_of([_values(a, vocab) for a in args])
+    if tp is type(None):
+        return st.none()
+    if tp is bool:
+        return st.booleans()
+    if tp is int:
+        return st.one_of(st.integers(-3, vocab + 3), st.sampled_from([-2 ** 63, 2 ** 63 - 1, 2 ** 31, vocab - 1]))
+    if tp is float:
+        return st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, 1.0, -1.0]))
+    if tp is bytes:
+        return st.binary(max_size=16)
+    if tp is str:
+        return st.one_of(st.text(max_size=12), st.sampled_from(["r0", "sd", "pipelined", "target-only", "4x4x2"]))
+    if origin is list:
+        return st.lists(_values(args[0], vocab), max_size=40)
+    if origin is dict or tp is dict:
+        return st.dictionaries(st.text(max_size=4), st.integers(), max_size=3)
+    raise TypeError(f"no strategy for {tp!r}: add one here")
+
+
+def messages(vocab: int):
+    """Every message type of the protocol with random field values."""
+    def one(cls):
+        hints = typing.get_type_hints(cls)
+        return st.fixed_dictionaries({f.name: _values(hints[f.name], vocab) for f in msgspec.structs.fields(cls)}
+                                     ).map(lambda kw: cls(**kw))
+    return st.one_of([one(c) for c in MESSAGES])
+
+
+def frames(vocab: int):
+    """What a peer may put on the socket: a message, its bytes cut short, random bytes, an oversized frame, or
+    several frames at once."""
+    good = messages(vocab).map(W.encode)
+    return st.one_of(
+        good.map(lambda b: [b]),
+        st.tuples(good, st.integers(0, 30)).map(lambda t: [t[0][:max(len(t[0]) - 1 - t[1], 0)]]),
+        st.binary(max_size=64).map(lambda b: [b]),
+        st.just([b"\x92" + b"\x00" * (W.MAX_MESSAGE_BYTES + 1)]),
+        st.lists(good, min_size=2, max_size=3))
+
+
+def _serving(target, args, kwargs) -> threading.Thread:
+    t = threading.Thread(target=target, args=args, kwargs=kwargs, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.fixture(scope="module")
+def workers(pair):
+    """A draft worker and a target worker that uses it, in threads of this process."""
+    draft = f"tcp://127.0.0.1:{free_port()}"
+    target = f"tcp://127.0.0.1:{free_port()}"
+    _serving(serve_draft, (draft, pair), {"max_seconds": 600})
+    _serving(serve_target, (target, pair, draft), {"max_seconds": 600, "draft_timeout_s": 3.0})
+    for addr in (draft, target):
+        c = Client(addr, timeout_s=60)
+        assert isinstance(c.call(W.Ping(0.0)), W.Pong)
+        c.close()
+    return draft, target
+
+
+def _hello(pair, **kw):
+    h = dict(proto=W.PROTOCOL_VERSION, role="target", model_id="t", vocab_size=pair.vocab_size,
+             tokenizer_sha=tokenizer_hash(pair.tokenizer), dtype=pair.config.dtype)
+    return W.Hello(**{**h, **kw})
+
+
+def _answers(sock, wait_s: float = 0.3) -> list:
+    """The replies that come back within wait_s (after the first, whatever else is queued)."""
+    out = []
+    while sock.poll(int(wait_s * 1000)):
+        data = sock.recv()
+        out.append(W.decode(data))
+        wait_s = 0.05
+    return out
+
+
+def _good_draft_request(addr: str, pair) -> None:
+    """A whole sync request against the draft worker: handshake, start, two proposals, end."""
+    c = Client(addr, timeout_s=20)
+    try:
+        assert isinstance(c.call(_hello(pair)), W.Welcome)
+        assert isinstance(c.call(W.Start("good", [1, 2, 3, 4], 64)), W.Started)
+        p = c.call(W.Propose("good", 0, 5, 3))
+        assert isinstance(p, W.Proposal) and len(p.tokens) == 3, p
+        p = c.call(W.Propose("good", 1, 7, 2))
+        assert isinstance(p, W.Proposal) and len(p.tokens) == 2, p
+        assert isinstance(c.call(W.End("good")), W.Ended)
+    finally:
+        c.close()
+
+
+def _good_generate(addr: str, mode: str = "sd") -> W.Generated:
+    c = Client(addr, timeout_s=60)
+    try:
+        r = c.call(W.Generate("good", [1, 2, 3, 4, 5], 8, mode, 3))
+        assert isinstance(r, W.Generated), r
+        assert len(r.record["output_ids"]) == 8
+        return r
+    finally:
+        c.close()
+
+
+@FUZZ
+@given(data=st.data())
+def test_draft_worker_survives_any_frame(pair, workers, data):
+    draft, _ = workers
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(draft)
+    try:
+        if data.draw(st.booleans(), "handshake first"):
+            sock.send(W.encode(_hello(pair)))
+            assert isinstance(_answers(sock, 5.0)[0], W.Welcome)
+        sent = data.draw(frames(pair.vocab_size), "frames")
+        if len(sent) == 1:
+            sock.send(sent[0])
+        else:
+            sock.send_multipart(sent)         # not our framing: dropped with a log line
+        for reply in _answers(sock):
+            assert isinstance(reply, (W.Error, W.Pong, W.Welcome, W.Started, W.Proposal, W.Drafted, W.Ended)), reply
+            if isinstance(reply, W.Error):
+                assert reply.code in ("bad-message", "too-large", "version", "mismatch", "unknown-request",
+                                      "internal") and reply.message
+        c = Client(draft, timeout_s=20)
+        assert isinstance(c.call(W.Ping(0.0)), W.Pong)
+        c.close()
+    finally:
+        sock.close()
+
+
+@FUZZ
+@given(msg=messages(49152))
+def test_target_worker_survives_any_message(pair, workers, msg):
+    _, target = workers
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(target)
+    try:
+        sock.send(W.encode(msg))
+        wait = 30.0 if isinstance(msg, W.Generate) else 0.3      # a valid random Generate decodes
+        for reply in _answers(sock, wait):
+            assert isinstance(reply, (W.Error, W.Pong, W.Generated)), reply
+    finally:
+        sock.close()
+
+
+def test_protocol_abuse_in_sequence_then_good_requests(pair, workers):
+    """The named cases, in order, on one connection: wrong version, no handshake, unknown and duplicate request
+    ids, commits out of order and for a finished stream, proposals for an ended request, a Start the engine
+    could not hold; then a whole good request on each worker."""
+    draft, target = workers
+    c = Client(draft, timeout_s=20)
+    try:
+        assert c.call(W.Propose("nobody", 0, 1, 3)).code == "version"                    # no handshake yet
+        assert c.call(_hello(pair, proto=W.PROTOCOL_VERSION - 1)).code == "version"
+        assert isinstance(c.call(_hello(pair)), W.Welcome)
+        assert c.call(W.Propose("nobody", 0, 1, 3)).code == "unknown-request"
+        assert c.call(W.Start("big", [1, 2], 1 << 40)).code == "bad-message"          # a cache no engine holds
+        assert c.call(W.Start("oov", [1, 10 ** 9], 64)).code == "bad-message"         # ids outside the vocabulary
+        assert c.call(W.Start("nan", [1, 2], 64, temperature=float("nan"))).code == "bad-message"
+        for _ in range(2):                                                            # a duplicate id: restarted
+            assert isinstance(c.call(W.Start("dup", [1, 2, 3], 64)), W.Started)
+        assert c.call(W.Propose("dup", 0, 5, 99)).code == "bad-message"                # k beyond any round
+        assert isinstance(c.call(W.Propose("dup", 0, 5, 3)), W.Proposal)
+        assert isinstance(c.call(W.End("dup")), W.Ended)
+        assert c.call(W.Propose("dup", 0, 5, 3)).code == "unknown-request"             # a finished request
+        c.send(W.Start("s", [1, 2, 3], 64, stream=True, first=4))
+        c.send(W.Commit("s", 9, 5))                    # a commit past the draft's chain: an error, not a crash
+        c.send(W.Commit("s", -1, 5))                   # out of range: the stream ends
+        c.send(W.Commit("s", 1, 5))                    # for the ended stream
+        got = _answers(c.sock, 5.0)
+        codes = [r.code for r in got if isinstance(r, W.Error)]
+        assert "bad-message" in codes and codes[-1] == "unknown-request", got
+        assert isinstance(c.call(W.End("s")), W.Ended)
+    finally:
+        c.close()
+    _good_draft_request(draft, pair)
+    for bad in (W.Generate("g", [], 8), W.Generate("g", [1], 0), W.Generate("g", [1], 8, "warp"),
+                W.Generate("g", [1], 8, k=0), W.Generate("g", [1], 8, top_p=0.0), W.Generate("g", [1], 8, cache="2x"),
+                W.Generate("g", [1], 1 << 30)):
+        c = Client(target, timeout_s=20)
+        r = c.call(bad)
+        c.close()
+        assert isinstance(r, W.Error) and r.code == "bad-message" and "Generate 'g'" in r.message, (bad, r)
+    for mode in ("sd", "pipelined", "target-only"):
+        _good_generate(target, mode)
+
+
+def test_workers_serve_good_requests_after_the_fuzzing(pair, workers):
+    """Runs after the fuzz tests (file order): both workers still serve whole requests, SD included."""
+    draft, target = workers
+    _good_draft_request(draft, pair)
+    r = _good_generate(target, "sd")
+    assert r.record["tokens_without_draft"] == 0, r.record.get("draft_unavailable")
+    time.sleep(0.1)
