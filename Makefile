@@ -17,7 +17,7 @@ LOCAL_WHEELS ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/nul
 TORCH_INDEX ?= $(if $(wildcard $(LOCAL_WHEELS)/torch-2.13.0+cpu*),,--extra-index-url https://download.pytorch.org/whl/cpu)
 STAMP  := $(VENV)/.installed-$(REQ)
 
-.PHONY: venv prepare test test-fast report clean-reports distill-cpu bench-gpu bench-step
+.PHONY: venv prepare test test-fast soak report clean-reports distill-cpu bench-gpu bench-step
 
 venv: $(STAMP)
 
@@ -36,7 +36,11 @@ prepare: venv
 
 test: venv
 	$(PY) -m pytest -q tests
-	SDETH_REPORTS=$(VENV)/test-reports $(PY) -m pytest -q --nbval-lax notebooks
+	rm -rf $(VENV)/nbtest && $(PY) -m sdeth.study.report --test-copies $(VENV)/nbtest
+	SDETH_REPORTS=$(VENV)/test-reports $(PY) -m pytest -q --nbval-lax $(VENV)/nbtest
+
+soak: prepare
+	$(PY) -m sdeth soak --requests 2000 --json $(VENV)/soak.json
 
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow" tests

@@ -1,6 +1,7 @@
 """SD over a real link: the two-node testbed (namespaces + veth as root, else loopback), the wire
 protocol's faults, and the target-only fallback when the draft dies."""
 import threading
+from dataclasses import replace
 import time
 
 import psutil
@@ -232,3 +233,84 @@ def test_sampled_decoding_over_the_link_reproduces_the_target(mode, draft_sample
     """Caught a real bug: the draft worker was re-seeded with 0 on every request, so a sampled draft's
     proposal was a fixed function of the context and the output distribution was biased."""
     assert link_sampling_pvalue(mode, draft_sampled) > 1e-3
+
+
+@pytest.mark.parametrize("fault", ["draft restarted", "link cut"])
+def test_the_draft_comes_back(pair, fault):
+    """The draft goes away (its worker killed, or the link cut at the relay): requests decode alone, identical,
+    and after the first none waits for the draft; when it is back, a request 2 s later uses it again."""
+    cfg = RunConfig(mode="sd", k=3, placement="ethernet", prompts="sharegpt:3", max_tokens=16)
+    prompts = experiment.encode_prompts(cfg, pair.tokenizer)
+    alone = experiment.run(replace(cfg, mode="target-only", placement="colocated"), pair, progress=False)["requests"]
+    ref = [r["output_ids"] for r in alone]
+    with experiment.testbed_for(cfg, relay=True, draft_timeout_s=5.0) as tb:
+        reqs, _ = experiment.run_requests(cfg, prompts, tb)
+        assert [r["output_ids"] for r in reqs] == ref and all(r["tokens_without_draft"] == 0 for r in reqs)
+        tb.kill("draft" if fault == "draft restarted" else "relay")
+        reqs, _ = experiment.run_requests(cfg, prompts, tb)
+        assert [r["output_ids"] for r in reqs] == ref
+        assert all(r["tokens_without_draft"] > 0 and r["fault_events"] for r in reqs)
+        # no timeout per request: after the first (which met the death), each takes about a target-only request
+        assert all(r["e2e_s"] < a["e2e_s"] + 1.5 for r, a in zip(reqs[1:], alone[1:])), [r["e2e_s"] for r in reqs]
+        if fault == "draft restarted":
+            tb.start_draft()
+        else:
+            tb._start_relay()
+        time.sleep(2.0)
+        reqs, _ = experiment.run_requests(cfg, prompts[:1], tb)
+        assert reqs[0]["output_ids"] == ref[0]
+        assert reqs[0]["tokens_without_draft"] == 0 and reqs[0]["rounds"] > 0, reqs[0]["draft_unavailable"]
+        assert "draft down" in tb.log("target") or " down (" in tb.log("target")
+    assert not leftovers()
+
+
+def test_the_target_dies_mid_request(pair):
+    """The target worker is killed during a pipelined request: the controller's error names it and its exit
+    status at once; the draft frees the request's state; closing the testbed leaves nothing behind."""
+    from sdeth.place.testbed import TestbedError
+    cfg = RunConfig(mode="pipelined", k=3, placement="ethernet", prompts="sharegpt:1", max_tokens=400, max_len=4096)
+    prompts = experiment.encode_prompts(cfg, pair.tokenizer)
+    with experiment.testbed_for(cfg) as tb:
+        pids = {name: p.pid for name, p in tb.procs.items()}
+        threading.Timer(1.5, tb.kill, args=("target",)).start()
+        t0 = time.time()
+        with pytest.raises(TestbedError, match=r"target worker exited with status -9 during request"):
+            experiment.run_requests(cfg, prompts, tb)
+        assert time.time() - t0 < 5.0                        # at once, not after the request's timeout
+        t_end = time.time() + 20
+        while "freed request" not in tb.log("draft") and time.time() < t_end:
+            time.sleep(0.2)
+        assert "no word from its target" in tb.log("draft")
+        port = int(tb.draft_bind().rsplit(":", 1)[1])
+    assert not leftovers()
+    assert not [p for p in pids.values() if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not [c for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port
+                and c.status == psutil.CONN_LISTEN]
+
+
+@pytest.mark.parametrize("mode", ["pipelined"])     # the stream: the mode a lost message could derail
+def test_a_bad_link_changes_speed_never_output(pair, mode):
+    """Jitter, stalls (200-600 ms), connection resets and a 2 s cut in mid-request, injected at the relay:
+    greedy output equals target-only's in every case; each request records the faults it met, and the
+    time lost against the same requests on a clean link is reported."""
+    from sdeth.place.testbed import LinkFaults
+    cfg = RunConfig(mode=mode, k=3, placement="ethernet", prompts="sharegpt:2", max_tokens=24)
+    prompts = experiment.encode_prompts(cfg, pair.tokenizer)
+    ref = [r["output_ids"] for r in experiment.run(replace(cfg, mode="target-only", placement="colocated"), pair,
+                                                    progress=False)["requests"]]
+    cases = {"jitter": LinkFaults(jitter_ms=2.0, seed=1), "stalls": LinkFaults(stall_every=0.5, stall_ms=(200, 600), seed=2),
+             "resets": LinkFaults(reset_every=0.6, seed=3), "cut": LinkFaults(cut_at=0.3, cut_s=2.0, seed=4)}
+    with experiment.testbed_for(cfg, relay=True, draft_timeout_s=3.0) as tb:
+        clean, _ = experiment.run_requests(cfg, prompts, tb)
+        assert [r["output_ids"] for r in clean] == ref
+        lost = {}
+        for name, faults in cases.items():
+            tb.set_faults(faults)
+            reqs, _ = experiment.run_requests(cfg, prompts, tb)
+            assert [r["output_ids"] for r in reqs] == ref, name
+            lost[name] = sum(r["e2e_s"] for r in reqs) - sum(r["e2e_s"] for r in clean)
+            events = [e["event"] for r in reqs for e in r["fault_events"]]
+            if name != "jitter":
+                assert name.rstrip("s") in events, (name, events)
+        print(f"{mode}: seconds lost to faults against a clean link: {lost}")
+    assert not leftovers()

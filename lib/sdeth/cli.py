@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--budget-s", type=float, default=480, help="step: start no new lever after this long")
     b.add_argument("--levers", default=None, help="step: comma list of lever names (default: all of stepbench.LEVERS)")
     sub.add_parser("prepare", help="prepare the embedded pair (dequantize the target, assemble the draft)")
+    sk = sub.add_parser("soak", help="many short requests over the testbed with random faults; checks for leaks")
+    sk.add_argument("--requests", type=int, default=2000), sk.add_argument("--seed", type=int, default=0)
+    sk.add_argument("--json", default="", help="also write the figures here")
     st = sub.add_parser("status", help="the milestones M0-M4 from the committed results, as Markdown (a milestone comment)")
     st.add_argument("--milestone", help="one milestone (M0 ... M4)")
     st.add_argument("--cluster", action="store_true", help="instead: what of ours is up on the cluster, and since when")
@@ -157,6 +160,14 @@ def main(argv=None) -> int:
             print(json.dumps({k: v for k, v in pair.describe().items() if k != "draft_card"}, indent=1))
             print("draft greedy agreement (card):", pair.card.get("eval", {}).get("greedy_agreement"))
             return 0
+        if a.cmd == "soak":
+            from .study.config import save
+            from .study.soak import soak
+            res = soak(a.requests, seed=a.seed)
+            print(json.dumps(res, indent=1))
+            if a.json:
+                print("wrote", save(res, a.json))
+            return 0 if res["ok"] else 1
         if a.cmd == "draft-variants":
             from pathlib import Path
             from .models.presets import load_pair

@@ -13,6 +13,7 @@ the ipc directory.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 import os
 import shutil
 import signal
@@ -66,6 +67,7 @@ class Testbed:
         self.ready_timeout_s = ready_timeout_s           # workers load (and on a GPU capture/compile) first
         self.start_workers = start_workers
         self.relay = relay or bool(up_ms or down_ms)   # a relay even at 0 ms lets set_delay() change the delay
+        self.faults = LinkFaults()
         tag = f"{os.getpid() % 100000}"
         self.ns_draft, self.ns_target = f"{NS_PREFIX}-{tag}-d", f"{NS_PREFIX}-{tag}-t"
         self.veth_d, self.veth_t = f"sd{tag}d", f"sd{tag}t"
@@ -139,9 +141,7 @@ class Testbed:
     def _start_workers(self) -> None:
         self._draft_port = free_port()
         self._relay_addr = ""
-        self.run_in("draft", ["-m", "sdeth", "worker", "--role", "draft", "--bind", self.draft_bind(),
-                              "--pair", self.pair, *self.models, "--device", self.draft_device, *self.worker_args,
-                              *(["--die-after", str(self.die_after)] if self.die_after else [])], "draft")
+        self._launch_draft()
         if self.relay:
             self._relay_port = free_port()
             self._start_relay()
@@ -155,8 +155,28 @@ class Testbed:
     def _start_relay(self) -> None:
         upstream = self.draft_bind().removeprefix("tcp://")
         self.run_in("target", ["-m", "sdeth.place.testbed", "relay", "--listen", f"127.0.0.1:{self._relay_port}",
-                               "--to", upstream, "--up-ms", str(self.up_ms), "--down-ms", str(self.down_ms)], "relay")
+                               "--to", upstream, "--up-ms", str(self.up_ms), "--down-ms", str(self.down_ms),
+                               *self.faults.args()], "relay")
         _wait_for(self, "relay", "relay ")
+
+    def set_faults(self, faults: "LinkFaults") -> None:
+        """Restart the relay (same port, same delays) with these link faults (LinkFaults() for none)."""
+        if not self.relay:
+            raise TestbedError("set_faults needs the relay: create the Testbed with relay=True")
+        self.kill("relay")
+        self.faults = faults
+        self._start_relay()
+
+    def fault_events(self, t0: float = 0.0, t1: float = float("inf")) -> list[dict]:
+        """The faults the relay injected between unix times t0 and t1 (its `fault {json}` lines)."""
+        import json
+        out = []
+        for line in self.log("relay").splitlines():
+            if line.startswith("fault "):
+                e = json.loads(line[6:])
+                if t0 <= e["at"] <= t1:
+                    out.append(e)
+        return out
 
     def set_delay(self, up_ms: float, down_ms: float) -> None:
         """Change the injected one-way delays between requests: the relay restarts on the same port and
@@ -168,15 +188,32 @@ class Testbed:
         self._start_relay()
 
     def wait_ready(self, timeout_s: float = 180.0) -> None:
-        """Until both workers print their banner (they load the pair first)."""
+        """Until both workers print their banner (they load the pair first) and the target's heartbeat has
+        found the draft (a request sent before that would decode alone)."""
         for name in ("draft", "target"):
             _wait_for(self, name, f"sdeth {name} worker:", timeout_s)
+        _wait_for(self, "target", " up (heartbeat answered)", 30)
+
+    def start_draft(self) -> None:
+        """(Re)start the draft worker on its node and port (after kill('draft')); returns once it serves."""
+        self._launch_draft()
+        _wait_for(self, "draft", "sdeth draft worker:", self.ready_timeout_s)
+
+    def _launch_draft(self) -> None:
+        self.run_in("draft", ["-m", "sdeth", "worker", "--role", "draft", "--bind", self.draft_bind(),
+                              "--pair", self.pair, *self.models, "--device", self.draft_device, *self.worker_args,
+                              *(["--die-after", str(self.die_after)] if self.die_after else [])], "draft")
 
     def log(self, name: str) -> str:
         try:
             return open(os.path.join(self.tmp, f"{name}.log")).read()
         except OSError:
             return ""
+
+    def exit_status(self, name: str) -> int | None:
+        """A worker's exit status (negative: the signal that ended it), or None while it runs."""
+        p = self.procs.get(name)
+        return p.poll() if p is not None else None
 
     def kill(self, name: str) -> None:
         p = self.procs.get(name)
@@ -207,45 +244,141 @@ def leftovers() -> list[str]:
 
 # ---------------------------------------------------------------- the delay relay
 
-class DelayProxy:
-    """TCP relay adding a fixed one-way delay per direction. up: client -> server."""
+@dataclass
+class LinkFaults:
+    """What the relay does to the link besides its fixed delay (all off by default). TCP turns packet loss into
+    retransmit stalls, so loss is modelled as stalls; bytes are never dropped inside a stream (that would break
+    framing): a reset closes the connection (zmq reconnects; what was in flight is lost), a cut closes it and
+    refuses new connections for a while.
+      jitter_ms   each chunk waits an extra uniform 0..jitter_ms (order kept)
+      stall_ms    each stall holds all forwarding for a uniform stall_ms[0]..stall_ms[1] ms
+      stall_every mean seconds between stalls (exponential gaps; 0: none)
+      reset_every mean seconds between connection resets (0: none)
+      cut_at, cut_s  one cut of cut_s seconds, cut_at seconds after the relay starts (0: none)"""
+    jitter_ms: float = 0.0
+    stall_ms: tuple = (200.0, 2000.0)
+    stall_every: float = 0.0
+    reset_every: float = 0.0
+    cut_at: float = 0.0
+    cut_s: float = 0.0
+    seed: int = 0
 
-    def __init__(self, listen: tuple[str, int], upstream: tuple[str, int], up_ms: float, down_ms: float):
+    def args(self) -> list[str]:
+        return ["--jitter-ms", str(self.jitter_ms), "--stall-ms", f"{self.stall_ms[0]},{self.stall_ms[1]}",
+                "--stall-every", str(self.stall_every), "--reset-every", str(self.reset_every),
+                "--cut-at", str(self.cut_at), "--cut-s", str(self.cut_s), "--seed", str(self.seed)]
+
+    @property
+    def any(self) -> bool:
+        return bool(self.jitter_ms or self.stall_every or self.reset_every or self.cut_s)
+
+
+class DelayProxy:
+    """TCP relay adding a fixed one-way delay per direction (up: client -> server), and the faults of a
+    LinkFaults. Each fault it injects is printed as a line `fault {json}` (Testbed.fault_events reads them)."""
+
+    def __init__(self, listen: tuple[str, int], upstream: tuple[str, int], up_ms: float, down_ms: float,
+                 faults: LinkFaults | None = None):
+        import random
         self.listen, self.upstream, self.up, self.down = listen, upstream, up_ms / 1e3, down_ms / 1e3
+        self.faults = faults or LinkFaults()
+        self.rng = random.Random(self.faults.seed)
+        self.stall_until = 0.0           # loop time until which nothing is forwarded
+        self.cut_until = 0.0             # loop time until which the link is down
+        self.conns: list = []            # open (client writer, server writer) pairs
+
+    def _event(self, kind: str, **kw) -> None:
+        import json
+        print("fault " + json.dumps({"event": kind, "at": time.time(), **kw}), flush=True)
 
     async def _pipe(self, reader, writer, delay: float) -> None:
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
+        jitter = self.faults.jitter_ms / 1e3
 
         async def pump():
+            last_due = 0.0
             while True:
                 t, data = await q.get()
                 if data is None:
                     break
-                due = t + delay
-                if due - loop.time() > 0.002:
-                    await asyncio.sleep(due - loop.time() - 0.001)
-                while loop.time() < due:       # the last millisecond by spinning: sleep overshoots
-                    await asyncio.sleep(0)
+                due = max(t + delay + (self.rng.uniform(0, jitter) if jitter else 0.0), last_due)
+                last_due = due
+                while True:              # a stall or cut holds everything behind it
+                    due = max(due, self.stall_until, self.cut_until)
+                    if due - loop.time() > 0.002:
+                        await asyncio.sleep(due - loop.time() - 0.001)
+                    while loop.time() < due:       # the last millisecond by spinning: sleep overshoots
+                        await asyncio.sleep(0)
+                    if loop.time() >= max(self.stall_until, self.cut_until):
+                        break
                 writer.write(data)
                 await writer.drain()
             writer.close()
 
         task = asyncio.create_task(pump())
-        while data := await reader.read(1 << 16):
-            q.put_nowait((loop.time(), data))
+        try:
+            while data := await reader.read(1 << 16):
+                q.put_nowait((loop.time(), data))
+        except (ConnectionError, OSError):
+            pass
         q.put_nowait((0.0, None))
         await task
 
     async def _handle(self, c_reader, c_writer) -> None:
+        loop = asyncio.get_running_loop()
+        if loop.time() < self.cut_until:
+            c_writer.close()             # the link is cut: nothing gets through
+            return
         s_reader, s_writer = await asyncio.open_connection(*self.upstream)
         for w in (c_writer, s_writer):
             w.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        await asyncio.gather(self._pipe(c_reader, s_writer, self.up), self._pipe(s_reader, c_writer, self.down),
-                             return_exceptions=True)
+        pair = (c_writer, s_writer)
+        self.conns.append(pair)
+        try:
+            await asyncio.gather(self._pipe(c_reader, s_writer, self.up), self._pipe(s_reader, c_writer, self.down),
+                                 return_exceptions=True)
+        finally:
+            self.conns.remove(pair)
+
+    def _drop_connections(self) -> int:
+        n = len(self.conns)
+        for c, srv in list(self.conns):
+            for w in (c, srv):
+                try:
+                    w.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+                except OSError:
+                    pass
+                w.transport.abort()      # an RST, as a middlebox or a dying peer would send
+        return n
+
+    async def _faults(self) -> None:
+        """Stalls, resets and the cut, at their times."""
+        f, loop = self.faults, asyncio.get_running_loop()
+        t0 = loop.time()
+        nxt_stall = t0 + self.rng.expovariate(1 / f.stall_every) if f.stall_every else float("inf")
+        nxt_reset = t0 + self.rng.expovariate(1 / f.reset_every) if f.reset_every else float("inf")
+        cut_at = t0 + f.cut_at if f.cut_s else float("inf")
+        while True:
+            now = loop.time()
+            if now >= nxt_stall:
+                ms = self.rng.uniform(*f.stall_ms)
+                self.stall_until = now + ms / 1e3
+                self._event("stall", ms=round(ms, 1))
+                nxt_stall = now + ms / 1e3 + self.rng.expovariate(1 / f.stall_every)
+            if now >= nxt_reset:
+                self._event("reset", connections=self._drop_connections())
+                nxt_reset = now + self.rng.expovariate(1 / f.reset_every)
+            if now >= cut_at:
+                self.cut_until = now + f.cut_s
+                self._event("cut", s=f.cut_s, connections=self._drop_connections())
+                cut_at = float("inf")
+            await asyncio.sleep(0.01)
 
     async def serve(self) -> None:
         server = await asyncio.start_server(self._handle, *self.listen)
+        if self.faults.any:
+            asyncio.create_task(self._faults())
         async with server:
             await server.serve_forever()
 
@@ -262,6 +395,10 @@ def main(argv=None) -> int:
     r = sub.add_parser("relay", help="TCP relay with a one-way delay per direction")
     r.add_argument("--listen", required=True), r.add_argument("--to", required=True)
     r.add_argument("--up-ms", type=float, default=0.0), r.add_argument("--down-ms", type=float, default=0.0)
+    r.add_argument("--jitter-ms", type=float, default=0.0), r.add_argument("--stall-ms", default="200,2000")
+    r.add_argument("--stall-every", type=float, default=0.0), r.add_argument("--reset-every", type=float, default=0.0)
+    r.add_argument("--cut-at", type=float, default=0.0), r.add_argument("--cut-s", type=float, default=0.0)
+    r.add_argument("--seed", type=int, default=0)
     sub.add_parser("down", help="delete this project's network namespaces left behind")
     a = ap.parse_args(argv)
     if a.cmd == "down":
@@ -270,7 +407,9 @@ def main(argv=None) -> int:
             print("deleted", ns)
         return 0
     print(f"relay {a.listen} -> {a.to}: +{a.up_ms} ms up, +{a.down_ms} ms down", flush=True)
-    asyncio.run(DelayProxy(_hostport(a.listen), _hostport(a.to), a.up_ms, a.down_ms).serve())
+    faults = LinkFaults(a.jitter_ms, tuple(float(x) for x in a.stall_ms.split(",")), a.stall_every, a.reset_every,
+                        a.cut_at, a.cut_s, a.seed)
+    asyncio.run(DelayProxy(_hostport(a.listen), _hostport(a.to), a.up_ms, a.down_ms, faults).serve())
     return 0
 
 

@@ -83,14 +83,37 @@ def run_requests(cfg: RunConfig, prompts, testbed=None, **testbed_kw) -> tuple[l
         client = Client(tb.target_addr, timeout_s=float(os.environ.get("SDETH_CLIENT_TIMEOUT", 60 + 5 * cfg.max_tokens)))
         try:
             for i, (pid, ids) in enumerate(prompts):
-                reply = client.call(protocol.Generate(pid, ids, cfg.max_tokens, cfg.mode, cfg.k, cfg.adapts, seed=cfg.seed + i,
-                                                      cache=cfg.outcome_cache(), **protocol.sampling_fields(cfg)))
+                t_sent = time.time()
+                client.send(protocol.Generate(pid, ids, cfg.max_tokens, cfg.mode, cfg.k, cfg.adapts, seed=cfg.seed + i,
+                                              cache=cfg.outcome_cache(), **protocol.sampling_fields(cfg)))
+                reply = _await_reply(client, tb, pid)
                 if isinstance(reply, protocol.Error):
                     raise ConfigError(f"target worker failed on {pid}: {reply.message}\n{tb.log('target')[-1500:]}")
-                reqs.append(reply.record)
+                rec = reply.record
+                if tb.relay:                      # what the link did meanwhile (the relay's injected faults)
+                    rec["fault_events"] = sorted(rec.get("fault_events", []) + tb.fault_events(t_sent, time.time()),
+                                                 key=lambda e: e["at"])
+                reqs.append(rec)
         finally:
             client.close()
         return reqs, tb.describe()
+
+
+def _await_reply(client, tb, pid: str):
+    """The target worker's reply to request pid, watching its process meanwhile: if it exits, a clear error
+    naming it and its exit status (and its log's tail) at once, not a timeout."""
+    from ..place.testbed import TestbedError
+    t_end = time.time() + client.timeout_s
+    while time.time() < t_end:
+        reply = client.recv(0.2)
+        if reply is not None:
+            return reply
+        status = tb.exit_status("target")
+        if status is not None:
+            raise TestbedError(f"the target worker exited with status {status} during request {pid!r}; its log "
+                               f"ends:\n{tb.log('target')[-1500:]}")
+    raise TimeoutError(f"no reply from the target worker within {client.timeout_s:.0f} s for request {pid!r} "
+                       "(SDETH_CLIENT_TIMEOUT sets the wait)")
 
 
 @torch.inference_mode()

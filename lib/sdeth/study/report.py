@@ -254,11 +254,40 @@ the hardware, models and settings behind its numbers; synthetic or emulated figu
     return path
 
 
+# the notebooks' test runs (make test): every cell and code path of the report runs, on fewer and shorter
+# requests (the reports themselves use each notebook's own defaults)
+TEST_PARAMETERS = {
+    "10_colocated": {"prompts": "sharegpt:4", "max_tokens": 16, "k_sweep": "1,3"},
+    "15_acceptance": {"prompts": "sharegpt:4", "max_tokens": 16, "with_vllm": False},   # vLLM: in 10 and its tests
+    "20_ethernet": {"prompts": "sharegpt:2", "max_tokens": 16, "sweep_rtts": "0,5", "probe_scale": 0.2},
+    "40_heterogeneous": {"prompts": "sharegpt:2", "max_tokens": 16, "emulate": "corsair:Qwen3-1.7B:fp8"},
+}
+
+
+def test_copies(out_dir: Path, names) -> list[Path]:
+    """Each notebook with its TEST_PARAMETERS injected (papermill, not executed), for nbval."""
+    import papermill as pm
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in names:
+        path = out_dir / f"{name}.ipynb"
+        pm.execute_notebook(str(NOTEBOOKS / f"{name}.ipynb"), str(path), parameters=TEST_PARAMETERS.get(name, {}),
+                            prepare_only=True, progress_bar=False)
+        paths.append(path)
+    return paths
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sdeth.study.report", description=__doc__.split("\n\n")[0])
     ap.add_argument("names", nargs="*", help="notebook names (default: all notebooks/NN_*.ipynb)")
+    ap.add_argument("--test-copies", metavar="DIR", help="instead: write the notebooks with their test parameters "
+                    "(TEST_PARAMETERS) into DIR, not executed (make test runs them under nbval)")
     a = ap.parse_args(argv)
     names = a.names or sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    if a.test_copies:
+        for path in test_copies(Path(a.test_copies), names):
+            print(f"report: {path}")
+        return 0
     rows = []
     for name in names:
         if not (NOTEBOOKS / f"{name}.ipynb").exists():

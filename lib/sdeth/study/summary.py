@@ -252,7 +252,9 @@ def crossover(table: list[dict], curves: list[dict]) -> dict:
                   "model_beats_target_only_up_to_ms": beats_up_to(curves, mode)} for mode in ("sync SD", "pipelined SD")}
     col = next(r for r in table if r["mode"] == "sync SD (colocated)")
     out["colocated SD beats target-only"] = bool(col["speedup"] > 1)
-    out["largest_model_gap"] = max(abs(r["predicted_speedup"] / r["speedup"] - 1) for r in table)
+    # a run with nothing to predict from (no draft verified: every step plain) has no prediction
+    out["largest_model_gap"] = max((abs(r["predicted_speedup"] / r["speedup"] - 1) for r in table
+                                    if r.get("predicted_speedup")), default=None)
     return out
 
 
@@ -261,7 +263,8 @@ def crossover_lines(c: dict) -> str:
     lines = [f"{mode} over the link beats target-only: measured {said(c[mode]['measured_beats_target_only_up_to_ms'])}; "
              f"model {said(c[mode]['model_beats_target_only_up_to_ms'])}" for mode in ("sync SD", "pipelined SD")]
     lines += [f"colocated SD beats target-only: {c['colocated SD beats target-only']}",
-              f"largest gap between predicted and measured speedup over the sweep: {c['largest_model_gap']:.1%}"]
+              "largest gap between predicted and measured speedup over the sweep: "
+              + (f"{c['largest_model_gap']:.1%}" if c["largest_model_gap"] is not None else "no prediction")]
     return "\n".join(lines)
 
 
@@ -275,6 +278,7 @@ def ethernet_status(hw: dict, testbed: dict | None, runs: dict[str, dict], rtt_m
     return (f"{hw['label']}, {testbed['kind'] if testbed else 'colocated'}: target-only {base['tokens_per_s']:.1f} tok/s, "
             f"colocated SD {sd['tokens_per_s']:.1f}, over the link at rtt {rtt_ms} ms sync SD {sync['tokens_per_s']:.1f} "
             f"({sync['bytes_per_round']:.0f} B/round), pipelined SD {pipe['tokens_per_s']:.1f} tok/s; "
-            f"model within {model_gap:.0%} over the sweep; greedy identical: "
+            + (f"model within {model_gap:.0%} over the sweep" if model_gap is not None else "no model prediction")
+            + "; greedy identical: "
             f"{all(identical.values()) if identical is not None else 'n/a'}; "
             f"probe: clock skew 65 ms turns 150/150 into {skew['up_ms']['p50']:.0f}/{skew['down_ms']['p50']:.0f} ms")

@@ -34,9 +34,10 @@ def q_pairs(q, q_top: int):
 
 
 def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, engine_opts: dict | None = None,
-                spin_s: float = 0.0) -> None:
+                spin_s: float = 0.0, idle_s: float = 10.0) -> None:
     """Serve proposals until killed (or max_seconds). die_after > 0 exits the process abruptly
-    after that many proposals: fault injection for tests. engine_opts: sdeth.runtime.make_engine's."""
+    after that many proposals: fault injection for tests. engine_opts: sdeth.runtime.make_engine's.
+    idle_s: a request whose target says nothing for this long is freed (its target died or gave up)."""
     me = welcome(pair, pair.config.draft)
     welcomed: set[bytes] = set()
     drafters: dict[str, Drafter] = {}
@@ -59,10 +60,21 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, eng
             if die_after and served >= die_after:
                 os._exit(17)
 
+    seen: dict[str, float] = {}          # request -> when its target last spoke (Start, Commit, Propose)
+
+    def expire() -> None:
+        """Free the state of requests whose target has said nothing for idle_s (a target that died)."""
+        now = time.time()
+        for req in [r for r, t in seen.items() if now - t > idle_s]:
+            seen.pop(req)
+            if streams.pop(req, None) is not None or drafters.pop(req, None) is not None:
+                print(f"sdeth draft worker: freed request {req!r}: no word from its target for {idle_s:.0f} s", flush=True)
+
     def run_ahead(sock) -> bool:
         """Between messages: queue the next draft step if there is room, and send the oldest one once its
         token is on the host. Never waits for the device while a step runs (the loop looks at the socket
         between calls); True while there is work in flight or room to draft."""
+        expire()
         for req, (ident, d) in streams.items():
             try:
                 if d.can_step():
@@ -78,6 +90,8 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, eng
 
     print(f"sdeth draft worker: {pair.config.draft} on {bind}", flush=True)
     for sock, ident, msg, t1 in serve_requests(bind, max_seconds, run_ahead, spin_s):
+        if hasattr(msg, "req") and not isinstance(msg, protocol.End):
+            seen[msg.req] = time.time()
         try:
             if isinstance(msg, protocol.Ping):
                 reply(sock, ident, protocol.Pong(msg.t0, t1, time.time()))
@@ -141,6 +155,7 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, eng
                 if die_after and served >= die_after:
                     os._exit(17)           # a crash, as far as the target can tell
             elif isinstance(msg, protocol.End):
+                seen.pop(msg.req, None)
                 drafters.pop(msg.req, None)
                 streams.pop(msg.req, None)
                 reply(sock, ident, protocol.Ended(msg.req))

@@ -15,6 +15,7 @@ from ..runtime import make_engine
 from ..runtime.verify import Sampling
 from . import protocol
 from .draft_worker import MAX_K, WARM_WIDTHS
+from .health import DraftHealth
 from .remote import RemoteDrafter, RemoteStream
 from .transport import reply, serve_requests
 
@@ -28,6 +29,9 @@ def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float
     hello = protocol.Hello(protocol.PROTOCOL_VERSION, "target", pair.config.target, pair.vocab_size,
                     tokenizer_hash(pair.tokenizer), pair.config.dtype)
     drafter, why_not = None, ""
+    health = DraftHealth(draft_addr) if draft_addr else None
+    if health is not None:
+        health.wait_first()
     estimators: dict[str, AdaptivePolicy] = {}      # per mode; they carry what they learnt to the next request
     print(f"sdeth target worker: {pair.config.target} on {bind}, draft at {draft_addr}", flush=True)
     for sock, ident, msg, t1 in serve_requests(bind, max_seconds):
@@ -54,11 +58,19 @@ def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float
                 if drafter is not None and type(drafter) is not kind:
                     drafter.client.close()
                     drafter = None
-                if drafter is None and draft_addr:
+                t_req = time.time()
+                if health is not None and not health.up:
+                    if drafter is not None:            # away: decode alone now, reconnect when it is back
+                        drafter.client.close()
+                        drafter = None
+                    why_not = f"draft worker at {draft_addr} down since {time.strftime('%H:%M:%S', time.localtime(health.since))}"
+                elif drafter is None and draft_addr:
                     try:
                         drafter = kind(draft_addr, hello, s, timeout_s=draft_timeout_s, device=target.device, spin_s=spin_s)
                     except (DraftUnavailable, ConnectionRefusedError) as e:
                         why_not = str(e)
+                        if health is not None and isinstance(e, DraftUnavailable):
+                            health.mark_down(why_not)
                 b0 = (drafter.client.sent, drafter.client.received) if drafter else (0, 0)
                 est = estimators.setdefault(f"{msg.mode}-{msg.k}-{msg.adaptive}",
                                             AdaptivePolicy() if msg.adaptive or msg.mode != "pipelined" else FixedPolicy())
@@ -72,12 +84,18 @@ def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float
                     r = generate_sd(target, drafter or _NoDraft(why_not), msg.prompt_ids, msg.max_tokens, msg.k, s,
                                     eos, gen, msg.req, est if msg.adaptive else None, draft_seed)
                 if drafter is not None and r.tokens_without_draft:
+                    drafter.client.close()
                     drafter = None           # reconnect (and re-handshake) for the next request
+                    if health is not None:
+                        health.mark_down(f"lost in request {msg.req!r}")
                 elif drafter is not None and msg.mode != "pipelined":
                     drafter.end()          # (generate_pipelined ends its stream itself)
                 b1 = (drafter.client.sent, drafter.client.received) if drafter else b0
+                events = health.events_since(t_req) if health is not None else []
+                if r.tokens_without_draft and not events:
+                    events = [{"event": "draft unavailable", "at": time.time(), "why": why_not}]
                 rec = {**r.__dict__, "bytes_sent": b1[0] - b0[0], "bytes_received": b1[1] - b0[1],
-                       "draft_unavailable": why_not if r.tokens_without_draft else ""}
+                       "draft_unavailable": why_not if r.tokens_without_draft else "", "fault_events": events}
             reply(sock, ident, protocol.Generated(msg.req, rec))
         except Exception as e:
             reply(sock, ident, protocol.Error("internal", f"{type(e).__name__}: {e}"))
