@@ -29,7 +29,7 @@ def soak(requests: int = 2000, batch: int = 25, warmup: int = 100, seed: int = 0
     """Run `requests` short requests in batches; each batch meets one fault (or none), drawn at random."""
     from ..models.presets import load_pair
     rng = random.Random(seed)
-    cfg = RunConfig(mode="pipelined", k=3, placement="ethernet", prompts="sharegpt:64", max_tokens=max_tokens).check()
+    cfg = RunConfig(mode="pipelined", k=3, placement="ethernet", prompts="random:64:32:7", max_tokens=max_tokens).check()
     pair = pair or load_pair(cfg.pair)
     prompts = encode_prompts(cfg, pair.tokenizer)
     alone = {r["prompt_id"]: r["output_ids"] for r in
