@@ -156,8 +156,9 @@ def runs_table(runs: dict[str, dict]):
 def model_check(bench_rows: list[dict], testbed: "object") -> "object":
     """Measured and emulated points against the model's prediction for each (within 15% is the goal)."""
     import pandas as pd
-    rows = [{"point": f"two H200s, {b['run']}: {b['mode']}", "kind": "measured", "measured": b["speedup"],
-             "predicted": b["predicted"]} for b in bench_rows if b["mode"] != "target-only" and b.get("predicted")]
+    rows = [{"point": f"{'H200 target, CPU draft' if 'cpu_draft' in b['run'] else 'two H200s'}, {b['run']}: {b['mode']}",
+             "kind": "measured", "measured": b["speedup"], "predicted": b["predicted"]}
+            for b in bench_rows if b["mode"] != "target-only" and b.get("predicted")]
     for label, r in testbed.iterrows():
         if label != "target-only" and r["predicted"]:
             rows.append({"point": f"testbed, {label}", "kind": r["kind"], "measured": r["speedup"], "predicted": r["predicted"]})
