@@ -96,6 +96,14 @@ def _hello(pair, **kw):
     return W.Hello(**{**h, **kw})
 
 
+def _dealer(addr: str):
+    """A raw socket to a worker: what it sends is not checked on the way out."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(addr)
+    return sock
+
+
 def _answers(sock, wait_s: float = 0.3) -> list:
     """The replies that come back within wait_s (after the first, whatever else is queued)."""
     out = []
@@ -136,9 +144,7 @@ def _good_generate(addr: str, mode: str = "sd") -> W.Generated:
 @given(data=st.data())
 def test_draft_worker_survives_any_frame(pair, workers, data):
     draft, _ = workers
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(draft)
+    sock = _dealer(draft)
     try:
         if data.draw(st.booleans(), "handshake first"):
             sock.send(W.encode(_hello(pair)))
@@ -164,9 +170,7 @@ def test_draft_worker_survives_any_frame(pair, workers, data):
 @given(msg=messages(49152))
 def test_target_worker_survives_any_message(pair, workers, msg):
     _, target = workers
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(target)
+    sock = _dealer(target)
     try:
         sock.send(W.encode(msg))
         wait = 30.0 if isinstance(msg, W.Generate) else 0.3      # a valid random Generate decodes

@@ -200,14 +200,18 @@ def acceptance_label(cfg: RunConfig) -> str:
     return "real: the pair's own models"
 
 
+def _interval_and_model(row: dict) -> tuple[str, str]:
+    pred = f"{row['predicted_speedup']:.3f}" if row["predicted_speedup"] else "-"
+    return "[{:.3f}, {:.3f}]".format(*row["speedup_ci95"]), pred
+
+
 def table(res: dict) -> str:
     """The comparison as aligned text (the CLI prints it)."""
     out = [f"{res['acceptance']}; {res['hardware'].get('label')}",
            f"{'mode':12s} {'tok/s':>8s} {'speedup':>8s} {'95% interval':>15s} {'predicted':>9s} {'alpha':>6s} "
            f"{'tokens':>7s} identical"]
     for r in res["rows"]:
-        ci = "[{:.3f}, {:.3f}]".format(*r["speedup_ci95"])
-        pred = f"{r['predicted_speedup']:.3f}" if r["predicted_speedup"] else "-"
+        ci, pred = _interval_and_model(r)
         alpha = f"{r['alpha']:.3f}" if "alpha" in r else "-"
         out.append(f"{r['mode']:12s} {r['tokens_per_s']:8.1f} {r['speedup']:8.3f} {ci:>15s} {pred:>9s} {alpha:>6s} "
                    f"{r['output_tokens']:7d} {r['identical_to_target_only']}")
@@ -220,8 +224,7 @@ def rtt_table(res: dict) -> str:
            f"{'set ms':>6s} {'probe ms':>8s} {'mode':10s} {'speedup':>8s} {'95% interval':>15s} {'predicted':>9s} "
            f"{'hits':>5s} identical"]
     for p in res["points"]:
-        ci = "[{:.3f}, {:.3f}]".format(*p["speedup_ci95"])
-        pred = f"{p['predicted_speedup']:.3f}" if p["predicted_speedup"] else "-"
+        ci, pred = _interval_and_model(p)
         hits = f"{p['cache_hit_rate']:.2f}" if p.get("cache_hit_rate") is not None else "-"
         out.append(f"{p['rtt_set_ms']:6.1f} {p['rtt_probe_ms']:8.3f} {p['mode']:10s} {p['speedup']:8.3f} {ci:>15s} "
                    f"{pred:>9s} {hits:>5s} {p['identical_to_target_only']}")
