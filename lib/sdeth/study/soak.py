@@ -19,9 +19,16 @@ from .experiment import run, run_requests, testbed_for
 FAULTS = ("none", "draft restarted", "jitter", "stalls", "resets", "cut")
 
 
-def _usage(pid: int) -> dict:
+def _usage(pid: int, settle_s: float = 0.0) -> dict:
+    """A worker's resident memory, threads and open files. settle_s: read three times over that long and keep
+    the least of each (a connection the controller just closed is still open on the worker's side for a moment)."""
     p = psutil.Process(pid)
-    return {"rss_mb": p.memory_info().rss / 2 ** 20, "threads": p.num_threads(), "fds": p.num_fds()}
+    reads = []
+    for i in range(3 if settle_s else 1):
+        if i:
+            time.sleep(settle_s / 2)
+        reads.append({"rss_mb": p.memory_info().rss / 2 ** 20, "threads": p.num_threads(), "fds": p.num_fds()})
+    return {k: min(r[k] for r in reads) for k in reads[0]}
 
 
 def soak(requests: int = 2000, batch: int = 25, warmup: int = 100, seed: int = 0, max_tokens: int = 8,
@@ -61,12 +68,13 @@ def soak(requests: int = 2000, batch: int = 25, warmup: int = 100, seed: int = 0
             (clean_s if fault == "none" else lost[fault]).extend(secs)
             done += n
             if done >= warmup and base is None:
-                base = _usage(target_pid)
+                base = _usage(target_pid, settle_s=2.0)
             batches.append({"fault": fault, "mode": mode, "requests": n, "seconds": sum(secs),
                             "fault_events": sum(len(r["fault_events"]) for r in reqs)})
             if progress and done % 250 < batch:
                 progress(f"soak: {done}/{requests} requests, {time.time() - t0:.0f} s, target {_usage(target_pid)}")
-        end = _usage(target_pid)
+        run_requests(replace(cfg, mode="sd"), prompts[:batch], tb)      # a clean batch, then settle
+        end = _usage(target_pid, settle_s=2.0)
     typical = statistics.median(clean_s) if clean_s else 0.0
     res = {"schema": "sdeth.soak/1", "requests": done, "wall_s": time.time() - t0, "mismatches": mismatches,
            "target_after_warmup": base, "target_at_end": end,
