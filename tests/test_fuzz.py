@@ -45,7 +45,7 @@ def _values(tp, vocab: int):
     if origin is list:
         return st.lists(_values(args[0], vocab), max_size=40)
     if origin is dict or tp is dict:
-        return st.dictionaries(st.text(max_size=4), st.integers(), max_size=3)
+        return st.dictionaries(st.text(max_size=4), st.integers(-2 ** 63, 2 ** 63 - 1), max_size=3)
     raise TypeError(f"no strategy for {tp!r}: add one here")
 
 
