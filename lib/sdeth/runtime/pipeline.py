@@ -59,16 +59,18 @@ CACHE_DEFAULT = "4x4x2"   # what "on" turns on: 2 forks x 2 alternatives, 4 toke
 
 
 def parse_cache(spec: str) -> tuple[int, int, int]:
-    """An outcome-cache spec: "off" (or "" / "0"), or FANOUT[xDEPTH[xRANKS]] (e.g. "2x4": two branches open at
+    """An outcome-cache spec: "off" (or "" / "0"), "on" (CACHE_DEFAULT), or FANOUT[xDEPTH[xRANKS]] (e.g. "2x4": two branches open at
     once, four tokens each, on the draft's second choice). Returns (fanout, depth, ranks); fanout 0 is off."""
     if spec in ("", "off", "0"):
         return 0, 4, 1
+    if spec == "on":
+        spec = CACHE_DEFAULT
     try:
         parts = [int(x) for x in spec.lower().split("x")]
     except ValueError:
         parts = []
     if not 1 <= len(parts) <= 3 or min(parts) < 1:
-        raise ValueError(f"outcome cache {spec!r}: use 'off' or FANOUT[xDEPTH[xRANKS]] with each >= 1, "
+        raise ValueError(f"outcome cache {spec!r}: use 'off', 'on' or FANOUT[xDEPTH[xRANKS]] with each >= 1, "
                          "e.g. '2x4' or '4x4x2'")
     fanout, depth, ranks = parts + [4, 1][len(parts) - 1:]
     return fanout, depth, ranks
@@ -168,7 +170,7 @@ class StreamDrafter:
         self.prefill_s = draft_prefill(self.engine, self.gen, prompt_ids, size, seed)
         self.base, self.size = len(prompt_ids), size
         self.chain, self.flight, self.fed, self.epoch, self.acked = [first], [], 0, 0, 1
-        self._drop_branches(lambda b: True)
+        self.branches.clear()
         self.hits = 0
 
     def _drop_branches(self, dead) -> None:
@@ -209,12 +211,17 @@ class StreamDrafter:
         self.fed = self.ahead
         self.flight.append(self._step(logits))
 
-    def _step(self, logits, rows=(), alts=None) -> Step:
+    def _draft(self, logits) -> tuple:
+        """One position's token (and q) on the device, with the host copies that settle will read."""
         tok, q = draft_token(logits, self.s, self.gen, self.q_top)
         copies = (HostCopy(tok),)
         if q is not None:
             top = q_support(q, self.q_top)
             copies += (HostCopy(top.indices), HostCopy(top.values))
+        return tok, q, copies
+
+    def _step(self, logits, rows=(), alts=None) -> Step:
+        tok, q, copies = self._draft(logits)
         return Step(self.epoch, self.ahead, tok, q, copies, self.engine.clock.last(), rows=list(rows), alts=alts)
 
     def _launch_rows(self) -> None:
@@ -239,12 +246,7 @@ class StreamDrafter:
         rows = []
         for r, b in enumerate(growing):
             b.fed += 1
-            tok, q = draft_token(logits[len(main) + r], self.s, self.gen, self.q_top)
-            copies = (HostCopy(tok),)
-            if q is not None:
-                top = q_support(q, self.q_top)
-                copies += (HostCopy(top.indices), HostCopy(top.values))
-            rows.append((b, tok, q, copies))
+            rows.append((b, *self._draft(logits[len(main) + r])))
         last = logits[len(main) - 1]
         alts = HostCopy(torch.topk(last, min(self.ranks + 1, last.shape[-1])).indices)
         self.flight.append(self._step(last, rows, alts))
@@ -311,7 +313,7 @@ class StreamDrafter:
                     self.t_restart = time.perf_counter()
                 self.flight = []
                 self.epoch += 1
-                self._drop_branches(lambda b: True)
+                self.branches.clear()
         elif pos == len(self.chain):
             self.chain.append(token)
         else:

@@ -107,9 +107,9 @@ class RunConfig:
             raise ConfigError(f"synthetic_trace={self.synthetic_trace!r}: no such file (the committed one is "
                               "reports/traces/embedded_greedy.json; `python -m sdeth trace` records another)")
         if self.cache != "auto":
-            from ..runtime.pipeline import CACHE_DEFAULT, parse_cache
+            from ..runtime.pipeline import parse_cache
             try:
-                on = parse_cache(CACHE_DEFAULT if self.cache == "on" else self.cache)[0] > 0
+                on = parse_cache(self.cache)[0] > 0
             except ValueError as e:
                 raise ConfigError(str(e)) from None
             if on and (self.impl != "fast" or self.draft_emulate):
