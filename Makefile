@@ -34,7 +34,7 @@ $(STAMP): requirements/$(REQ)-deps.txt requirements/$(REQ)-nodeps.txt pyproject.
 prepare: venv
 	$(PY) -m sdeth prepare
 
-test: venv
+test: prepare
 	$(PY) -m pytest -q tests
 	rm -rf $(VENV)/nbtest && $(PY) -m sdeth.study.report --test-copies $(VENV)/nbtest
 	SDETH_REPORTS=$(VENV)/test-reports $(PY) -m pytest -q --nbval-lax $(VENV)/nbtest

@@ -70,8 +70,9 @@ class LocalStream:
     def poll(self) -> None:
         self._tick(False)
 
-    def wait(self, timeout_s: float) -> None:
+    def wait(self, timeout_s: float) -> bool:
         self._tick(True)
+        return True
 
     def end(self) -> None:
         pass

@@ -2,7 +2,6 @@
 import socket
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import yaml

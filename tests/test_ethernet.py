@@ -6,7 +6,6 @@ import time
 
 import psutil
 import pytest
-import zmq
 
 from sdeth.study import experiment
 from sdeth.wire import protocol as W
@@ -18,17 +17,15 @@ from sdeth.wire.draft_worker import serve_draft
 from sdeth.runtime.loop import DraftUnavailable
 from sdeth.runtime.verify import Sampling
 from sdeth.runtime.pipeline import CACHE_DEFAULT
+from conftest import REF
 
 pytestmark = pytest.mark.slow
-N, MAX_TOKENS = 16, 32
+MAX_TOKENS = REF["max_tokens"]
 
 
-def test_greedy_sd_over_the_link_is_identical_to_target_only(pair):
-    base = experiment.run(RunConfig(mode="target-only", prompts=f"sharegpt:{N}", max_tokens=MAX_TOKENS), pair,
-                          progress=False)
-    eth = experiment.run(RunConfig(mode="sd", k=3, placement="ethernet", rtt_ms=1.0, prompts=f"sharegpt:{N}",
-                                   max_tokens=MAX_TOKENS), pair, progress=False)
-    assert [r["output_ids"] for r in eth["requests"]] == [r["output_ids"] for r in base["requests"]]
+def test_greedy_sd_over_the_link_is_identical_to_target_only(pair, target_only_ref):
+    eth = experiment.run(RunConfig(mode="sd", k=3, placement="ethernet", rtt_ms=1.0, **REF), pair, progress=False)
+    assert [r["output_ids"] for r in eth["requests"]] == [r["output_ids"] for r in target_only_ref["requests"]]
     s = eth["summary"]
     assert s["tokens_without_draft"] == 0 and s["draft_acceptance_rate"] > 0.05
     assert 0 < s["bytes_per_round"] < 200          # token ids only, greedy draft
@@ -49,21 +46,14 @@ def test_draft_killed_mid_request_finishes_on_the_target(pair):
     assert not leftovers()
 
 
-@pytest.fixture(scope="module")
-def target_only_16(pair):
-    return experiment.run(RunConfig(mode="target-only", prompts=f"sharegpt:{N}", max_tokens=MAX_TOKENS), pair,
-                          progress=False)
-
-
-def test_pipelined_over_the_link_is_identical_at_rtt_0_and_5(pair, target_only_16):
+def test_pipelined_over_the_link_is_identical_at_rtt_0_and_5(pair, target_only_ref):
     """One testbed, its relay re-set between round trips (set_delay); the fixed policy (verify what
     the draft streamed) exercises acceptance, corrections, kept and dropped run-ahead on every round."""
-    ref = [r["output_ids"] for r in target_only_16["requests"]]
+    ref = [r["output_ids"] for r in target_only_ref["requests"]]
     with Testbed(relay=True) as tb:
         for rtt in (0.0, 5.0):
             tb.set_delay(rtt / 2, rtt / 2)
-            cfg = RunConfig(mode="pipelined", k=3, adaptive=False, placement="ethernet", rtt_ms=rtt,
-                            prompts=f"sharegpt:{N}", max_tokens=MAX_TOKENS)
+            cfg = RunConfig(mode="pipelined", k=3, adaptive=False, placement="ethernet", rtt_ms=rtt, **REF)
             res = experiment.run(cfg, pair, progress=False, on_testbed=tb)
             assert [r["output_ids"] for r in res["requests"]] == ref, rtt
             s = res["summary"]
@@ -93,12 +83,12 @@ def test_outcome_cache_on_the_real_pair_is_identical_and_hits(pair):
 
 
 @pytest.mark.parametrize("rtt", [0.0, 5.0])
-def test_pipelined_draft_killed_mid_request_finishes_on_the_target(pair, target_only_16, rtt):
+def test_pipelined_draft_killed_mid_request_finishes_on_the_target(pair, target_only_ref, rtt):
     cfg = RunConfig(mode="pipelined", k=3, adaptive=False, placement="ethernet", prompts="sharegpt:2",
                     max_tokens=MAX_TOKENS, rtt_ms=rtt)
     reqs, _ = experiment.run_requests(cfg, experiment.encode_prompts(cfg, pair.tokenizer), draft_die_after=12,
                                        draft_timeout_s=2.0)
-    assert [r["output_ids"] for r in reqs] == [r["output_ids"] for r in target_only_16["requests"][:2]]
+    assert [r["output_ids"] for r in reqs] == [r["output_ids"] for r in target_only_ref["requests"][:2]]
     assert reqs[0]["rounds"] >= 1 and reqs[0]["tokens_without_draft"] > 0
     assert reqs[1]["rounds"] == 0 and reqs[1]["tokens_without_draft"] == MAX_TOKENS - 1
     assert not leftovers()

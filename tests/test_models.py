@@ -47,3 +47,16 @@ def test_embedded_pair_loads_on_cpu(pair):
     # the draft shares the target's tokenizer and embeddings
     assert (pair.draft.model.embed_tokens.weight == pair.target.model.embed_tokens.weight).all()
     assert pair.card["eval"]["greedy_agreement"] > 0.4
+
+
+@pytest.mark.slow
+def test_a_draft_assembled_from_an_earlier_asset_is_rebuilt(tmp_path):
+    """The assembled draft is cached; when the committed asset changes (trained further), a warm cache must
+    not keep serving the old one."""
+    from sdeth.models.embedded import DRAFT_ASSET, prepare_embedded_draft
+    out = prepare_embedded_draft(tmp_path / "draft")
+    (out / "card.json").write_text('{"eval": {"greedy_agreement": 0.1}}')     # as an earlier asset left it
+    (out / "model.safetensors").write_bytes(b"stale")
+    out = prepare_embedded_draft(tmp_path / "draft")
+    assert (out / "card.json").read_text() == (DRAFT_ASSET / "card.json").read_text()
+    assert (out / "model.safetensors").stat().st_size > 1e6

@@ -221,6 +221,26 @@ def test_estimator_alpha_and_choices():
     assert e.choose_m(0, 5, fresh=True, since_s=0.0) == 0   # a second away: step alone
 
 
+def test_a_slow_draft_start_is_covered_by_plain_steps():
+    """A draft on a slow device (a CPU draft for a GPU target: its step 234 ms against the target's 9 ms)
+    is still prefilling when its first token is due: the policy steps alone rather than wait it out, while
+    a fast draft's late token is still worth a short wait."""
+    def policy(step, draft_step):
+        e = AdaptivePolicy(alpha0=0.7)
+        e.observe_draft(draft_step)
+        for m in range(1, 5):
+            e.observe_verify(m, step)
+            e.observe_verify(m, step * (1 + 0.02 * m))
+        e.rtt = 0.0002
+        return e
+    cpu_draft = policy(0.0088, 0.234)
+    for since in (0.0, 0.1, 0.3, 1.0, 4.0):            # the first token due at 0.234 s; prefill took seconds
+        assert cpu_draft.choose_m(0, 4, fresh=True, since_s=since) == 0, since
+    gpu_draft = policy(0.0052, 0.002)
+    for since in (0.0, 0.002, 0.005):                  # due at 2.2 ms, then a little late
+        assert gpu_draft.choose_m(0, 4, fresh=True, since_s=since) >= 1, since
+
+
 def test_event_model_outcome_cache():
     """No hits at no extra cost: the plain pipelined figure; every covered rejection a hit: faster, and the
     reported hit rate is what was put in."""

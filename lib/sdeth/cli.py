@@ -72,8 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "added round trip (--rtts)")
     b.add_argument("--rtts", default="0,0.2,0.5,1,2,5", help="rtt: added round trips (ms)")
     b.add_argument("--pair", default="random-qwen3-8b/1.7b")
-    b.add_argument("--synthetic-alpha", type=float, default=0.71,
-                   help="random weights: accept each draft token with this probability; -1 for real acceptance")
+    b.add_argument("--synthetic-alpha", type=float, default=None,
+                   help="accept each draft token with this probability; -1 for real acceptance (default: 0.71 "
+                   "for a random-weight pair, whose own acceptance means nothing; real acceptance otherwise)")
     b.add_argument("--trace", default=None, help="trace-driven acceptance: the draft replays this trace JSON "
                    "(e.g. reports/traces/embedded_greedy.json), scaled to --synthetic-alpha (-1: the trace's own)")
     b.add_argument("--device", default="cuda:0"), b.add_argument("--draft-device", default="cuda:1")
@@ -129,6 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--context", type=int, default=256)
     c.add_argument("--device", default="cpu")
     return ap
+
+
+def bench_alpha(pair: str, alpha: float | None, trace: str | None) -> float | None:
+    """--synthetic-alpha as the benchmark uses it: None means real acceptance (or a trace's own alpha).
+    Left out, a random-weight pair gets 0.71 (its drafts would almost never be accepted) and a real pair
+    its real acceptance."""
+    if alpha is None:
+        return 0.71 if pair.startswith("random") and not trace else None
+    return None if alpha < 0 else alpha
 
 
 def main(argv=None) -> int:
@@ -253,7 +263,7 @@ def _bench(a) -> int:
         base = RunConfig(pair=a.pair, device=a.device, draft_device=a.draft_device or None, impl=a.impl,
                          compile=a.compile, capacity=a.capacity, prompts=f"random:{a.requests}:{a.context}:{a.seed}",
                          max_tokens=a.max_tokens, k=a.k, seed=a.seed, max_len=a.capacity,
-                         synthetic_alpha=None if a.synthetic_alpha < 0 else a.synthetic_alpha, netns=False,
+                         synthetic_alpha=bench_alpha(a.pair, a.synthetic_alpha, a.trace), netns=False,
                          synthetic_trace=a.trace, draft_fast=a.draft_fast, target_fast=a.target_fast, cache=a.cache)
         if a.what == "rtt":
             modes = tuple(m for m in a.modes.split(",") if m and m not in ("target-only", "colocated"))

@@ -139,8 +139,11 @@ class AdaptivePolicy:
         """Pipelined rounds: how many streamed drafts (0..m_max) to verify now, given `available`
         already here. m = 0 is a plain target step. Maximises this round's E[tokens] / (wait +
         verify(m+1)); the draft keeps drafting meanwhile, so waiting costs only target time. The
-        wait for drafts not yet here: (m - available) draft steps, or, right after a correction
-        (fresh: nothing of the new run has arrived, since_s ago), a round trip plus m steps."""
+        wait for drafts not yet here: (m - available) draft steps, or, right after a correction or a
+        request's start (fresh: nothing of the new run has arrived, since_s ago), a round trip plus m
+        steps. Once that is overdue (a draft still prefilling a long prompt on a slow device, a stall)
+        nothing says the tokens are about to arrive: the wait is taken to be as long again from now, so
+        a slow draft's start is covered by plain steps rather than waited out."""
         c = self.costs()
         if c is None:
             return min(max(available, 1), m_max)
@@ -150,7 +153,8 @@ class AdaptivePolicy:
             if m <= available:
                 return 0.0
             if fresh:
-                return max(c.rtt + m * c.draft_step - since_s, 0.0)
+                due = c.rtt + m * c.draft_step
+                return due - since_s if since_s < due else due
             return (m - available) * c.draft_step
 
         return max(range(0, m_max + 1),

@@ -2,6 +2,8 @@
 
     python -m sdeth.models.distill --out lib/sdeth/assets/embedded-draft            # CPU, ~15 min budget
     python -m sdeth.models.distill --out DIR --device cuda --prompts 6000 --train-steps 3000   # GPU recipe
+    python -m sdeth.models.distill --out DIR --device cuda --init lib/sdeth/assets/embedded-draft ...
+                                                                    # train a committed draft further
 
 Recipe (deterministic for a seed): a draft of L layers initialised from the target's first L layers,
 sharing the target's tied embedding / output layer (frozen) and
@@ -208,6 +210,29 @@ def build_seqs(target, tok, spec: str, max_new: int, batch: int, device: str,
     return [(p + c, len(p)) for p, c in zip(ids * (1 + sampled_copies), comps) if c]
 
 
+def load_data(path: Path):
+    """(train, eval) sequences saved by an earlier run with the same --data file, or None."""
+    if not path.exists():
+        return None
+    d = torch.load(path)
+    return [tuple(x) for x in d["train"]], [tuple(x) for x in d["eval"]]
+
+
+def init_from(draft, asset: Path) -> dict:
+    """Load a saved draft's layers into `draft` (its shared embeddings stay the target's); returns the
+    earlier card's rounds, so the new card keeps the whole training history."""
+    from safetensors.torch import load_file
+    sd = {k: v.float() for k, v in load_file(str(asset / "draft.safetensors")).items()}
+    missing, unexpected = draft.load_state_dict(sd, strict=False)
+    if unexpected or any(not k.startswith(("model.embed_tokens", "lm_head")) for k in missing):
+        raise ValueError(f"--init {asset}: its layers do not fit a {len(draft.model.layers)}-layer draft "
+                         f"(unexpected {unexpected[:3]}, missing {missing[:3]}); pass the same --layers it has")
+    card = json.loads((asset / "card.json").read_text())
+    rounds = card.get("rounds") or [{k: card.get(k) for k in ("recipe", "hardware", "steps_done", "train_seconds")}
+                                    | {"greedy_agreement": card["eval"]["greedy_agreement"]}]
+    return {"from": str(asset), "rounds": rounds}
+
+
 def save_draft(draft, idx, out: Path, card: dict) -> None:
     from safetensors.torch import save_file
     out.mkdir(parents=True, exist_ok=True)
@@ -236,6 +261,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts for the agreement figure")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shuffle-seed", type=int, default=None, help="batch order (default: --seed)")
+    ap.add_argument("--init", type=Path, default=None,
+                    help="start from this saved draft (a directory with draft.safetensors and card.json) "
+                         "instead of the target's first layers: train it further")
+    ap.add_argument("--data", type=Path, default=None,
+                    help="keep the generated sequences in this file and reuse them when it exists")
     a = ap.parse_args(argv)
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from .embedded import EMBEDDED_DRAFT, EMBEDDED_TARGET, prepare_embedded_target
@@ -247,20 +278,28 @@ def main(argv=None) -> dict:
     target = AutoModelForCausalLM.from_pretrained(tdir, dtype=torch.float32).to(a.device).eval().requires_grad_(False)
     if a.sampled_copies and not a.kd:
         ap.error("--sampled-copies needs --kd (sampled data is labelled with the target's argmax)")
-    train_seqs = build_seqs(target, tok, f"sharegpt-train:{a.prompts}:{a.seed}", a.gen_tokens, a.gen_batch, a.device,
-                            a.sampled_copies)
-    eval_seqs = build_seqs(target, tok, f"sharegpt:{a.eval_prompts}:{a.seed + 1000}", 64, a.gen_batch, a.device)
+    saved = load_data(a.data) if a.data else None
+    if saved:
+        train_seqs, eval_seqs = saved
+    else:
+        train_seqs = build_seqs(target, tok, f"sharegpt-train:{a.prompts}:{a.seed}", a.gen_tokens, a.gen_batch,
+                                a.device, a.sampled_copies)
+        eval_seqs = build_seqs(target, tok, f"sharegpt:{a.eval_prompts}:{a.seed + 1000}", 64, a.gen_batch, a.device)
+        if a.data:
+            a.data.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"train": train_seqs, "eval": eval_seqs}, a.data)
     t_data = time.time() - t_start
     cards = {}
     for n_layers in a.layers:
         out = Path(a.out) if len(a.layers) == 1 else Path(a.out) / f"L{n_layers}"
         torch.manual_seed(a.seed)
         draft, idx = make_draft(target, n_layers)
+        earlier = init_from(draft, a.init) if a.init else None
         draft.to(a.device)
         before = agreement(target, draft, eval_seqs, a.device)
         t_train = time.time()
         log = train(draft, target, train_seqs, a.train_steps, a.train_minutes, a.batch_tokens, a.lr, a.kd,
-                    a.device, a.seed)
+                    a.device, a.seed if a.shuffle_seed is None else a.shuffle_seed)
         after = agreement(target, draft, eval_seqs, a.device)
         n_trained = sum(p.numel() for p in draft.parameters() if p.requires_grad)
         card = {
@@ -269,7 +308,7 @@ def main(argv=None) -> dict:
             "layers": n_layers, "layers_from_target": idx,
             "shared_with_target": "tokenizer, tied embedding/output layer",
             "trained_params": int(n_trained), "stored_dtype": "float16",
-            "recipe": {k: v for k, v in vars(a).items() if k != "out"},
+            "recipe": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k != "out"},
             "train_sequences": len(train_seqs), "train_tokens": int(sum(len(s) - n for s, n in train_seqs)),
             "eval": {"prompts": f"sharegpt:{a.eval_prompts}:{a.seed + 1000} (held-out split)", "max_tokens": 64,
                      "before_training": before, **after},
@@ -277,6 +316,11 @@ def main(argv=None) -> dict:
             **{k: v for k, v in log.items() if k != "history"},
             "total_seconds": round(t_data + time.time() - t_train, 1), "history": log["history"],
         }
+        this_round = {"recipe": card["recipe"], "hardware": card["hardware"], "steps_done": card["steps_done"],
+                      "train_seconds": card["train_seconds"], "greedy_agreement": after["greedy_agreement"]}
+        card["rounds"] = (earlier["rounds"] if earlier else []) + [this_round]
+        if earlier:
+            card["made"] += f"; trained further from an earlier draft ({len(card['rounds'])} rounds, see rounds)"
         save_draft(draft, idx, out, card)
         print(json.dumps({"layers": n_layers, **{k: card[k] for k in ("eval", "train_tokens", "total_seconds")}}))
         cards[n_layers] = card

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 from ..paths import ASSETS, cache_dir
@@ -75,8 +76,11 @@ def prepare_embedded_target(out: Path | None = None) -> Path:
 def prepare_embedded_draft(out: Path | None = None) -> Path:
     """The draft as a plain HF directory: the committed trained layers + the target's embeddings."""
     out = out or cache_dir() / "models" / "smollm2-135m-draft6"
+    card = DRAFT_ASSET / "card.json"
     if (out / "model.safetensors").exists():
-        return out
+        if not card.exists() or (out / "card.json").exists() and (out / "card.json").read_text() == card.read_text():
+            return out
+        shutil.rmtree(out)          # assembled from an earlier draft (the asset was trained further): rebuild
     if not (DRAFT_ASSET / "draft.safetensors").exists():
         raise ModelError(f"no trained draft in {DRAFT_ASSET}: restore it from git, or train one on the CPU "
                          f"(~15 min) with `make distill-cpu` and pass its directory as the draft")

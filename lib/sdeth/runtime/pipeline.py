@@ -412,6 +412,7 @@ class StreamView:
 
 
 EXPLORE_EVERY = 16     # after this many plain steps in a row, verify the drafts on offer once
+WAIT_SLICE_S = 0.02    # the target waits for drafts in slices this long, choosing again after each
 
 
 def generate_pipelined(target: Engine, stream: DraftStream, prompt_ids: list[int], max_tokens: int, k_max: int,
@@ -445,7 +446,7 @@ def generate_pipelined(target: Engine, stream: DraftStream, prompt_ids: list[int
                         break
                     if time.perf_counter() - t_w > draft_timeout_s:
                         raise DraftUnavailable(f"no draft token within {draft_timeout_s:.1f} s")
-                    stream.wait(draft_timeout_s)
+                    stream.wait(WAIT_SLICE_S)      # then choose again: a late draft may be worth no more wait
                 wait_s += time.perf_counter() - t_w
             except DraftUnavailable:
                 alive, drafts = False, []

@@ -58,8 +58,9 @@ class DraftStream(Protocol):
     def poll(self) -> None:
         """Take in whatever drafts have arrived (into view), without waiting."""
 
-    def wait(self, timeout_s: float) -> None:
-        """Wait for at least one more message, then poll; DraftUnavailable after timeout_s."""
+    def wait(self, timeout_s: float) -> bool:
+        """Wait up to timeout_s for at least one more message, then poll; False if none came (the caller
+        decides when silence means the draft is gone); DraftUnavailable if the draft reported an error."""
 
     def end(self) -> None:
         """The request is over: free its state on the draft side."""

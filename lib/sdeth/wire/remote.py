@@ -202,12 +202,13 @@ class RemoteStream(RemoteDrafter):
         while (msg := self.client.recv(0)) is not None:
             self._take(msg)
 
-    def wait(self, timeout_s: float) -> None:
+    def wait(self, timeout_s: float) -> bool:
         msg = self.client.recv(timeout_s)
         if msg is None:
-            raise DraftUnavailable(f"no draft token from {self.client.addr} within {timeout_s:.1f} s")
+            return False
         self._take(msg)
         self.poll()
+        return True
 
     def end(self):
         try:
