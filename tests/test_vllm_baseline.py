@@ -12,31 +12,26 @@ P, T = "sharegpt:4", 24
 
 @pytest.fixture(scope="module")
 def runs(pair):
+    """vLLM's SD and our target-only on the same token ids. (No separate vLLM run without SD: each engine start
+    costs about a minute on 2 cores, and SD equal to our target-only says both that vLLM's SD is lossless and
+    that vLLM decodes our token ids as our runtime does.)"""
     kw = dict(prompts=P, max_tokens=T, max_len=1024)
-    return {"vllm-base": experiment.run(RunConfig(engine="vllm", mode="target-only", **kw), pair),
-            "vllm-sd": experiment.run(RunConfig(engine="vllm", mode="sd", k=3, **kw), pair),
+    return {"vllm-sd": experiment.run(RunConfig(engine="vllm", mode="sd", k=3, **kw), pair),
             "ours": experiment.run(RunConfig(mode="target-only", **kw), pair, progress=False)}
 
 
 @slow
 def test_vllm_sd_is_lossless_and_counts_consistently(runs):
-    base, sd = runs["vllm-base"], runs["vllm-sd"]
-    assert [r["output_ids"] for r in sd["requests"]] == [r["output_ids"] for r in base["requests"]]
+    sd, ours = runs["vllm-sd"], runs["ours"]
+    same = sum(a["output_ids"] == b["output_ids"] for a, b in zip(sd["requests"], ours["requests"]))
+    print(f"identical greedy outputs, vLLM SD vs sdeth target-only: {same}/{len(ours['requests'])}")
+    assert same == len(ours["requests"])
     for r in sd["requests"]:
         assert sum(r["accepted_per_pos"]) == r["accepted_tokens"] <= r["draft_tokens"] == 3 * r["drafts"]
         assert r["drafts"] > 0
     s = sd["summary"]
     assert metrics.rate_from_alpha(s["alpha"], 3) == pytest.approx(s["draft_acceptance_rate"], abs=1e-6)
     assert sd["config"]["engine"] == "vllm" and sd["config"]["vllm_args"]["speculative_config"]["method"] == "draft_model"
-
-
-@slow
-def test_vllm_and_our_runtime_decode_the_same_tokens(runs):
-    ours = [r["output_ids"] for r in runs["ours"]["requests"]]
-    theirs = [r["output_ids"] for r in runs["vllm-base"]["requests"]]
-    same = sum(a == b for a, b in zip(ours, theirs))
-    print(f"identical greedy outputs, vLLM vs sdeth: {same}/{len(ours)}")
-    assert same == len(ours)
 
 
 def test_vllm_engine_is_colocated_only():
