@@ -57,6 +57,13 @@ def test_a_draft_assembled_from_an_earlier_asset_is_rebuilt(tmp_path):
     out = prepare_embedded_draft(tmp_path / "draft")
     (out / "card.json").write_text('{"eval": {"greedy_agreement": 0.1}}')     # as an earlier asset left it
     (out / "model.safetensors").write_bytes(b"stale")
-    out = prepare_embedded_draft(tmp_path / "draft")
+    # a testbed's two workers find it stale at the same moment: both must come up (once, both removed it)
+    import subprocess
+    import sys
+    code = f"from sdeth.models.embedded import prepare_embedded_draft as p; from pathlib import Path; p(Path({str(out)!r}))"
+    procs = [subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        assert p.wait(timeout=120) == 0, p.stderr.read()[-2000:]
     assert (out / "card.json").read_text() == (DRAFT_ASSET / "card.json").read_text()
     assert (out / "model.safetensors").stat().st_size > 1e6
+    assert [x.name for x in out.parent.iterdir()] == ["draft"]         # no stale or temporary copy left

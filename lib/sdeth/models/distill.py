@@ -229,7 +229,8 @@ def init_from(draft, asset: Path) -> dict:
                          f"(unexpected {unexpected[:3]}, missing {missing[:3]}); pass the same --layers it has")
     card = json.loads((asset / "card.json").read_text())
     rounds = card.get("rounds") or [{k: card.get(k) for k in ("recipe", "hardware", "steps_done", "train_seconds")}
-                                    | {"greedy_agreement": card["eval"]["greedy_agreement"]}]
+                                    | {"before": card["eval"]["before_training"]["greedy_agreement"],
+                                       "greedy_agreement": card["eval"]["greedy_agreement"]}]
     return {"from": str(asset), "rounds": rounds}
 
 
@@ -317,7 +318,8 @@ def main(argv=None) -> dict:
             "total_seconds": round(t_data + time.time() - t_train, 1), "history": log["history"],
         }
         this_round = {"recipe": card["recipe"], "hardware": card["hardware"], "steps_done": card["steps_done"],
-                      "train_seconds": card["train_seconds"], "greedy_agreement": after["greedy_agreement"]}
+                      "train_seconds": card["train_seconds"], "before": before["greedy_agreement"],
+                      "greedy_agreement": after["greedy_agreement"]}
         card["rounds"] = (earlier["rounds"] if earlier else []) + [this_round]
         if earlier:
             card["made"] += f"; trained further from an earlier draft ({len(card['rounds'])} rounds, see rounds)"

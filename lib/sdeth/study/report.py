@@ -468,7 +468,8 @@ def draft_card(card: dict):
     df = pd.DataFrame([{"round": i + 1, "start": (r.get("recipe") or {}).get("init") or
                         f"the target's first {card['layers']} layers",
                         "training (s)": r["train_seconds"], "steps": r.get("steps_done"),
-                        "greedy agreement (held-out)": r["greedy_agreement"]} for i, r in enumerate(rounds)]
+                        "held-out agreement before": r.get("before"),
+                        "after": r["greedy_agreement"]} for i, r in enumerate(rounds)]
                       ).set_index("round")
     print(f"held-out positions: {ev['positions']} ({ev['prompts']}); trained on {card['train_tokens']:,} target tokens "
           f"on {card['hardware']}; {len(rounds)} round(s), {sum(r['train_seconds'] for r in rounds) / 60:.1f} min in "
