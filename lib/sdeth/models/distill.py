@@ -218,7 +218,15 @@ def load_data(path: Path):
     return [tuple(x) for x in d["train"]], [tuple(x) for x in d["eval"]]
 
 
-def init_from(draft, asset: Path) -> dict:
+def card_rounds(card: dict) -> list[dict]:
+    """A draft card's training rounds: its `rounds`, or, for a card of one round that predates them, that
+    round as the card describes it (recipe, hardware, steps, seconds, held-out agreement before and after)."""
+    return card.get("rounds") or [{k: card.get(k) for k in ("recipe", "hardware", "steps_done", "train_seconds")}
+                                  | {"before": card["eval"]["before_training"]["greedy_agreement"],
+                                     "greedy_agreement": card["eval"]["greedy_agreement"]}]
+
+
+def init_from(draft, asset: Path) -> list[dict]:
     """Load a saved draft's layers into `draft` (its shared embeddings stay the target's); returns the
     earlier card's rounds, so the new card keeps the whole training history."""
     from safetensors.torch import load_file
@@ -227,11 +235,7 @@ def init_from(draft, asset: Path) -> dict:
     if unexpected or any(not k.startswith(("model.embed_tokens", "lm_head")) for k in missing):
         raise ValueError(f"--init {asset}: its layers do not fit a {len(draft.model.layers)}-layer draft "
                          f"(unexpected {unexpected[:3]}, missing {missing[:3]}); pass the same --layers it has")
-    card = json.loads((asset / "card.json").read_text())
-    rounds = card.get("rounds") or [{k: card.get(k) for k in ("recipe", "hardware", "steps_done", "train_seconds")}
-                                    | {"before": card["eval"]["before_training"]["greedy_agreement"],
-                                       "greedy_agreement": card["eval"]["greedy_agreement"]}]
-    return {"from": str(asset), "rounds": rounds}
+    return card_rounds(json.loads((asset / "card.json").read_text()))
 
 
 def save_draft(draft, idx, out: Path, card: dict) -> None:
@@ -317,10 +321,7 @@ def main(argv=None) -> dict:
             **{k: v for k, v in log.items() if k != "history"},
             "total_seconds": round(t_data + time.time() - t_train, 1), "history": log["history"],
         }
-        this_round = {"recipe": card["recipe"], "hardware": card["hardware"], "steps_done": card["steps_done"],
-                      "train_seconds": card["train_seconds"], "before": before["greedy_agreement"],
-                      "greedy_agreement": after["greedy_agreement"]}
-        card["rounds"] = (earlier["rounds"] if earlier else []) + [this_round]
+        card["rounds"] = (earlier or []) + card_rounds(card)      # this round, as the card describes it
         if earlier:
             card["made"] += f"; trained further from an earlier draft ({len(card['rounds'])} rounds, see rounds)"
         save_draft(draft, idx, out, card)

@@ -463,8 +463,8 @@ def draft_card(card: dict):
     import matplotlib.pyplot as plt
     import pandas as pd
     ev = card["eval"]
-    rounds = card.get("rounds") or [{"train_seconds": card["train_seconds"], "steps_done": card.get("steps_done"),
-                                     "greedy_agreement": ev["greedy_agreement"], "hardware": card["hardware"]}]
+    from ..models.distill import card_rounds
+    rounds = card_rounds(card)
     df = pd.DataFrame([{"round": i + 1, "start": (r.get("recipe") or {}).get("init") or
                         f"the target's first {card['layers']} layers",
                         "training (s)": r["train_seconds"], "steps": r.get("steps_done"),
