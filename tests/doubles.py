@@ -132,6 +132,9 @@ def row_bigram(table, device="cpu", scratch: int = 64):
         def rows_visible(self, prefix, lo, hi):
             return None
 
+        def rows_inputs(self, ids, positions, slots, prefix, lo, hi):
+            return ids, positions, slots, None
+
         def forward_rows(self, ids, positions, slots, visible, advance=0):
             assert all(s >= self.scratch_base() for s in slots[advance:]), "branch rows write to scratch slots"
             assert list(slots[:advance]) == list(range(self.pos, self.pos + advance)), "chain rows at the chain's slots"

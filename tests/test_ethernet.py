@@ -68,17 +68,28 @@ def test_pipelined_over_the_link_is_identical_at_rtt_0_and_5(pair, target_only_r
 
 def test_outcome_cache_on_the_real_pair_is_identical_and_hits(pair):
     """The embedded pair over the link (fast decoder on both workers, 2 ms round trip) with the outcome cache:
-    greedy output equals target-only's, branches stream, and some rejections are served by a branch."""
+    greedy output equals target-only's, branches stream, and some rejections are served by a branch. Then
+    `auto` on the same workers: the target's model decides per request, says why in each record, and with the
+    cache off the draft's next choices still come with its tokens (the hit rate the cache would get)."""
     common = dict(prompts="sharegpt:4", max_tokens=MAX_TOKENS, impl="fast")
     base = experiment.run(RunConfig(mode="target-only", **common), pair, progress=False)
-    res = experiment.run(RunConfig(mode="pipelined", k=4, placement="ethernet", rtt_ms=2.0, cache="on", **common),
-                         pair, progress=False)
+    cfg = RunConfig(mode="pipelined", k=4, placement="ethernet", rtt_ms=2.0, cache="on", **common)
+    with experiment.testbed_for(cfg) as tb:
+        res = experiment.run(cfg, pair, progress=False, on_testbed=tb)
+        auto = experiment.run(replace(cfg, cache="auto"), pair, progress=False, on_testbed=tb)
     assert [r["output_ids"] for r in res["requests"]] == [r["output_ids"] for r in base["requests"]]
     s, reqs = res["summary"], res["requests"]
     assert s["tokens_without_draft"] == 0 and s["cache"] == CACHE_DEFAULT
     assert sum(r["branch_tokens"] for r in reqs) > 0
     assert 0 < sum(r["cache_hits"] for r in reqs) < sum(r["stream_restarts"] for r in reqs)
     assert 0 < s["cache_hit_rate"] < 1
+    assert all(r["draft_periods"] > 0 and r["draft_period_ms"] > 0 for r in reqs)   # the draft timed its steps
+    assert [r["output_ids"] for r in auto["requests"]] == [r["output_ids"] for r in base["requests"]]
+    choices = [r["cache_choice"] for r in auto["requests"]]
+    assert all(c.startswith(("on: ", "off: ")) for c in choices), choices
+    off = [r for r in auto["requests"] if r["cache"] == "off"]
+    assert off and sum(r["alt_judged"] for r in off) > 0 and all(r["branch_tokens"] == 0 for r in off)
+    assert sum(auto["summary"]["cache_auto"].values()) == len(auto["requests"])
     assert not leftovers()
 
 

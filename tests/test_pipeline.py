@@ -1,6 +1,7 @@
 """Pipelined SD (sdeth.pipeline): lossless through every path of the streaming protocol, driven by
 a simulated link with random interleavings (LocalStream), and the cost model's event simulation."""
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -200,7 +201,7 @@ def test_outcome_cache_config_errors():
         RunConfig(mode="pipelined", placement="ethernet", cache="2x4").check()
     with pytest.raises(ValueError, match="scratch slots"):
         pipeline.StreamDrafter(BigramEngine(DRAFT), fanout=2)
-    assert RunConfig(mode="pipelined", placement="ethernet", impl="fast").outcome_cache() == "off"   # auto: off for now
+    assert RunConfig(mode="pipelined", placement="ethernet", impl="fast").outcome_cache() == "auto"  # the target decides
     on = RunConfig(mode="pipelined", placement="ethernet", impl="fast", cache="on").check()
     assert on.outcome_cache() == pipeline.CACHE_DEFAULT
     assert RunConfig(mode="sd", impl="fast", cache="on").outcome_cache() == "off"       # sync SD has no stream
@@ -261,3 +262,76 @@ def test_simulation_brackets():
     hi = costmodel.simulate_pipelined(1.0, c, 4, n_tokens=3000)
     assert 0.8 < lo["tokens_per_s"] * c.target_step <= 1.01      # never accepted: about target-only
     assert hi["tokens_per_s"] * c.target_step > 3                # always accepted: k+1 per verify
+
+
+def test_the_draft_times_its_step_and_sends_its_next_choices():
+    """Step.period_ms: launch to launch while the draft steps on (0 for the first step, after a pause and after
+    a restart); watch: each token carries the draft's next choices there (never its own token); the view counts
+    how often a correction is among them."""
+    d = pipeline.StreamDrafter(BigramEngine(DRAFT), window=4, watch=2)
+    d.start([0], 32, first=3, s=Sampling())
+    view = pipeline.StreamView()
+    msgs = []
+    while d.can_step():
+        d.launch()
+        st = d.settle()
+        msgs.append((st, d.messages(st)[0]))
+    assert msgs[0][0].period_ms == 0 and all(st.period_ms > 0 for st, _ in msgs[1:])
+    for st, m in msgs:
+        assert len(st.alt_ids) == 2 and st.token not in st.alt_ids and m[6] == st.alt_ids
+        view.on_drafted(*m)
+    assert not d.can_step()                               # the window is full: a pause
+    st1 = msgs[0][0]
+    view.on_commit(1, st1.alt_ids[1])                     # a correction among the draft's next two choices
+    d.commit(1, st1.alt_ids[1])
+    assert view.judged == 1 and view.among == 1 and view.epoch == d.epoch == 1
+    d.launch()
+    assert d.settle().period_ms == 0                      # the first step after the restart is not timed
+    d.launch()
+    assert d.settle().period_ms > 0
+
+
+def test_outcome_cache_auto_follows_the_model():
+    """--cache auto (AdaptivePolicy.choose_cache): off until a request was measured and enough corrections were
+    judged; then on where the event model predicts at least CACHE_MARGIN over pipelined without the cache (a draft
+    whose corrections are nearly always among its next choices, a long round trip), off where it does not (a
+    draft whose corrections seldom are); the decision is kept for CACHE_EVERY requests."""
+    def policy(among: float) -> AdaptivePolicy:
+        e = AdaptivePolicy(alpha0=0.7, prior=1e6)
+        for m in range(1, 10):
+            e.observe_verify(m, 0.005)
+            e.observe_verify(m, 0.005 * (1 + 0.01 * m))
+        e.observe_draft(0.0012)
+        e.observe_rtt(0.004)
+        return e
+    e = policy(0.9)
+    on, why = e.choose_cache(4, 4, 2, 8)
+    assert not on and "no pipelined request" in why
+    e.observe_period(0.0015)
+    e.observe_link(0.002)
+    e.observe_alternatives(5, 4)
+    on, why = e.choose_cache(4, 4, 2, 8)
+    assert not on and "judged" in why
+    e.observe_alternatives(40, 38)
+    on, why = e.choose_cache(4, 4, 2, 8)
+    assert on and "model predicts" in why, why
+    e.observe_alternatives(10000, 0)                      # kept until CACHE_EVERY requests have passed
+    assert all(e.choose_cache(4, 4, 2, 8)[0] for _ in range(costmodel.CACHE_EVERY - 1))
+    on, why = e.choose_cache(4, 4, 2, 8)
+    assert not on and "model predicts" in why, why
+    noisy = policy(0.28)                                  # a cached step timed faster than a plain one (a shared
+    noisy.observe_period(0.0030)                          # device) is not taken for a faster draft
+    noisy.observe_period(0.0015, cached=True)
+    noisy.observe_link(0.0002)
+    noisy.observe_alternatives(100, 28)
+    assert not noisy.choose_cache(4, 4, 2, 8)[0]
+
+
+def test_the_event_model_charges_the_draft_host_and_the_step_in_flight():
+    """A draft whose host adds to each device step (draft_period) is slower, and so is one whose link is the
+    lived round trip rather than the link's own (the restart then waits two longer transits)."""
+    c = Costs(0.005, 0.0015, {m: 0.005 * (1 + 0.01 * m) for m in range(2, 10)}, rtt=0.002, link_rtt=0.0002)
+    fast = costmodel.simulate_pipelined(0.7, c, 8, n_tokens=4000)["tokens_per_s"]
+    slow_host = costmodel.simulate_pipelined(0.7, replace(c, draft_period=0.0025), 8, n_tokens=4000)["tokens_per_s"]
+    long_link = costmodel.simulate_pipelined(0.7, replace(c, link_rtt=None), 8, n_tokens=4000)["tokens_per_s"]
+    assert slow_host < 0.95 * fast and long_link < fast

@@ -67,9 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     rd.add_argument("--image", help="the sdeth worker image (registry/name:tag)")
     rd.add_argument("--namespace", default="sdeth")
     b = sub.add_parser("bench", help="compare decoding modes on the same requests, with 95%% intervals (JSON)")
-    b.add_argument("what", choices=["sd", "step", "rtt"], help="sd: target-only, colocated, sync, adaptive, pipelined "
-                   "SD; step: the decode step, lever by lever (sdeth.study.stepbench); rtt: the link modes at each "
-                   "added round trip (--rtts)")
+    b.add_argument("what", choices=["sd", "step", "rtt", "draft-loop"], help="sd: target-only, colocated, sync, "
+                   "adaptive, pipelined SD; step: the decode step, lever by lever (sdeth.study.stepbench); rtt: the "
+                   "link modes at each added round trip (--rtts); draft-loop: the pipelined draft's loop, phase by "
+                   "phase (sdeth.study.draftloop)")
     b.add_argument("--rtts", default="0,0.2,0.5,1,2,5", help="rtt: added round trips (ms)")
     b.add_argument("--pair", default="random-qwen3-8b/1.7b")
     b.add_argument("--synthetic-alpha", type=float, default=None,
@@ -87,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--k", type=int, default=3, help="k of the fixed-k modes (colocated, sync)")
     b.add_argument("--k-max", type=int, default=8, help="the most k of adaptive and pipelined")
     b.add_argument("--modes", default="target-only,colocated,sync,adaptive,pipelined,cached",
-                   help="cached: pipelined with the outcome cache (--cache)")
+                   help="cached: pipelined with the outcome cache (--cache); auto: pipelined, the target's model "
+                   "turning the cache on per request where it predicts a gain")
     b.add_argument("--cache", default="auto", help="the outcome cache of mode 'cached': FANOUT[xDEPTH[xRANKS]] "
                    "(auto: runtime.pipeline.CACHE_DEFAULT)")
     b.add_argument("--seed", type=int, default=0)
@@ -251,6 +253,13 @@ def _cluster(a) -> int:
 def _bench(a) -> int:
     from .study import bench
     from .study.config import ConfigError, RunConfig, save
+    if a.what == "draft-loop":
+        from .study import draftloop
+        res = draftloop.bench_draft_loop(tuple(m for m in a.models.split(",") if m != "Qwen3-8B"), a.device, a.context,
+                                         a.capacity, a.compile, a.trace, bench_alpha(a.pair, a.synthetic_alpha, a.trace))
+        print(draftloop.table(res))
+        print("wrote", save(res, a.json))
+        return 0
     if a.what == "step":
         from .study import stepbench
         res = stepbench.bench_step(tuple(a.models.split(",")), a.device, a.context, a.capacity, a.compile,

@@ -9,7 +9,7 @@ tokens/s = E / T; target-only decodes 1 / target_step. Speedup = E / T * target_
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -28,6 +28,9 @@ class Costs:
     verify_s: dict[int, float] = field(default_factory=dict)
     rtt: float = 0.0
     overhead: float = 0.0       # per round: acceptance, bookkeeping, draft catch-up
+    # pipelined only (simulate_pipelined): what the draft's host and the link add to what the policy sees
+    draft_period: float = 0.0   # wall seconds between the draft's steps (device step + its host's work); 0: draft_step
+    link_rtt: float | None = None   # the link's own round trip (two transits); None: rtt
 
     def verify(self, m: int) -> float:
         pts = sorted({1: self.target_step, **{int(k): v for k, v in self.verify_s.items()}}.items())
@@ -75,11 +78,24 @@ def predicted_run_tokens_per_s(n_tokens: list[int], ttft_s: float, alpha: float,
 # ---------------------------------------------------------------------------------------------
 # Adaptive k: running estimates of alpha and the component costs, and the choice made from them.
 
+# The outcome cache under `--cache auto` (AdaptivePolicy.choose_cache): on where the event model predicts at least
+# this gain over pipelined without it. Measured on two H200s, the model put the cache's gain 2-17% (mean 7%) above
+# what the runs showed (AGENT_LOG, eighth session), so a smaller predicted gain is within its error.
+CACHE_MARGIN = 0.15
+CACHE_JUDGED_MIN = 20      # corrections judged against the draft's next choices before the model is asked
+CACHE_EVERY = 16           # requests between two decisions (each runs the event model twice, ~0.1 s)
+CACHE_PERIOD_PRIOR = 1.07  # the draft's step with the cache's rows over one without, until one is measured
+                           # (two H200s, 4x4x2: 1.7B 1.07, 0.6B 1.02)
+
+
 class AdaptivePolicy:
     """Running estimates, updated every round, that choose k (sync) or how many streamed draft
     tokens to wait for (pipelined). alpha is the per-token acceptance: accepted / (accepted +
     rejections), which is its maximum-likelihood estimate under the i.i.d. model (a round's tokens
-    after the first rejection are never tested), with a weak prior and exponential forgetting."""
+    after the first rejection are never tested), with a weak prior and exponential forgetting.
+    Pipelined, it also keeps what the outcome cache's decision needs (choose_cache): the draft's wall
+    step with and without the cache, the link's own round trip, and how often a correction was among the
+    draft's next choices at the rejected position."""
 
     def __init__(self, alpha0: float = 0.5, prior: float = 4.0, decay: float = 0.98):
         self.acc, self.rej, self.decay = alpha0 * prior, (1 - alpha0) * prior, decay
@@ -88,6 +104,11 @@ class AdaptivePolicy:
         self.verify_s: dict[int, float] = {}
         self._seen: set[int] = set()
         self.overhead = 0.0
+        self.period: float | None = None          # the draft's wall step (host included), cache off
+        self.period_cached: float | None = None   # ... with the outcome cache's rows
+        self.link: float | None = None            # the link's own round trip (two transits)
+        self.judged = self.among = 0.0            # corrections judged against the draft's next choices, and among them
+        self._cache: tuple[int, bool, str] | None = None   # (requests until the next decision, on, why)
 
     @staticmethod
     def _ema(old: float | None, new: float, w: float = 0.2) -> float:
@@ -111,6 +132,21 @@ class AdaptivePolicy:
     def observe_rtt(self, seconds: float) -> None:
         self.rtt = self._ema(self.rtt, max(seconds, 0.0))
 
+    def observe_period(self, seconds: float, cached: bool = False) -> None:
+        if cached:
+            self.period_cached = self._ema(self.period_cached, seconds)
+        else:
+            self.period = self._ema(self.period, seconds)
+
+    def observe_link(self, seconds: float) -> None:
+        self.link = self._ema(self.link, max(seconds, 0.0))
+
+    def observe_alternatives(self, judged: int, among: int, decay: float = 0.9) -> None:
+        """A request's corrections judged against the draft's next choices at the rejected position, and how
+        many were among them (older requests count less)."""
+        self.judged = self.judged * decay + judged
+        self.among = self.among * decay + among
+
     @property
     def alpha(self) -> float:
         return self.acc / (self.acc + self.rej)
@@ -125,7 +161,39 @@ class AdaptivePolicy:
             w0 = ws[0]
             slope = (self.verify_s[ws[1]] - self.verify_s[w0]) / (ws[1] - w0) if len(ws) > 1 else 0.0
             step = max(self.verify_s[w0] - slope * (w0 - 1), 1e-6)
-        return Costs(step, self.draft_step, dict(self.verify_s), self.rtt or 0.0, self.overhead)
+        return Costs(step, self.draft_step, dict(self.verify_s), self.rtt or 0.0, self.overhead,
+                     self.period or 0.0, self.link)
+
+    def choose_cache(self, fanout: int, depth: int, ranks: int, k_max: int) -> tuple[bool, str]:
+        """`--cache auto`: whether this request runs the outcome cache (fanout x depth x ranks), and why. On
+        where the event model, fed this policy's estimates, predicts at least CACHE_MARGIN over pipelined
+        without it: the hit input is the share of corrections that were among the draft's next `ranks`
+        choices (the draft sends them with its tokens), the cached step the one measured with the cache (never
+        below the plain one), else the plain one times CACHE_PERIOD_PRIOR. Decided again every CACHE_EVERY
+        requests."""
+        if self._cache is not None and self._cache[0] > 0:
+            self._cache = (self._cache[0] - 1, *self._cache[1:])
+            return self._cache[1], self._cache[2]
+        c = self.costs()
+        if c is None or not self.period:
+            return False, "off: no pipelined request measured yet"
+        if self.judged < CACHE_JUDGED_MIN:
+            return False, (f"off: {self.judged:.0f} corrections judged against the draft's next choices so far "
+                           f"(the model is asked from {CACHE_JUDGED_MIN})")
+        hit = self.among / self.judged
+        plain = simulate_pipelined(self.alpha, c, k_max, n_tokens=1000)["tokens_per_s"]
+        # the rows add work: a cached step measured faster than a plain one is noise (a device shared with the
+        # target times each differently), so it is never taken below the plain one
+        cc = replace(c, draft_period=max(self.period_cached, self.period) if self.period_cached
+                     else self.period * CACHE_PERIOD_PRIOR)
+        cached = simulate_pipelined(self.alpha, cc, k_max, n_tokens=1000,
+                                    cache=(max(fanout // ranks, 1), depth, hit, 1.0))["tokens_per_s"]
+        gain = cached / plain
+        on = gain >= 1 + CACHE_MARGIN
+        why = (f"{'on' if on else 'off'}: the model predicts {gain:.2f}x of pipelined without it (corrections among "
+               f"the draft's next {ranks} choices: {hit:.2f}; on from {1 + CACHE_MARGIN:.2f}x)")
+        self._cache = (CACHE_EVERY - 1, on, why)
+        return on, why
 
     def choose_k(self, k_max: int, k_default: int) -> int:
         """Sync rounds: the k with the best predicted tokens/s. Until two verify widths have been
@@ -172,21 +240,24 @@ class FixedPolicy(AdaptivePolicy):
 def simulate_pipelined(alpha: float, c: Costs, k_max: int, n_tokens: int = 20000, seed: int = 0,
                        adaptive: bool = True, cache: tuple | None = None) -> dict:
     """Event model of the pipelined protocol (sdeth.pipeline): the draft drafts one token per
-    draft_step from the start of its current run; a token reaches the target rtt/2 after it is
-    drafted; each draft token equals the target's choice with probability alpha (for greedy decoding
-    that is acceptance). Per round the target applies the runtime's own policy (AdaptivePolicy.choose_m),
-    verifies, and commits; the Commit reaches the draft rtt/2 later, between two of its steps: a
-    mismatch there restarts the draft's run, a position not drafted yet is taken as given.
-    Returns tokens/s, mean drafts verified per round, share of plain target steps and of idle
-    target time. Deterministic for a seed. adaptive=False plays the fixed policy (FixedPolicy).
+    draft_period (its device step plus its host's work: read, send, launch) from the start of its current
+    run; a token reaches the target link_rtt/2 after it is drafted; each draft token equals the target's
+    choice with probability alpha (for greedy decoding that is acceptance). Per round the target applies the
+    runtime's own policy (AdaptivePolicy.choose_m, fed what the runtime's policy sees: the draft's device
+    step and the round trip as the target lives it, c.rtt), verifies, and commits; the Commit reaches the
+    draft link_rtt/2 later, between two of its steps: a mismatch there restarts the draft's run behind the
+    step it has in flight (that step runs out on the device first), a position not drafted yet is taken as
+    given. Returns tokens/s, mean drafts verified per round, share of plain target steps and of idle target
+    time. Deterministic for a seed. adaptive=False plays the fixed policy (FixedPolicy).
 
     cache = (forks, depth, hit, row_cost) (cache_terms makes it from a cache spec): the outcome cache
-    (runtime.pipeline). Branches open at the first `forks` positions past the last commit; a rejection at a covered position finds its correction there
-    with probability `hit` (the share of rejections whose correction is among the draft's branched
-    alternatives: the rank distribution of corrections); a branch drafts `depth` tokens from its fork's
-    step on, one per step, streamed at once; a hit then costs no restart (the branch tokens are at the
-    target or on their way, and the draft drafts on from the branch's end). Every step costs row_cost
-    times a plain one (the branch rows of the same forward). Adds the hit rate after a rejection."""
+    (runtime.pipeline). Branches open at the first `forks` positions past the last commit; a rejection at a
+    covered position finds its correction there with probability `hit` (the share of rejections whose
+    correction is among the draft's branched alternatives: the rank distribution of corrections); a branch
+    drafts `depth` tokens from its fork's step on, one per step, streamed at once; a hit then costs no
+    restart (the branch tokens are at the target or on their way, and the draft drafts on from the branch's
+    end). Every step costs row_cost times a plain one (the branch rows of the same forward) unless
+    draft_period, measured with the branches on, already holds them. Adds the hit rate after a rejection."""
     import random
     rng = random.Random(seed)
     est = AdaptivePolicy() if adaptive else FixedPolicy()
@@ -194,8 +265,9 @@ def simulate_pipelined(alpha: float, c: Costs, k_max: int, n_tokens: int = 20000
     est.draft_step, est.rtt, est.overhead = c.draft_step, c.rtt, c.overhead
     est.verify_s = {m: c.verify(m) for m in range(1, k_max + 2)}
     forks, depth, hit, row_cost = cache if cache else (0, 0, 0.0, 1.0)
-    d, ow = c.draft_step * row_cost, c.rtt / 2
-    if cache:
+    d = c.draft_period or c.draft_step * row_cost
+    ow = (c.rtt if c.link_rtt is None else c.link_rtt) / 2
+    if cache and not c.draft_period:
         est.draft_step = d
     restarts = hits = 0
     acked = 1                    # positions < acked were committed when the last Commit arrived
@@ -214,20 +286,21 @@ def simulate_pipelined(alpha: float, c: Costs, k_max: int, n_tokens: int = 20000
     def commit(p: int, tc: float) -> None:
         nonlocal nxt_pos, last_end, t_restart, restarts, hits
         arrive = tc + ow
-        produce_until(arrive - d)                 # every step started before the Commit arrives
+        produce_until(arrive - d)                 # every step that ended before the Commit arrives
         mine = next((x for x in prod if x[0] == p), None)
         if mine is None and nxt_pos <= p:
             nxt_pos = p + 1                       # not drafted yet: take the target's token
             last_end = max(last_end, arrive)
         elif mine is not None and not mine[2]:
             restarts += 1
-            del prod[:]                           # mismatch: a new run from p + 1
+            del prod[:]                           # mismatch: a new run from p + 1, behind the step in flight
+            busy = last_end + d if last_end > arrive - d else last_end
             if hit and p < acked + forks and rng.random() < hit:
                 hits += 1                         # the branch at p: drafted from its fork's step on
                 prod.extend([p + j, mine[1] + j * d, rng.random() < alpha] for j in range(1, depth + 1))
-                nxt_pos, last_end = p + depth + 1, max(mine[1] + depth * d, arrive)
+                nxt_pos, last_end = p + depth + 1, max(mine[1] + depth * d, busy, arrive)
             else:
-                nxt_pos, last_end = p + 1, max(last_end, arrive)
+                nxt_pos, last_end = p + 1, max(busy, arrive)
                 t_restart = tc
 
     while out < n_tokens:

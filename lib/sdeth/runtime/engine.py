@@ -37,7 +37,7 @@ class HostCopy:
     later (the next step) keeps running."""
 
     def __init__(self, t: torch.Tensor):
-        self.t, self.ev = t, None
+        self.t, self.ev, self._v = t, None, None
         if t.device.type == "cuda":
             self.t = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
             self.t.copy_(t, non_blocking=True)
@@ -49,9 +49,24 @@ class HostCopy:
         return self.ev is None or self.ev.query()
 
     def value(self):
-        if self.ev is not None:
-            self.ev.synchronize()
-        return self.t.tolist()
+        if self._v is None:
+            if self.ev is not None:
+                self.ev.synchronize()
+            self._v = self.t.tolist()
+        return self._v
+
+
+class HostPart:
+    """An element (or a slice) of a HostCopy: several small values that reach the host in one copy."""
+
+    def __init__(self, copy: HostCopy, index):
+        self.copy, self.index = copy, index
+
+    def done(self) -> bool:
+        return self.copy.done()
+
+    def value(self):
+        return self.copy.value()[self.index]
 
 
 def host_read(t: torch.Tensor):
@@ -278,6 +293,16 @@ class Engine:
         self.clock.end(t0)
         self.forwards += 1
         return logits
+
+    def rows_inputs(self, ids, positions, slots, prefix, lo, hi) -> tuple:
+        """forward_rows' inputs (ids, positions, slots, visible) on the device from host lists of one row
+        each, in one copy through pinned memory (visible as rows_visible builds it)."""
+        t = torch.tensor([ids, positions, slots, prefix, lo, hi], dtype=torch.long)
+        if self.device.type == "cuda":
+            t = t.pin_memory().to(self.device, non_blocking=True)
+        ids, positions, slots, p, a, b = t
+        s = self.net.slots[None, :]
+        return ids, positions, slots, (s < p[:, None]) | ((s >= a[:, None]) & (s <= b[:, None]))
 
     def rows_visible(self, prefix, lo, hi) -> torch.Tensor:
         """Row visibility for forward_rows, built on the device from three numbers per row: the chain's

@@ -48,6 +48,11 @@ class RequestRecord:
     plain_steps: int = 0            # pipelined: rounds the target stepped alone rather than wait for drafts
     drafted: int = 0                # pipelined: tokens the draft streamed (used, or dropped with a run)
     rtt_est_ms: float | None = None # pipelined: the target's running estimate of the link round trip
+    link_rtt_ms: float | None = None  # pipelined, remote: the link's own round trip (two transits, as learnt)
+    draft_period_ms: float | None = None  # pipelined: the draft's wall ms from one step's launch to the next while it
+    draft_periods: int = 0                # stepped on (host work included), mean over this many steps
+    alt_judged: int = 0             # pipelined: corrections at a position whose next draft choices were sent
+    alt_among: int = 0              # ... of those, the ones among them (the outcome cache's hit input)
     restarts_ms: list[float] = field(default_factory=list)  # pipelined, remote: a correcting commit sent ->
                                     # the draft's first token of the new epoch received, each time
     stream_restarts: int = 0        # pipelined: the target's token differed from a streamed draft's (new epoch)

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..costmodel import AdaptivePolicy
-from .engine import Engine, HostCopy
+from .engine import Engine, HostCopy, HostPart
 from .loop import (DraftUnavailable, RequestRecord, _done, _finish, begin_request, choose_host_token, draft_prefill,
                    draft_token, note_round, note_width, q_support, start_draft)
 from .roles import DraftStream
@@ -91,9 +91,12 @@ class Step:
     q_val: list | None = None
     ms: float = 0.0                     # after settle: the step's device time
     restart_ms: float | None = None     # after settle, the first step after a restart: ms since that commit
+    period_ms: float = 0.0              # the previous step's launch -> this one's, when the draft stepped on without
+                                        # a pause or a restart between (its host's work included); 0: not timed
     rows: list = field(default_factory=list)       # outcome cache: (branch, token, q, copies) launched with it
     alts: object = None                 # outcome cache: HostCopy of the draft's top choices at pos
     branched: list = field(default_factory=list)   # after settle: the branch tokens (BranchToken) it made
+    alt_ids: list | None = None         # after settle: the draft's next choices at pos (outcome cache, or watched)
 
 
 @dataclass
@@ -138,17 +141,20 @@ class StreamDrafter:
     (measured on two H200s: median restart 5.7 ms at depth 2), so the default is 1. `step()` is launch + settle."""
 
     def __init__(self, engine: Engine, q_top: int = 0, window: int = 16, fanout: int = 0, depth: int = 4,
-                 ranks: int = 1):
+                 ranks: int = 1, watch: int = 0):
         """fanout > 0: the outcome cache (see the module's doc): at most `fanout` branches open at once, each
         drafted `depth` tokens deep, on the first `ranks` alternatives at a position. It needs a draft engine
-        with rows (the fast decoder) and fanout * depth scratch slots."""
+        with rows (the fast decoder) and fanout * depth scratch slots. watch > 0 (with the cache off): each
+        step also reads the draft's next `watch` choices at its position and sends them with its token, so the
+        target learns how often a correction is among them (the hit rate the cache would have; `--cache auto`)."""
         self.engine, self.q_top, self.window = engine, q_top, window
         self.fanout, self.branch_depth, self.ranks = fanout, depth, ranks
+        self.watch = 0 if fanout else max(watch, 0)
         if fanout:
             if fanout < 0 or depth < 1 or ranks < 1:
                 raise ValueError(f"outcome cache fanout={fanout} depth={depth} ranks={ranks}: use fanout >= 0, "
                                  "depth >= 1, ranks >= 1")
-            have = getattr(engine, "scratch", 0) if getattr(engine, "impl", "") == "fast" else 0
+            have = self.can_branch(engine)
             if have < fanout * depth:
                 raise ValueError(f"outcome cache {fanout}x{depth} needs a fast-decoder draft engine with "
                                  f"{fanout * depth} scratch slots (this one: impl={getattr(engine, 'impl', '?')!r}, "
@@ -163,6 +169,8 @@ class StreamDrafter:
         self.epoch = 0
         self.acked = 0          # positions < acked are final (the target said so)
         self.t_restart = None   # when the last restart's commit arrived, until its first step settles
+        self.t_launch = None    # the last launch, while the draft steps on without a pause or a restart
+        self.last_tok = None    # the chain's last token on the device, while it is the one a settled step drafted
         self.depth = 1          # steps queued on the device at most (see above)
 
     def start(self, prompt_ids: list[int], size: int, first: int, s: Sampling, seed: int = 0) -> None:
@@ -172,6 +180,13 @@ class StreamDrafter:
         self.chain, self.flight, self.fed, self.epoch, self.acked = [first], [], 0, 0, 1
         self.branches.clear()
         self.hits = 0
+        self.t_launch = None
+        self.last_tok = None
+
+    @staticmethod
+    def can_branch(engine) -> int:
+        """The scratch slots an engine offers the outcome cache's branch rows (0: it cannot draft them)."""
+        return getattr(engine, "scratch", 0) if getattr(engine, "impl", "") == "fast" else 0
 
     def _drop_branches(self, dead) -> None:
         for key in [k for k, b in self.branches.items() if dead(b)]:
@@ -195,21 +210,55 @@ class StreamDrafter:
 
     def can_step(self) -> bool:
         """Room in the window past the settled positions, in the request's cache, and in the queue."""
-        return (len(self.flight) < self.depth and self.ahead < self.acked + self.window
+        room = (len(self.flight) < self.depth and self.ahead < self.acked + self.window
                 and self.base + self.ahead < self.size)
+        if not room and not self.flight:
+            self.t_launch = None                 # a pause: the next step's period is not the draft's
+        return room
+
+    def _period_ms(self) -> float:
+        """At a launch: ms since the previous one, if the draft stepped on between (else 0); starts the next."""
+        now = time.perf_counter()
+        ms = (now - self.t_launch) * 1e3 if self.t_launch is not None else 0.0
+        self.t_launch = now
+        return ms
 
     def launch(self) -> None:
         """Queue the next position's forward (nothing waits for the device)."""
+        period = self._period_ms()
         if self.fanout:
-            return self._launch_rows()
+            return self._launch_rows(period)
         if self.flight:
             assert self.fed == self.ahead - 1, "only the newest token is unfed while steps are in flight"
             feed = self.flight[-1].tok
+        elif self.last_tok is not None and self.fed == len(self.chain) - 1:
+            feed = self.last_tok                 # the token just read: still on the device, no copy back
         else:
             feed = self.chain[self.fed:]
         logits = self.engine.forward(feed)[-1]
         self.fed = self.ahead
-        self.flight.append(self._step(logits))
+        if self.watch and self._greedy:
+            self.flight.append(self._greedy_step(logits[None], [], self.watch, period))
+            return
+        alts = HostCopy(torch.topk(logits, min(self.watch + 1, logits.shape[-1])).indices) if self.watch else None
+        self.flight.append(self._step(logits, alts=alts, period=period))
+
+    @property
+    def _greedy(self) -> bool:
+        return self.s.greedy or not self.s.draft_sampled
+
+    def _greedy_step(self, logits: torch.Tensor, branches: list, n_alts: int, period: float) -> Step:
+        """A greedy step's tokens and its next choices in one device-to-host copy: logits [1 + branch rows, V],
+        the chain's row first; the chain row's n_alts + 1 best ids come along (the token itself dropped at
+        settle)."""
+        toks = logits.argmax(-1)
+        parts = [toks]
+        if n_alts:
+            parts.append(torch.topk(logits[0], min(n_alts + 1, logits.shape[-1])).indices)
+        hc = HostCopy(torch.cat(parts) if len(parts) > 1 else toks)
+        rows = [(b, toks[1 + r], None, (HostPart(hc, 1 + r),)) for r, b in enumerate(branches)]
+        return Step(self.epoch, self.ahead, toks[0], None, (HostPart(hc, 0),), self.engine.clock.last(), rows=rows,
+                    alts=HostPart(hc, slice(len(toks), None)) if n_alts else None, period_ms=period)
 
     def _draft(self, logits) -> tuple:
         """One position's token (and q) on the device, with the host copies that settle will read."""
@@ -220,11 +269,12 @@ class StreamDrafter:
             copies += (HostCopy(top.indices), HostCopy(top.values))
         return tok, q, copies
 
-    def _step(self, logits, rows=(), alts=None) -> Step:
+    def _step(self, logits, rows=(), alts=None, period: float = 0.0) -> Step:
         tok, q, copies = self._draft(logits)
-        return Step(self.epoch, self.ahead, tok, q, copies, self.engine.clock.last(), rows=list(rows), alts=alts)
+        return Step(self.epoch, self.ahead, tok, q, copies, self.engine.clock.last(), rows=list(rows), alts=alts,
+                    period_ms=period)
 
-    def _launch_rows(self) -> None:
+    def _launch_rows(self, period: float = 0.0) -> None:
         """One forward of rows: the chain's unfed tokens, then one row for each branch still growing."""
         assert not self.flight, "the outcome cache keeps one step in flight"
         main = self.chain[self.fed:]
@@ -241,15 +291,20 @@ class StreamDrafter:
             prefix.append(self.base + b.fork)
             lo.append(b.region)
             hi.append(b.region + j)
-        logits = self.engine.forward_rows(ids, pos, slots, self.engine.rows_visible(prefix, lo, hi), advance=len(main))
+        logits = self.engine.forward_rows(*self.engine.rows_inputs(ids, pos, slots, prefix, lo, hi), advance=len(main))
         self.fed = len(self.chain)
+        if self._greedy:
+            self.flight.append(self._greedy_step(logits[len(main) - 1:], growing, self.ranks, period))
+            for b in growing:
+                b.fed += 1
+            return
         rows = []
         for r, b in enumerate(growing):
             b.fed += 1
             rows.append((b, *self._draft(logits[len(main) + r])))
         last = logits[len(main) - 1]
         alts = HostCopy(torch.topk(last, min(self.ranks + 1, last.shape[-1])).indices)
-        self.flight.append(self._step(last, rows, alts))
+        self.flight.append(self._step(last, rows, alts, period))
 
     def ready(self) -> bool:
         return bool(self.flight) and self.flight[0].copies[0].done()
@@ -262,6 +317,7 @@ class StreamDrafter:
             st.q_idx, st.q_val = st.copies[1].value(), st.copies[2].value()
         st.ms = self.engine.clock.elapsed(st.clock) * 1e3
         self.chain.append(st.token)
+        self.last_tok = st.tok
         if self.t_restart is not None and st.epoch == self.epoch:
             st.restart_ms, self.t_restart = (time.perf_counter() - self.t_restart) * 1e3, None
         for b, tok, q, copies in st.rows:
@@ -272,8 +328,10 @@ class StreamDrafter:
                 bt.q_idx, bt.q_val = copies[1].value(), copies[2].value()
             b.tokens.append(bt.token)
             st.branched.append(bt)
-        if st.alts is not None and st.pos >= self.acked:     # open branches on the next choices here
-            for corr in [int(a) for a in st.alts.value() if int(a) != st.token][:self.ranks]:
+        if st.alts is not None:
+            st.alt_ids = [int(a) for a in st.alts.value() if int(a) != st.token][:self.ranks if self.fanout else self.watch]
+        if self.fanout and st.pos >= self.acked:     # open branches on the next choices here
+            for corr in st.alt_ids:
                 region = self._free_region()
                 if region is None:
                     break
@@ -282,7 +340,7 @@ class StreamDrafter:
 
     def messages(self, st: Step) -> list[tuple]:
         """A settled step as StreamView.on_drafted's arguments: its token, then its branch tokens."""
-        return [(st.epoch, st.pos, st.token, st.q, -1, -1)] + [bt.message(st.epoch) for bt in st.branched]
+        return [(st.epoch, st.pos, st.token, st.q, -1, -1, st.alt_ids)] + [bt.message(st.epoch) for bt in st.branched]
 
     def step(self) -> list[tuple]:
         """Draft the next position now. Returns its messages (see messages())."""
@@ -314,8 +372,11 @@ class StreamDrafter:
                 self.flight = []
                 self.epoch += 1
                 self.branches.clear()
+                self.t_launch = None             # the next launch waits behind the step in flight
+                self.last_tok = None
         elif pos == len(self.chain):
             self.chain.append(token)
+            self.last_tok = None
         else:
             raise ValueError(f"commit at position {pos}, but the draft's chain ends at {len(self.chain) - 1}")
         self._drop_branches(lambda b: b.fork <= pos)
@@ -341,12 +402,20 @@ class StreamView:
         self.restarts = 0                        # rejections of a streamed token (each starts an epoch)
         self.hits = 0                            # of those, the ones a branch of the outcome cache served
         self._hit = False
+        self.alts: dict[int, list] = {}          # pos -> the draft's next choices there (when it sends them)
+        self.judged = 0                          # restarts at a position whose next choices the draft sent
+        self.among = 0                           # of those, corrections among them (the hit rate the cache would get)
 
     def _restart(self, at: int, token: int) -> None:
         """The draft's token at `at` differs from ours (`token`): it rolls back there and starts a new
         epoch, from its branch (at, token) if it drafted one. Our commits after `at` still reach it (in
         order) and are compared in the new epoch."""
         branch = self.branches.get((at, token), {})
+        alts = self.alts.get(at)
+        if alts is not None:
+            self.judged += 1
+            self.among += token in alts
+        self.alts.clear()
         self.follow = (self.epoch, at, token)
         self.epoch += 1
         self.drafts.clear()
@@ -363,9 +432,11 @@ class StreamView:
                 break                            # a commit after `at` rejected the branch itself
             self._take(p, *branch[p])
 
-    def _take(self, pos: int, token: int, q) -> None:
-        """A token of the current epoch at pos."""
+    def _take(self, pos: int, token: int, q, alts=None) -> None:
+        """A token of the current epoch at pos (alts: the draft's next choices there, if it sent them)."""
         self.received += 1
+        if alts is not None:
+            self.alts[pos] = alts
         for u in [u for u in self.unresolved if u < pos]:
             del self.unresolved[u]               # the draft took our token there (drafted none)
         if pos in self.unresolved:
@@ -375,7 +446,7 @@ class StreamView:
             return
         self.drafts[pos] = (token, q)
 
-    def on_drafted(self, epoch: int, pos: int, token: int, q, fork: int = -1, corr: int = -1) -> None:
+    def on_drafted(self, epoch: int, pos: int, token: int, q, fork: int = -1, corr: int = -1, alts=None) -> None:
         if fork >= 0:                            # a branch token (outcome cache)
             if epoch == self.epoch:
                 self.branches.setdefault((fork, corr), {})[pos] = (token, q)
@@ -387,7 +458,7 @@ class StreamView:
                 self._hit, self.hits = True, self.hits + 1
         if epoch != self.epoch:
             return                               # run-ahead the draft has since dropped
-        self._take(pos, token, q)
+        self._take(pos, token, q, alts)
 
     def on_commit(self, pos: int, token: int) -> None:
         d = self.drafts.pop(pos, None)
@@ -398,6 +469,8 @@ class StreamView:
             return
         for key in [key for key in self.branches if key[0] <= pos]:
             del self.branches[key]               # resolved forks
+        for p in [p for p in self.alts if p <= pos]:
+            del self.alts[p]
         if d is None:
             self.unresolved[pos] = token
 
@@ -483,6 +556,13 @@ def generate_pipelined(target: Engine, stream: DraftStream, prompt_ids: list[int
     req.draft_s = stream.compute_s
     req.drafted = stream.streamed
     req.rtt_est_ms = est.rtt * 1e3 if est.rtt is not None else None
+    req.link_rtt_ms = getattr(stream, "link_ms", None)
+    req.alt_judged, req.alt_among = view.judged, view.among
+    est.observe_alternatives(view.judged, view.among)
+    if req.link_rtt_ms is not None:
+        est.observe_link(req.link_rtt_ms / 1e3)
+    periods = getattr(stream, "periods_ms", [])
+    req.draft_period_ms, req.draft_periods = (sum(periods) / len(periods) if periods else None), len(periods)
     req.restarts_ms = list(getattr(stream, "restarts_ms", []))
     req.stream_restarts, req.cache_hits = view.restarts, view.hits
     req.branch_tokens = getattr(stream, "branched", 0)

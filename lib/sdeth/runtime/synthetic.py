@@ -130,8 +130,8 @@ class SyntheticEngine(Engine):
         self.request_seed = seed
 
     def _dev(self, xs: list) -> torch.Tensor:
-        """Host numbers to the device as float32, without waiting for it (pinned, non-blocking)."""
-        t = torch.tensor(xs, dtype=torch.float32)
+        """Host integers to the device as int64, without waiting for it (pinned, non-blocking)."""
+        t = torch.tensor(xs, dtype=torch.long)
         return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
 
     def token_at(self, pos: int) -> int:
@@ -149,10 +149,15 @@ class SyntheticEngine(Engine):
         logits = super().forward(ids)
         return self._answer(logits, range(start + 1, start + 1 + logits.shape[0]))
 
+    def rows_inputs(self, ids, positions, slots, prefix, lo, hi) -> tuple:
+        self._row_positions = list(positions)      # the answer's positions, kept on the host (no read back)
+        return super().rows_inputs(ids, positions, slots, prefix, lo, hi)
+
     def forward_rows(self, ids, positions, slots, visible, advance: int = 0) -> torch.Tensor:
         """Rows (the outcome cache's branches): each row answers for the position after its own."""
         logits = super().forward_rows(ids, positions, slots, visible, advance)
-        return self._answer(logits, [int(p) + 1 for p in torch.as_tensor(positions).tolist()])
+        host, self._row_positions = getattr(self, "_row_positions", None), None
+        return self._answer(logits, [int(p) + 1 for p in (host if host is not None else torch.as_tensor(positions).tolist())])
 
     def _answer(self, logits: torch.Tensor, next_positions) -> torch.Tensor:
         """Logits that put all mass on the synthetic token of each row's next position."""
@@ -164,8 +169,8 @@ class SyntheticEngine(Engine):
                  if self.trace is not None and self.role == "draft" and p >= self.prompt_len else 0)
             rows += [i] * (r + 1)
             cols += [(t + 1 + a) % self.vocab_size for a in range(r)] + [t]
-            vals += [float(-a) for a in range(r + 1)]
-        idx = self._dev([rows, cols, vals])          # one copy to the device (ids < 2**24 are exact in float32)
+            vals += [-a for a in range(r + 1)]
+        idx = self._dev([rows, cols, vals])          # one copy to the device
         out = torch.full_like(logits, -1e4)
-        out.index_put_((idx[0].long(), idx[1].long()), idx[2].to(out.dtype))
+        out.index_put_((idx[0], idx[1]), idx[2].to(out.dtype))
         return out

@@ -31,8 +31,9 @@ MODES = {
     "adaptive": dict(mode="sd", placement="ethernet", adaptive=True),
     "pipelined": dict(mode="pipelined", placement="ethernet", adaptive=True, cache="off"),
     "cached": dict(mode="pipelined", placement="ethernet", adaptive=True),   # pipelined with the outcome cache
+    "auto": dict(mode="pipelined", placement="ethernet", adaptive=True, cache="auto"),   # the target's model decides
 }
-ADAPTS = ("adaptive", "pipelined", "cached")     # these take k_max as their k
+ADAPTS = ("adaptive", "pipelined", "cached", "auto")     # these take k_max as their k
 
 
 def mode_config(base: RunConfig, name: str, k_max: int) -> RunConfig:
@@ -73,7 +74,8 @@ def compare(results: dict[str, dict]) -> list[dict]:
             row.update(alpha=a[0], alpha_ci95=[a[1], a[2]])
         for key in ("wire_ms_per_round", "link_ms_per_round", "draft_host_ms_per_round", "bare_rtt_ms",
                     "tokens_without_draft", "plain_steps", "time_breakdown_s", "components_ms_per_round",
-                    "restart_ms", "cache_hit_rate", "cache"):
+                    "restart_ms", "cache_hit_rate", "predicted_cache_hit_rate", "cache", "costs", "cache_auto",
+                    "cache_choice", "corrections_among_next_choices"):
             if key in s:
                 row[key] = s[key]
         rows.append(row)
@@ -165,7 +167,9 @@ def bench_rtt(base: RunConfig, rtts=RTT_SWEEP, modes=("sync", "pipelined", "cach
             "hardware": hardware.describe(base.device),
             "draft_hardware": hardware.describe(base.draft_device) if base.draft_device else None,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "wall_s": time.time() - t0,
-            "target_only_tokens_per_s": ref["summary"]["tokens_per_s"], "points": points,
+            "target_only_tokens_per_s": ref["summary"]["tokens_per_s"],
+            "target_only": {"target_step": ref["summary"]["costs"]["target_step"], "ttft_s": ref["summary"]["ttft_ms"] / 1e3},
+            "points": points,
             "break_even": break_even(points, modes)}
 
 

@@ -55,8 +55,8 @@ class RunConfig:
     draft_emulate: str = ""         # an emulated draft device, PROFILE:SHAPE[:fp8] (params/devices, runtime.emulated)
     draft_chains: str = ""          # ... replaying the draft's continuations recorded here (`python -m sdeth chains`)
     cache: str = "auto"             # pipelined: the outcome cache (runtime.pipeline), off | on | auto | FANOUT[xDEPTH[xRANKS]];
-                                    # on: pipeline.CACHE_DEFAULT; auto: off for now (measured on two H200s it did not
-                                    # pay at the hit rates of the embedded pair's corrections; AGENT_LOG 2026-12-01)
+                                    # on: pipeline.CACHE_DEFAULT; auto: the target's event model turns CACHE_DEFAULT on
+                                    # per request where it predicts a gain (costmodel.AdaptivePolicy.choose_cache)
 
     def check(self) -> "RunConfig":
         if self.mode not in MODES:
@@ -129,7 +129,7 @@ class RunConfig:
         if self.mode != "pipelined":
             return "off"
         if self.cache == "auto":
-            return "off"
+            return "auto"
         return CACHE_DEFAULT if self.cache == "on" else self.cache
 
     def engine_opts(self) -> dict:

@@ -319,6 +319,42 @@ if __name__ == "__main__":
 
 
 # ------------------------------------------------------------------------------------- GPU results
+def model_check():
+    """The event model now against every pipelined measurement on GPUs (study.modelcheck.recheck), one row each,
+    with the prediction made when the run was made beside it; and a line per kind of input: the largest error."""
+    import pandas as pd
+    from . import modelcheck
+    df = pd.DataFrame(modelcheck.recheck(gpu_results()))
+    if df.empty:
+        return df, "no pipelined GPU measurement in reports/gpu"
+    valid = ~df["inputs"].str.contains("not valid")
+    lines = [f"{len(df[valid])} measurements with valid inputs: the model now within {df[valid]['error now'].abs().max():.1%} "
+             f"of each (then: {df[valid]['error then'].abs().max():.1%})"]
+    for label, mask in (("sixth-session runs (the current protocol: bench_cache_*, bench_rtt_*)",
+                         df["run"].str.startswith(("bench_cache", "bench_rtt"))),
+                        ("fourth-session runs (bench_sd_*, older draft loop)", df["run"].str.startswith("bench_sd"))):
+        d = df[mask & valid]
+        if len(d):
+            lines.append(f"{label}: {len(d)} points, error now {d['error now'].min():+.1%} to {d['error now'].max():+.1%}")
+    return df, "\n".join(lines)
+
+
+def draft_loop() -> "object":
+    """The pipelined draft's loop, phase by phase (reports/gpu/draft_loop*.json; study.draftloop): before and after
+    the host work was cut, one row per model and variant."""
+    import pandas as pd
+    rows = []
+    for name, g in gpu_results().items():
+        if g.get("bench") != "draft-loop":
+            continue
+        for r in g["rows"]:
+            if "error" not in r:
+                rows.append({"run": name, "model": r["model"], "variant": r["variant"],
+                             **{k.removesuffix("_ms") + " ms": r[k] for k in ("period_ms", "device_ms", "host_gap_ms",
+                                                                              "launch_ms", "wait_ms")}})
+    return pd.DataFrame(rows)
+
+
 def bench_sd_results() -> dict[str, dict]:
     """The `bench sd` results of reports/gpu (bench_sd_*.json and the real embedded pair's identity run)."""
     return {n: g for n, g in gpu_results().items() if g.get("bench") == "sd"}

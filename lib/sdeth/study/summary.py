@@ -34,6 +34,21 @@ def rank_shares(trace_path: str) -> list[float]:
     return [0.0] + [rej.count(r) / len(rej) for r in range(1, tr.top + 1)] if rej else [0.0]
 
 
+def draft_period(reqs: list[dict], draft_step: float) -> float:
+    """A pipelined run's draft: wall seconds per step, its host's work included (reading the token, sending it,
+    launching the next step), as the draft timed it from one launch to the next (`draft_period_ms`). Records
+    made before the draft timed it: estimated, assuming the draft stepped without pause through each request's
+    decode, one step more per restart (the step in flight when a correction arrives runs out, unsent): the
+    decode time over the steps sent plus the restarts (a draft that paused, its window full or its prefill
+    long, reads slower than it was). Never below the device step."""
+    timed = [(r["draft_period_ms"], r.get("draft_periods", 1)) for r in reqs if r.get("draft_period_ms")]
+    if timed:
+        return max(sum(p * n for p, n in timed) / sum(n for _, n in timed) / 1e3, draft_step)
+    decode = sum(r["e2e_s"] - r["ttft_ms"] / 1e3 for r in reqs if not r.get("tokens_without_draft"))
+    steps = sum(r.get("drafted", 0) + r.get("stream_restarts", 0) for r in reqs if not r.get("tokens_without_draft"))
+    return max(decode / steps, draft_step) if steps else draft_step
+
+
 def summarize(reqs: list[dict], cfg: RunConfig) -> dict:
     """Run summary: timing, acceptance (vLLM's definitions), where the time went, and the cost
     model's prediction from this run's own alpha and component costs."""
@@ -78,15 +93,26 @@ def summarize(reqs: list[dict], cfg: RunConfig) -> dict:
     if cfg.mode == "pipelined":
         streamed = sum(r.get("drafted", 0) for r in reqs)
         rtts = [r["rtt_est_ms"] for r in reqs if r.get("rtt_est_ms") is not None]
+        links = [r["link_rtt_ms"] for r in reqs if r.get("link_rtt_ms") is not None]
         c = costmodel.Costs(
             target_step=widths.get(1, 0.0), draft_step=sum(r["draft_s"] for r in reqs) / max(streamed, 1),
             verify_s=widths, rtt=(statistics.mean(rtts) / 1e3 if rtts else cfg.rtt_ms / 1e3),
-            overhead=(decode_s - verify_s - wire_s) / rounds)
+            overhead=(decode_s - verify_s - wire_s) / rounds,
+            link_rtt=statistics.median(links) / 1e3 if links else None)
+        c.draft_period = draft_period(reqs, c.draft_step)
         if 1 not in widths:      # no plain step in the run: extrapolate a step from the two narrowest widths
             c.target_step = c.verify(1) if len(widths) > 1 else min(widths.values())
         restarts, hits = (sum(r.get(f, 0) for r in reqs) for f in ("stream_restarts", "cache_hits"))
         spec = cfg.outcome_cache()
+        if spec == "auto":                # the target chose per request: the run's own choices, the commonest one modelled
+            used = [r.get("cache", "off") for r in reqs]
+            out["cache_auto"] = {u: used.count(u) for u in sorted(set(used))}
+            out["cache_choice"] = next((r["cache_choice"] for r in reversed(reqs) if r.get("cache_choice")), "")
+            spec = max(sorted(set(used)), key=used.count)
         terms = None
+        judged, among = (sum(r.get(f, 0) for r in reqs) for f in ("alt_judged", "alt_among"))
+        if judged:
+            out["corrections_among_next_choices"] = among / judged
         if spec != "off":
             out["cache"] = spec
             out["cache_hit_rate"] = hits / restarts if restarts else None
@@ -94,8 +120,8 @@ def summarize(reqs: list[dict], cfg: RunConfig) -> dict:
             # the hit input: the rank distribution of corrections where the acceptance is a trace's (then the
             # hit rate is predicted), else this run's own hit rate (then only the speedup is)
             shares = rank_shares(cfg.synthetic_trace) if cfg.synthetic_trace else None
-            if shares is None:
-                shares = [0.0, out["cache_hit_rate"] or 0.0]
+            if shares is None:            # the draft's own next choices at each correction, else this run's hit rate
+                shares = [0.0, among / judged if judged else out["cache_hit_rate"] or 0.0]
                 ranks = 1
             terms = costmodel.cache_terms(fanout, depth, ranks, shares, {})   # the rows' cost: in draft_step
         sim = costmodel.simulate_pipelined(alpha, c, cfg.k, n_tokens=4000, seed=cfg.seed, adaptive=cfg.adapts,

@@ -19,9 +19,9 @@ MAX_K = 16           # the most draft tokens a round may ask for
 WARM_ROWS = 6        # row forwards captured too (the outcome cache: the chain's rows plus a branch row each)
 
 
-def welcome(pair, role_model) -> protocol.Welcome:
+def welcome(pair, role_model, rows: bool = False) -> protocol.Welcome:
     return protocol.Welcome(protocol.PROTOCOL_VERSION, role_model, pair.vocab_size, tokenizer_hash(pair.tokenizer),
-                     pair.config.dtype)
+                            pair.config.dtype, rows)
 
 
 def q_pairs(q, q_top: int):
@@ -38,13 +38,13 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, eng
     """Serve proposals until killed (or max_seconds). die_after > 0 exits the process abruptly
     after that many proposals: fault injection for tests. engine_opts: sdeth.runtime.make_engine's.
     idle_s: a request whose target says nothing for this long is freed (its target died or gave up)."""
-    me = welcome(pair, pair.config.draft)
     welcomed: set[bytes] = set()
     drafters: dict[str, Drafter] = {}
     streams: dict[str, tuple[bytes, StreamDrafter]] = {}
     served = 0
     # one engine (one cache, its CUDA graphs) for the worker's life
     engine = make_engine(pair.draft, "draft", "draft", vocab=pair.vocab_size, **(engine_opts or {}))
+    me = welcome(pair, pair.config.draft, rows=StreamDrafter.can_branch(engine) > 0)
     engine.warm(WARM_WIDTHS)
     if hasattr(engine, "warm_rows"):
         engine.warm_rows(WARM_ROWS)
@@ -52,7 +52,8 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, eng
     def send_steps(sock, ident, req, steps) -> None:
         nonlocal served
         for st in steps:
-            reply(sock, ident, protocol.Drafted(req, st.epoch, st.pos, st.token, st.ms, st.q_idx, st.q_val, st.restart_ms))
+            reply(sock, ident, protocol.Drafted(req, st.epoch, st.pos, st.token, st.ms, st.q_idx, st.q_val, st.restart_ms,
+                                                period_ms=st.period_ms, alts=st.alt_ids))
             for b in st.branched:           # the outcome cache's tokens drafted in the same forward
                 reply(sock, ident, protocol.Drafted(req, st.epoch, b.pos, b.token, 0.0, b.q_idx, b.q_val, None,
                                                     b.fork, b.corr))
@@ -111,7 +112,7 @@ def serve_draft(bind: str, pair, die_after: int = 0, max_seconds: float = 0, eng
                 s = Sampling(*protocol.sampling_args(msg))
                 if msg.stream:
                     try:
-                        sd = StreamDrafter(engine, msg.q_top, msg.window, msg.fanout, msg.depth, msg.ranks)
+                        sd = StreamDrafter(engine, msg.q_top, msg.window, msg.fanout, msg.depth, msg.ranks, msg.watch)
                     except ValueError as e:     # an outcome cache this draft engine cannot draft
                         reply(sock, ident, protocol.Error("mismatch", str(e)))
                         continue

@@ -47,6 +47,7 @@ class Welcome(msgspec.Struct, tag="welcome"):
     vocab_size: int
     tokenizer_sha: str
     dtype: str
+    rows: bool = False       # a draft: it can draft the outcome cache's branches (rows of the fast decoder)
 
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "draft_sampled")   # Start's and Generate's, in Sampling's order
@@ -78,6 +79,7 @@ class Start(msgspec.Struct, tag="start"):
     fanout: int = 0          # stream: the outcome cache's branches open at once (0: off)
     depth: int = 4           # stream: tokens drafted per branch
     ranks: int = 1           # stream: alternatives branched on per position
+    watch: int = 0           # stream, cache off: send the draft's next `watch` choices with each token (Drafted.alts)
 
 
 class Started(msgspec.Struct, tag="started"):
@@ -123,6 +125,9 @@ class Drafted(msgspec.Struct, tag="drafted"):
                                       # commit's arrival to this token's send, on the draft's own clock
     fork: int = -1                    # outcome cache: a branch token, valid if the target's token at `fork`
     corr: int = -1                    # is `corr` (runtime.pipeline's rules)
+    period_ms: float = 0.0            # the draft's previous launch -> this step's, when it stepped on between
+                                      # (its host's work included; runtime.pipeline.Step.period_ms); 0: not timed
+    alts: list[int] | None = None     # the draft's next choices at pos (Start.watch, or the outcome cache's ranks)
 
 
 class End(msgspec.Struct, tag="end"):
@@ -157,7 +162,8 @@ class Generate(msgspec.Struct, tag="generate"):
     top_k: int = 0
     draft_sampled: bool = False
     seed: int = 0
-    cache: str = "off"             # pipelined: the outcome cache, "off" or FANOUT[xDEPTH[xRANKS]]
+    cache: str = "off"             # pipelined: the outcome cache, "off", "auto" (the target's model decides per
+                                   # request) or FANOUT[xDEPTH[xRANKS]]
 
 
 class Generated(msgspec.Struct, tag="generated"):
@@ -235,7 +241,8 @@ def check_start(m: Start, vocab: int, max_len: int) -> Error | None:
                else None)
            or (f"outcome cache fanout={m.fanout} depth={m.depth} ranks={m.ranks}: use fanout 0 (off) to 16, depth "
                f"and ranks 1 to 16" if m.stream and not (0 <= m.fanout <= 16 and 1 <= m.depth <= 16
-                                                        and 1 <= m.ranks <= 16) else None))
+                                                        and 1 <= m.ranks <= 16) else None)
+           or (f"watch {m.watch}: use 0 (off) to 16" if not 0 <= m.watch <= 16 else None))
     return Error("bad-message", f"Start {m.req!r}: {why}") if why else None
 
 
@@ -250,7 +257,8 @@ def check_generate(m: Generate, vocab: int, max_len: int, k_max: int) -> Error |
     if why is None:
         try:
             from ..runtime.pipeline import parse_cache
-            parse_cache(m.cache)
+            if m.cache != "auto":
+                parse_cache(m.cache)
         except ValueError as e:
             why = str(e)
     return Error("bad-message", f"Generate {m.req!r}: {why}") if why else None

@@ -118,6 +118,7 @@ class RemoteStream(RemoteDrafter):
         super().__init__(addr, hello, s, q_top, timeout_s, device, spin_s)
         self.window, self.view, self.est, self.by_commit = window, StreamView(), None, False
         self.cache = (0, 4, 1)                          # the outcome cache: (fanout, depth, ranks); 0: off
+        self.watch = 0                                  # cache off: ask for the draft's next choices (Start.watch)
         self.branched = 0                               # branch tokens the draft streamed in this request
         self.link_ms = self.bare_rtt_ms if self.bare_rtt_ms == self.bare_rtt_ms else 0.0   # two transits, learnt
         self.transits = collections.deque(maxlen=8)     # recent observations of them (ms)
@@ -139,12 +140,14 @@ class RemoteStream(RemoteDrafter):
         s = s or self.s
         self.streamed = self.branched = 0
         self.restarts_ms: list[float] = []     # commit that corrected the draft -> its first new token
+        self.periods_ms: list[float] = []      # the draft's step to step, where it timed one (Drafted.period_ms)
         self.by_commit = False
         self.view.reset()
         # not waiting for Started: the draft's prefill overlaps the target's first steps
         self.client.send(protocol.Start(self.req, list(prompt_ids), size, q_top=self.q_top, seed=seed, stream=True,
                                         first=first, window=self.window, fanout=self.cache[0], depth=self.cache[1],
-                                        ranks=self.cache[2], **protocol.sampling_fields(s)))
+                                        ranks=self.cache[2], watch=0 if self.cache[0] else self.watch,
+                                        **protocol.sampling_fields(s)))
 
     def commit(self, pos: int, token: int) -> None:
         epoch, hits = self.view.epoch, self.view.hits
@@ -168,8 +171,12 @@ class RemoteStream(RemoteDrafter):
             return
         self.compute_s += msg.draft_ms / 1e3
         self.streamed += 1
+        if msg.period_ms > 0:
+            self.periods_ms.append(msg.period_ms)
+            if self.est is not None:
+                self.est.observe_period(msg.period_ms / 1e3, cached=self.cache[0] > 0)
         fresh = msg.epoch == self.view.epoch and self.view.received == 0
-        self.view.on_drafted(msg.epoch, msg.pos, msg.token, q)
+        self.view.on_drafted(msg.epoch, msg.pos, msg.token, q, alts=msg.alts)
         restart = self._restart_ms(msg, fresh)
         if restart is not None:
             self.restarts_ms.append(restart)

@@ -74,10 +74,12 @@ def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float
                 b0 = (drafter.client.sent, drafter.client.received) if drafter else (0, 0)
                 est = estimators.setdefault(f"{msg.mode}-{msg.k}-{msg.adaptive}",
                                             AdaptivePolicy() if msg.adaptive or msg.mode != "pipelined" else FixedPolicy())
+                cache_used, cache_why = "off", ""
                 if msg.mode == "pipelined":
                     if drafter is not None:
                         drafter.window, drafter.est = 2 * msg.k + 2, est
-                        drafter.cache = parse_cache(msg.cache)
+                        drafter.cache, drafter.watch, cache_why = outcome_cache(msg.cache, msg.k, drafter.peer, est)
+                        cache_used = "x".join(map(str, drafter.cache)) if drafter.cache[0] else "off"
                     r = generate_pipelined(target, drafter or _NoDraft(why_not), msg.prompt_ids, msg.max_tokens,
                                            msg.k, s, eos, gen, msg.req, est, draft_timeout_s, draft_seed)
                 else:
@@ -95,10 +97,24 @@ def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float
                 if r.tokens_without_draft and not events:
                     events = [{"event": "draft unavailable", "at": time.time(), "why": why_not}]
                 rec = {**r.__dict__, "bytes_sent": b1[0] - b0[0], "bytes_received": b1[1] - b0[1],
-                       "draft_unavailable": why_not if r.tokens_without_draft else "", "fault_events": events}
+                       "draft_unavailable": why_not if r.tokens_without_draft else "", "fault_events": events,
+                       "cache": cache_used, "cache_choice": cache_why}
             reply(sock, ident, protocol.Generated(msg.req, rec))
         except Exception as e:
             reply(sock, ident, protocol.Error("internal", f"{type(e).__name__}: {e}"))
+
+
+def outcome_cache(spec: str, k_max: int, peer: protocol.Welcome, est) -> tuple[tuple, int, str]:
+    """A pipelined request's outcome cache: (fanout, depth, ranks) with fanout 0 for off, the draft's next
+    choices to watch (the cache off under 'auto': they measure the hit rate it would get), and, under 'auto',
+    why (the policy's model decides: costmodel.AdaptivePolicy.choose_cache)."""
+    if spec != "auto":
+        return parse_cache(spec), 0, ""
+    fanout, depth, ranks = parse_cache("on")
+    if not peer.rows:
+        return (0, depth, ranks), 0, "off: the draft worker cannot draft branch rows (its engine is not the fast decoder)"
+    on, why = est.choose_cache(fanout, depth, ranks, k_max)
+    return ((fanout, depth, ranks) if on else (0, depth, ranks)), ranks, why
 
 
 class _NoDraft:
