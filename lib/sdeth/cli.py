@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--rtt-ms", type=float, default=0.0, help="ethernet: injected round trip (ms), half each way")
     r.add_argument("--impl", default="hf", choices=["hf", "fast"], help="model code: transformers or sdeth's fast decoder")
     r.add_argument("--cache", default="auto", help="pipelined: the outcome cache, off | on | auto | FANOUT[xDEPTH[xRANKS]] "
-                   "(needs --impl fast; auto: off for now, see AGENT_LOG)")
+                   "(on needs --impl fast; auto: the target's event model turns it on per request where it "
+                   "predicts a gain, each record says why)")
     r.add_argument("--max-len", type=int, default=2048, help="longest prompt + max_tokens accepted")
     r.add_argument("--json", help="write the results JSON here")
     r.add_argument("--engine", default="sdeth", choices=["sdeth", "vllm", "vllm-server"],

@@ -128,11 +128,12 @@ def profiles_table():
 
 
 def testbed_runs(cfg, pair, emulations: list[str], chains_path: str, progress: bool = False) -> dict[str, dict]:
-    """On the testbed: target-only, then sync and pipelined SD over the link with the pair's own draft (measured)
-    and with each emulated draft device (the draft's recorded tokens, paced by the profile: emulated)."""
+    """On the testbed: target-only (on the target node's worker, as the link modes' target), then sync and
+    pipelined SD over the link with the pair's own draft (measured) and with each emulated draft device (the
+    draft's recorded tokens, paced by the profile: emulated)."""
     from dataclasses import replace
     from . import experiment
-    runs = {"target-only": experiment.run(replace(cfg, mode="target-only", placement="colocated", rtt_ms=0.0), pair, progress)}
+    runs = {"target-only": experiment.run(replace(cfg, mode="target-only", placement="ethernet"), pair, progress)}
     for label, extra in [("draft: this machine's CPU (measured)", {})] + [
             (f"draft: {e} (emulated)", {"draft_emulate": e, "draft_chains": chains_path}) for e in emulations]:
         for mode in ("sd", "pipelined"):
