@@ -301,12 +301,12 @@ class Engine:
         if self.device.type == "cuda":
             t = t.pin_memory().to(self.device, non_blocking=True)
         ids, positions, slots, p, a, b = t
-        s = self.net.slots[None, :]
-        return ids, positions, slots, (s < p[:, None]) | ((s >= a[:, None]) & (s <= b[:, None]))
+        return ids, positions, slots, self.rows_visible(p, a, b)
 
     def rows_visible(self, prefix, lo, hi) -> torch.Tensor:
-        """Row visibility for forward_rows, built on the device from three numbers per row: the chain's
-        slots below prefix[i], and the scratch slots lo[i]..hi[i] (the row's own branch, itself included)."""
+        """Row visibility for forward_rows, built on the device from three numbers per row (host lists, or
+        tensors already there): the chain's slots below prefix[i], and the scratch slots lo[i]..hi[i] (the row's
+        own branch, itself included)."""
         slots = self.net.slots
         p, a, b = (torch.as_tensor(v, dtype=torch.long).to(self.device, non_blocking=True)[:, None]
                    for v in (prefix, lo, hi))

@@ -22,7 +22,7 @@ from .. import costmodel
 from ..paths import REPO
 from ..runtime.pipeline import parse_cache
 from .config import RunConfig
-from .summary import rank_shares, summarize
+from .summary import draft_period, rank_shares, summarize
 
 
 def _config(d: dict) -> RunConfig:
@@ -75,7 +75,7 @@ def recheck(results: dict[str, dict]) -> list[dict]:
             if run["summary"]["mode"] != "pipelined":
                 continue
             reqs = [dict(r) for r in run["requests"]]
-            source = "own records"
+            source, valid = "own records", True
             if probe is not None and all(r.get("link_rtt_ms") is None for r in reqs):
                 for r in reqs:
                     r["link_rtt_ms"] = probe
@@ -84,6 +84,7 @@ def recheck(results: dict[str, dict]) -> list[dict]:
                 source += ", draft period estimated"
                 if b["draft_hardware"].get("device") == "cpu":
                     source += " (not valid: a CPU draft prefills for seconds inside the decode)"
+                    valid = False
             s = summarize(reqs, _config({**run["config"], "synthetic_trace": _trace(run["config"].get("synthetic_trace"))}))
             if not s.get("predicted_tokens_per_s"):
                 continue                         # nothing to predict from (no draft token in the run)
@@ -93,7 +94,7 @@ def recheck(results: dict[str, dict]) -> list[dict]:
                          "predicted then": row["predicted_speedup"],
                          "predicted now": s["predicted_tokens_per_s"] / base["summary"]["predicted_tokens_per_s"],
                          "hit rate": s.get("cache_hit_rate"), "hit rate predicted": s.get("predicted_cache_hit_rate"),
-                         "inputs": source})
+                         "inputs": source, "valid": valid})
     for sw_name, sw in results.items():
         if sw.get("bench") != "rtt":
             continue
@@ -110,7 +111,7 @@ def recheck(results: dict[str, dict]) -> list[dict]:
                 run = lender["runs"]["cached" if p["mode"] == "cached" else "pipelined"]
                 s0 = run["summary"]
                 c = _costs(s0["costs"])
-                c.draft_period = c.draft_period or costmodel_period(run)
+                c.draft_period = c.draft_period or draft_period(run["requests"], c.draft_step)
                 probe0 = _probe_at_zero(sweeps, pair) or 0.0
                 c.rtt = c.rtt + (p["rtt_probe_ms"] - probe0) / 1e3
                 c.link_rtt = p["rtt_probe_ms"] / 1e3
@@ -125,14 +126,9 @@ def recheck(results: dict[str, dict]) -> list[dict]:
                          "measured": p["speedup"], "95% low": p["speedup_ci95"][0], "95% high": p["speedup_ci95"][1],
                          "predicted then": p["predicted_speedup"], "predicted now": pred,
                          "hit rate": p.get("cache_hit_rate"), "hit rate predicted": hit if p["mode"] == "cached" else None,
-                         "inputs": source})
+                         "inputs": source, "valid": True})
     for r in rows:
         r["error now"] = r["predicted now"] / r["measured"] - 1
         r["error then"] = r["predicted then"] / r["measured"] - 1 if r["predicted then"] else None
     return rows
 
-
-def costmodel_period(run: dict) -> float:
-    """The draft's period of a stored run (summary.draft_period over its records)."""
-    from .summary import draft_period
-    return draft_period(run["requests"], run["summary"]["costs"]["draft_step"])

@@ -327,7 +327,7 @@ def model_check():
     df = pd.DataFrame(modelcheck.recheck(gpu_results()))
     if df.empty:
         return df, "no pipelined GPU measurement in reports/gpu"
-    valid = ~df["inputs"].str.contains("not valid")
+    valid = df["valid"]
     lines = [f"{len(df[valid])} measurements with valid inputs: the model now within {df[valid]['error now'].abs().max():.1%} "
              f"of each (then: {df[valid]['error then'].abs().max():.1%})"]
     for label, mask in (("sixth-session runs (the current protocol: bench_cache_*, bench_rtt_*)",
