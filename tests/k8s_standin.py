@@ -17,6 +17,8 @@ _ROUTES = [  # (regex, plural)
     (r"^/api/v1/namespaces/([^/]+)/(services)(?:/([^/]+))?()$", "services"),
     (r"^/apis/batch/v1/namespaces/([^/]+)/(jobs)(?:/([^/]+))?()$", "jobs"),
     (r"^/api/v1/namespaces/([^/]+)/(configmaps)(?:/([^/]+))?()$", "configmaps"),
+    (r"^/api/v1/namespaces/([^/]+)/(secrets)(?:/([^/]+))?()$", "secrets"),
+    (r"^/apis/networking.k8s.io/v1/namespaces/([^/]+)/(networkpolicies)(?:/([^/]+))?()$", "networkpolicies"),
     (r"^/api/v1/namespaces/([^/]+)/(serviceaccounts)(?:/([^/]+))?()$", "serviceaccounts"),
     (r"^/apis/rbac.authorization.k8s.io/v1/namespaces/([^/]+)/(roles)(?:/([^/]+))?()$", "roles"),
     (r"^/apis/rbac.authorization.k8s.io/v1/namespaces/([^/]+)/(rolebindings)(?:/([^/]+))?()$", "rolebindings"),

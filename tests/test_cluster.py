@@ -1,7 +1,9 @@
 """Manifests (offline schema validation, placement) and cluster control against a stand-in API server."""
+import re
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -22,9 +24,16 @@ def test_every_manifest_file_validates(path):
     cluster.validate([o for o in yaml.safe_load_all(path.read_text()) if o])
 
 
+@pytest.fixture(scope="module")
+def keys_dir(tmp_path_factory):
+    from sdeth.wire.auth import make_keys
+    return str(make_keys(tmp_path_factory.mktemp("keys") / "sdeth-keys"))
+
+
 @pytest.mark.parametrize("placement", cluster.OVERLAYS)
-def test_every_rendered_overlay_validates(placement):
-    objs = cluster.render(placement, *NODES, image="registry.example/sdeth-worker:v1", pair="qwen3-8b/0.6b")
+def test_every_rendered_overlay_validates(placement, keys_dir):
+    objs = cluster.render(placement, *NODES, image="registry.example/sdeth-worker:v1", pair="qwen3-8b/0.6b",
+                          keys_dir=keys_dir if placement == "ethernet-curve" else None)
     cluster.validate(objs)
     assert all(o["metadata"]["namespace"] == "sdeth" for o in objs)
     assert all(o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "sdeth" for o in objs)
@@ -226,6 +235,39 @@ def test_status_cluster_and_reap_commands(api, monkeypatch, capsys):
     _lease(api, minutes_ago=30)
     assert main(["status", "--cluster"]) == 0
     out = capsys.readouterr().out
-    assert "lease renewed 30.0 min ago" in out and "sdeth-target: " in out and "(GPU)" in out
+    assert re.search(r"lease renewed 30\.\d min ago", out) and "sdeth-target: " in out and "(GPU)" in out
     assert main(["reap", "--stale-minutes", "15"]) == 0
     assert "scaled to 0 in sdeth: sdeth-" in capsys.readouterr().out
+
+
+def test_ethernet_curve_mounts_the_keys_and_admits_only_its_own_pods(keys_dir):
+    """The secure placement: both workers read their CURVE keys from the Secret (SDETH_KEYS), the Secret holds the
+    key directory's pairs, and NetworkPolicies let only target pods reach the draft and controllers the target."""
+    import base64
+    objs = cluster.render("ethernet-curve", "node-a", "node-b", keys_dir=keys_dir)
+    by_kind = {}
+    for o in objs:
+        by_kind.setdefault(o["kind"], []).append(o)
+    secret = by_kind["Secret"][0]
+    assert secret["metadata"]["name"] == cluster.KEYS_SECRET
+    assert base64.b64decode(secret["data"]["client.key"]) == (Path(keys_dir) / "client.key").read_bytes()
+    for d in _by_name(objs).values():
+        c = d["spec"]["template"]["spec"]["containers"][0]
+        assert {"name": "SDETH_KEYS", "value": "/etc/sdeth/keys"} in c["env"]
+        assert any(m["mountPath"] == "/etc/sdeth/keys" and m.get("readOnly") for m in c["volumeMounts"])
+        vol = [v for v in d["spec"]["template"]["spec"]["volumes"] if v["name"] == "keys"][0]
+        assert vol["secret"]["secretName"] == cluster.KEYS_SECRET
+        assert {"key": "client.key", "path": "authorized/client.key"} in vol["secret"]["items"]
+    policies = {p["metadata"]["name"]: p["spec"] for p in by_kind["NetworkPolicy"]}
+    draft = policies["sdeth-draft-from-targets"]
+    assert draft["podSelector"]["matchLabels"] == {"sdeth/role": "draft"}
+    assert draft["ingress"][0]["from"] == [{"podSelector": {"matchLabels": {"sdeth/role": "target"}}}]
+    with pytest.raises(cluster.ClusterError, match="python -m sdeth keys"):
+        cluster.render("ethernet-curve", "node-a", "node-b")
+
+
+def test_ethernet_curve_applies_through_the_control_code(api, keys_dir):
+    done = Cluster(api_client=api.client(), hold_lease=False).apply(cluster.render("ethernet-curve", *NODES,
+                                                                                   keys_dir=keys_dir))
+    assert {"Secret/sdeth-keys", "NetworkPolicy/sdeth-draft-from-targets", "NetworkPolicy/sdeth-target-from-controllers",
+            "Deployment/sdeth-target", "Deployment/sdeth-draft"} <= set(done)

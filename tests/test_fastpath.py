@@ -1,4 +1,4 @@
-"""The sync-free round (#15): device-side verdicts, one host read per round, steps launched ahead of their
+"""The sync-free round: device-side verdicts, one host read per round, steps launched ahead of their
 read, and trace-driven acceptance."""
 import json
 

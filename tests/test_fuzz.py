@@ -1,6 +1,6 @@
-"""Bad input at the wire (#14): property-based fuzzing of both workers with hypothesis. Cases are generated from
+"""Bad input at the wire: property-based fuzzing of both workers with hypothesis. Cases are generated from
 the msgspec message types themselves (a message added to sdeth.wire.protocol is fuzzed without a change here):
-random bytes, truncated and oversized frames, extra frames, the wrong protocol version, unknown and duplicate
+random bytes, truncated and oversized frames, extra frames, deeply nested containers, the wrong protocol version, unknown and duplicate
 request ids, commits out of order, messages for a finished request, and every message with random field values.
 Each gets an Error reply or is dropped (with a log line), and the worker serves the next good request."""
 import threading
@@ -45,8 +45,30 @@ def _values(tp, vocab: int):
     if origin is list:
         return st.lists(_values(args[0], vocab), max_size=40)
     if origin is dict or tp is dict:
-        return st.dictionaries(st.text(max_size=4), st.integers(-2 ** 63, 2 ** 63 - 1), max_size=3)
+        return st.dictionaries(st.text(max_size=4), _nested_values(), max_size=3)
     raise TypeError(f"no strategy for {tp!r}: add one here")
+
+
+def _nested_values():
+    """Free-form values (a Generated record's): scalars, and lists and maps of them nested a few deep."""
+    leaf = st.one_of(st.integers(-2 ** 63, 2 ** 63 - 1), st.floats(), st.text(max_size=4), st.none())
+    return st.recursive(leaf, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                      st.dictionaries(st.text(max_size=3), inner, max_size=3)),
+                        max_leaves=12)
+
+
+def _deep_frame(depth: int, kind: str, tag: str) -> bytes:
+    """A message of type `tag` whose `record` (any message's extra field) nests `depth` arrays or maps."""
+    inner = (b"\x91" * depth if kind == "array" else b"\x81\xa1k" * depth) + b"\x00"
+    head = msgspec.msgpack.encode({"type": tag, "req": "r"})
+    return bytes([head[0] + 1]) + head[1:] + b"\xa6record" + inner
+
+
+def deep_frames():
+    """Frames of nested containers, 10 to 200,000 deep, under every message tag."""
+    tags = [c.__struct_config__.tag for c in MESSAGES]
+    return st.builds(_deep_frame, st.sampled_from([10, 999, 1_000, 5_000, 200_000]), st.sampled_from(["array", "map"]),
+                     st.sampled_from(tags))
 
 
 def messages(vocab: int):
@@ -67,6 +89,7 @@ def frames(vocab: int):
         st.tuples(good, st.integers(0, 30)).map(lambda t: [t[0][:max(len(t[0]) - 1 - t[1], 0)]]),
         st.binary(max_size=64).map(lambda b: [b]),
         st.just([b"\x92" + b"\x00" * (W.MAX_MESSAGE_BYTES + 1)]),
+        deep_frames().map(lambda b: [b]),
         st.lists(good, min_size=2, max_size=3))
 
 
@@ -158,7 +181,7 @@ def test_draft_worker_survives_any_frame(pair, workers, data):
             assert isinstance(reply, (W.Error, W.Pong, W.Welcome, W.Started, W.Proposal, W.Drafted, W.Ended)), reply
             if isinstance(reply, W.Error):
                 assert reply.code in ("bad-message", "too-large", "version", "mismatch", "unknown-request",
-                                      "internal") and reply.message
+                                      "busy", "limit", "internal") and reply.message
         c = Client(draft, timeout_s=20)
         assert isinstance(c.call(W.Ping(0.0)), W.Pong)
         c.close()
@@ -178,6 +201,27 @@ def test_target_worker_survives_any_message(pair, workers, msg):
             assert isinstance(reply, (W.Error, W.Pong, W.Generated)), reply
     finally:
         sock.close()
+
+
+@pytest.mark.parametrize("kind", ["array", "map"])
+def test_a_deeply_nested_frame_kills_neither_worker(pair, workers, kind):
+    """A 1 KB 'generated' message whose record nests 1,000 arrays (or maps), and a 200,000-deep one, to each
+    worker, with and without a handshake: a bad-message reply each, and both serve on."""
+    draft, target = workers
+    for addr in (draft, target):
+        for depth in (1_000, 200_000):
+            sock = _dealer(addr)
+            try:
+                if addr == draft and depth > 1_000:
+                    sock.send(W.encode(_hello(pair)))
+                    assert isinstance(_answers(sock, 5.0)[0], W.Welcome)
+                sock.send(_deep_frame(depth, kind, "generated"))
+                got = _answers(sock, 5.0)
+                assert len(got) == 1 and isinstance(got[0], W.Error) and got[0].code == "bad-message", got
+            finally:
+                sock.close()
+    _good_draft_request(draft, pair)
+    _good_generate(target, "sd")
 
 
 def test_protocol_abuse_in_sequence_then_good_requests(pair, workers):
@@ -229,3 +273,74 @@ def test_workers_serve_good_requests_after_the_fuzzing(pair, workers):
     r = _good_generate(target, "sd")
     assert r.record["tokens_without_draft"] == 0, r.record.get("draft_unavailable")
     time.sleep(0.1)
+
+
+def test_curve_workers_serve_keyed_clients_only(pair, tmp_path, capfd):
+    """Both workers under CURVE: a controller with the deployment's keys gets SD from the target (which reaches
+    its draft with the same keys); a client without keys, and one with another deployment's, get nothing, and
+    the refusal is logged with the peer."""
+    from sdeth.wire.auth import Keys, make_keys
+    keys = Keys.load(make_keys(tmp_path / "keys"))
+    other = Keys.load(make_keys(tmp_path / "other"))
+    draft, target = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    _serving(serve_draft, (draft, pair), {"max_seconds": 120, "keys": keys})
+    _serving(serve_target, (target, pair, draft), {"max_seconds": 120, "draft_timeout_s": 3.0, "keys": keys})
+    c = Client(target, timeout_s=60, keys=keys)
+    try:
+        r = c.call(W.Generate("keyed", [1, 2, 3, 4, 5], 8, "sd", 3))
+        assert isinstance(r, W.Generated) and r.record["tokens_without_draft"] == 0, r
+    finally:
+        c.close()
+    for who, addr in ((None, draft), (other, target)):
+        c = Client(addr, timeout_s=2.0, keys=who)
+        with pytest.raises(TimeoutError):
+            c.call(W.Ping(0.0))
+        c.close()
+    time.sleep(0.6)
+    out = capfd.readouterr().out
+    assert "refused (auth)" in out and "PLAIN TCP" not in out, out[-2000:]
+
+
+def test_a_request_displaced_by_another_target_is_told_at_once(pair, workers):
+    """The draft worker drafts one sequence at a time: a second target's Start ends the first target's request,
+    and the first target gets an Error naming it at once (not a silent drop it would wait out)."""
+    draft, _ = workers
+    a, b = Client(draft, timeout_s=20), Client(draft, timeout_s=20)
+    try:
+        for c in (a, b):
+            assert isinstance(c.call(_hello(pair)), W.Welcome)
+        assert isinstance(a.call(W.Start("first", [1, 2, 3], 64)), W.Started)
+        assert isinstance(b.call(W.Start("second", [4, 5, 6], 64)), W.Started)
+        note = a.recv(5.0)
+        assert isinstance(note, W.Error) and note.code == "busy" and "'first'" in note.message, note
+        assert isinstance(b.call(W.Propose("second", 0, 7, 3)), W.Proposal)
+        for c, req in ((a, "first"), (b, "second")):
+            assert isinstance(c.call(W.End(req)), W.Ended)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_heartbeats_are_answered_while_a_long_prompt_prefills(pair, workers):
+    """A Start of a long prompt prefills on its own thread: a Ping sent right after it is answered before its
+    Started, and a Propose sent meanwhile is answered after it, in order."""
+    draft, _ = workers
+    c, probe = Client(draft, timeout_s=60), Client(draft, timeout_s=60)
+    try:
+        assert isinstance(c.call(_hello(pair)), W.Welcome)
+        ids = [(7 * i) % 20000 + 10 for i in range(1500)]
+        c.send(W.Start("long", ids, 1600))
+        c.send(W.Propose("long", 0, 5, 3))
+        t0 = time.perf_counter()
+        assert isinstance(probe.call(W.Ping(0.0)), W.Pong)
+        pong_s = time.perf_counter() - t0
+        started = c.recv(60)
+        started_s = time.perf_counter() - t0
+        assert isinstance(started, W.Started) and started.req == "long", started
+        assert pong_s < started_s, (pong_s, started_s)
+        proposal = c.recv(60)
+        assert isinstance(proposal, W.Proposal) and len(proposal.tokens) == 3, proposal
+        assert isinstance(c.call(W.End("long")), W.Ended)
+    finally:
+        c.close()
+        probe.close()

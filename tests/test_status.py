@@ -1,4 +1,5 @@
-"""`python -m sdeth status`: every figure comes from a committed results JSON, and missing results read as pending."""
+"""`python -m sdeth status` and reports/index.html: every figure comes from a committed results JSON, the answer
+comes in its three labelled parts, and missing results read as pending."""
 import json
 import re
 import shutil
@@ -6,33 +7,78 @@ import shutil
 from sdeth.paths import REPO
 from sdeth.study import status
 
+PARTS = ("Single-stream latency", "The round trip it survives", "Cost per GPU")
+
+
+def read_back(f: status.Figure) -> float:
+    """The figure's number as its results JSON holds it (times its stated scale)."""
+    return status.dig(json.loads((REPO / f.source).read_text()), f.path) * f.scale
+
 
 def test_every_figure_is_read_from_its_results_json_and_printed_as_read():
     ms = status.milestones()
+    parts = status.answer()
     md = status.markdown(ms)
-    figures = [f for m in ms for f in m.figures]
+    figures = [f for m in ms for f in m.figures] + [f for p in parts for f in p.figures]
     assert figures, "the committed reports hold results"
     for f in figures:
-        doc = json.loads((REPO / f.source).read_text())
-        assert status.dig(doc, f.path) == f.value
-        assert f"**{f.shown}**" in md and f.source in md and f.kind in md
+        assert abs(read_back(f) - f.value) < 1e-12, f.label
+        assert f"**{f.shown}**" in md and f.source in md
+    for f in (f for m in ms for f in m.figures):
+        assert f.kind in md
     # every bold number in the summary is one of those figures (none typed in)
     bold = re.findall(r"\*\*([^*]+)\*\*", md)
-    assert set(bold) - {"Decision so far."} <= {f.shown for f in figures}
+    assert set(bold) - {"The answer so far."} <= {f.shown for f in figures}
+
+
+def test_the_answer_has_three_labelled_parts_each_with_its_conditions():
+    parts = status.answer()
+    assert [p.title for p in parts] == list(PARTS)
+    latency, rtt, cost = parts
+    head = latency.figures[0]
+    assert head.source == status.HEADLINE and "TCP on loopback" in latency.plain() and "random" in latency.plain()
+    assert "one request at a time" in latency.plain() and head.kind in latency.plain()
+    # the headline is repeated in later calls of the same benchmark, each shown with its own date
+    repeats = [f for f in latency.figures if f.source in status.REPEATS]
+    assert len(repeats) >= 1 and all(f.label.endswith("a later call") for f in repeats)
+    assert all(f.date in latency.plain() for f in latency.figures)
+    assert {f.source for f in rtt.figures} == set(status.SWEEPS.values())
+    # per GPU is the headline over two GPUs, and the published figure sits beside it, labelled so
+    assert cost.figures[0].value == head.value / 2 and cost.figures[0].kind == "arithmetic"
+    assert "published" in cost.plain() and status.PUBLISHED[0]["source"] in cost.plain()
+    md = status.markdown()
+    assert all(f"*{t}.*" in md for t in PARTS)
+
+
+def test_the_index_shows_the_same_answer_with_every_bold_figure_read_back(tmp_path, monkeypatch):
+    from sdeth.study import index
+    monkeypatch.setattr(index, "REPORTS", tmp_path)
+    page = index.write_index([]).read_text()
+    answer = page.split("<table")[0]
+    assert all(t in answer for t in PARTS)
+    shown = {f.shown: f for p in status.answer() for f in p.figures}
+    bold = re.findall(r"<b>([^<]+)</b>", answer)
+    assert bold[0] == "The answer so far" and len(bold) > 3
+    for b in bold[1:]:
+        f = shown[b]                      # KeyError: a bold number that is no figure
+        assert f.fmt.format(read_back(f)) == b.split(" [")[0]
+        assert f.source in answer
 
 
 def test_missing_results_are_pending_and_the_decision_waits(tmp_path):
     (tmp_path / "reports").mkdir()
     ms = status.milestones(tmp_path)
     assert [m.status for m in ms] == ["pending"] * 5
-    assert status.decision(ms).startswith("Pending")
-    # one benchmark arrives: M2 moves, the rest stay pending
+    assert status.decision(ms, tmp_path).startswith("Pending")
+    assert status.answer(tmp_path) == []
+    # one benchmark arrives: M2 moves, the rest stay pending; the answer has its first and last part
     (tmp_path / "reports" / "gpu").mkdir()
     shutil.copy(REPO / "reports" / "gpu" / "bench_sd_1.7b.json", tmp_path / "reports" / "gpu")
     ms = status.milestones(tmp_path)
     by = {m.id: m for m in ms}
     assert by["M2"].status in ("in progress", "done") and len(by["M2"].figures) == 2
     assert by["M0"].status == by["M4"].status == "pending"
+    assert [p.title for p in status.answer(tmp_path)] == [PARTS[0], PARTS[2]]
 
 
 def test_status_cli_prints_one_milestone_and_refuses_an_unknown_one(capsys):

@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--namespace", default="sdeth")
     d.add_argument("--context", help="kubeconfig context (default: the current one)")
     rd = sub.add_parser("render", help="print a placement's manifests with parameters (| kubectl apply -f -)")
-    rd.add_argument("placement", help="colocated | ethernet | vllm-target-only | vllm-sd | probe")
+    rd.add_argument("placement", help="colocated | ethernet | ethernet-curve | vllm-target-only | vllm-sd | probe")
+    rd.add_argument("--keys", help="ethernet-curve: the key directory whose keys become the Secret sdeth-keys")
     rd.add_argument("--target-node", required=True, help="the node for the target (and, colocated, the draft)")
     rd.add_argument("--draft-node", default="", help="the draft's node (ethernet, probe)")
     rd.add_argument("--pair", help="model pair preset for the workers")
@@ -68,10 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     rd.add_argument("--image", help="the sdeth worker image (registry/name:tag)")
     rd.add_argument("--namespace", default="sdeth")
     b = sub.add_parser("bench", help="compare decoding modes on the same requests, with 95%% intervals (JSON)")
-    b.add_argument("what", choices=["sd", "step", "rtt", "draft-loop"], help="sd: target-only, colocated, sync, "
-                   "adaptive, pipelined SD; step: the decode step, lever by lever (sdeth.study.stepbench); rtt: the "
-                   "link modes at each added round trip (--rtts); draft-loop: the pipelined draft's loop, phase by "
-                   "phase (sdeth.study.draftloop)")
+    b.add_argument("what", choices=["sd", "step", "rtt", "draft-loop", "targets", "wire"], help="sd: target-only, "
+                   "colocated, sync, adaptive, pipelined SD; step: the decode step, lever by lever (sdeth.study."
+                   "stepbench); rtt: the link modes at each added round trip (--rtts); draft-loop: the pipelined "
+                   "draft's loop, phase by phase (sdeth.study.draftloop); targets: bigger targets' steps and "
+                   "colocated SD on one GPU (`bench targets -h`); wire: round trips plain against CURVE (`bench wire -h`)")
     b.add_argument("--rtts", default="0,0.2,0.5,1,2,5", help="rtt: added round trips (ms)")
     b.add_argument("--pair", default="random-qwen3-8b/1.7b")
     b.add_argument("--synthetic-alpha", type=float, default=None,
@@ -100,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--models", default="Qwen3-1.7B,Qwen3-0.6B,Qwen3-8B", help="step: model shapes (random weights)")
     b.add_argument("--budget-s", type=float, default=480, help="step: start no new lever after this long")
     b.add_argument("--levers", default=None, help="step: comma list of lever names (default: all of stepbench.LEVERS)")
+    ky = sub.add_parser("keys", help="make a CURVE key directory for the link (copy it to both nodes, or make it the "
+                        "Secret of the ethernet-curve placement)")
+    ky.add_argument("dir", help="the directory to create (it must not hold keys already)")
     sub.add_parser("prepare", help="prepare the embedded pair (dequantize the target, assemble the draft)")
     sk = sub.add_parser("soak", help="many short requests over the testbed with random faults; checks for leaks")
     sk.add_argument("--requests", type=int, default=2000), sk.add_argument("--seed", type=int, default=0)
@@ -144,76 +149,127 @@ def bench_alpha(pair: str, alpha: float | None, trace: str | None) -> float | No
     return None if alpha < 0 else alpha
 
 
+# ---------------------------------------------------------------------------------- the run configuration
+def build_config(a):
+    """The one place the command line becomes a study.config.RunConfig (`run` and `bench`), checked."""
+    from .study.config import RunConfig
+    if a.cmd == "bench":
+        return RunConfig(pair=a.pair, device=a.device, draft_device=a.draft_device or None, impl=a.impl,
+                         compile=a.compile, capacity=a.capacity, prompts=f"random:{a.requests}:{a.context}:{a.seed}",
+                         max_tokens=a.max_tokens, k=a.k, seed=a.seed, max_len=a.capacity,
+                         synthetic_alpha=bench_alpha(a.pair, a.synthetic_alpha, a.trace), netns=False,
+                         synthetic_trace=a.trace, draft_fast=a.draft_fast, target_fast=a.target_fast,
+                         cache=a.cache).check()
+    return RunConfig(pair=a.pair, target=a.target, draft=a.draft, mode=a.mode, k=a.k, temperature=a.temperature,
+                     top_p=a.top_p, top_k=a.top_k, draft_sampled=a.draft_sampled, prompts=a.prompts,
+                     max_tokens=a.max_tokens, chat=not a.raw_prompts, thinking=a.thinking, seed=a.seed,
+                     device=a.device, placement=a.placement, rtt_ms=a.rtt_ms, max_len=a.max_len,
+                     engine=a.engine, adaptive=a.adaptive, impl=a.impl, cache=a.cache).check()
+
+
+# ---------------------------------------------------------------------------------- commands
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["worker"]:
         return worker_main(argv[1:])
+    if argv[:2] in (["bench", "targets"], ["bench", "wire"]):    # benchmarks with parsers of their own
+        from .study import bigtargets, wirebench
+        return ({"targets": bigtargets, "wire": wirebench}[argv[1]].main(argv[2:]) or 0)
     a = build_parser().parse_args(argv)
     from .models.embedded import ModelError
     from .models.prompts import PromptError
     from .study.config import ConfigError
-    if a.cmd in ("down", "render"):
-        return _cluster(a)
-    if a.cmd == "bench":
-        return _bench(a)
-    if a.cmd in ("reap",) or (a.cmd == "status" and a.cluster):
-        return _cluster(a)
-    if a.cmd == "status":
-        from .study import status
-        try:
-            print(status.markdown(only=a.milestone), end="")
-        except ValueError as e:
-            print(f"sdeth: error: {e}", file=sys.stderr)
-            return 2
-        return 0
     try:
-        if a.cmd == "prepare":
-            from .models.presets import load_pair
-            pair = load_pair("embedded")
-            print(json.dumps({k: v for k, v in pair.describe().items() if k != "draft_card"}, indent=1))
-            print("draft greedy agreement (card):", pair.card.get("eval", {}).get("greedy_agreement"))
-            return 0
-        if a.cmd == "soak":
-            from .study.config import save
-            from .study.soak import soak
-            res = soak(a.requests, seed=a.seed)
-            print(json.dumps(res, indent=1))
-            if a.json:
-                print("wrote", save(res, a.json))
-            return 0 if res["ok"] else 1
-        if a.cmd == "draft-variants":
-            from pathlib import Path
-            from .models.presets import load_pair
-            from .study.acceptance import draft_variants, token_ranking
-            from .study.config import save
-            pair = load_pair("embedded")
-            if not Path(a.rank).exists():
-                Path(a.rank).write_text(json.dumps(token_ranking(pair)) + "\n")
-                print("wrote", a.rank)
-            print("wrote", save(draft_variants(pair, a.rank, a.prompts), a.out))
-            return 0
-        if a.cmd == "chains":
-            from .models.presets import load_pair
-            from .study.acceptance import record_chains
-            from .study.config import save
-            print("wrote", save(record_chains(load_pair(a.pair), a.prompts, a.max_tokens, a.depth), a.out))
-            return 0
-        if a.cmd == "trace":
-            from .models.presets import load_pair
-            from .study.acceptance import record_trace
-            from .study.config import save
-            res = record_trace(load_pair(a.pair), a.prompts, a.max_tokens, progress=print)
-            print(f"alpha {res['alpha']:.3f} over {res['positions']} positions; wrote {save(res, a.out)}")
-            return 0
-        if a.cmd == "calibrate":
-            from .models.presets import load_pair
-            from .study.experiment import calibrate
-            print(json.dumps(calibrate(load_pair(a.pair, device=a.device), a.context), indent=1))
-            return 0
-        return _run(a)
+        return _command(a)(a)
     except (ConfigError, ModelError, PromptError) as e:
         print(f"sdeth: error: {e}", file=sys.stderr)
         return 2
+
+
+def _command(a):
+    """The handler of a parsed command line (each takes the argparse namespace, returns the exit status)."""
+    if a.cmd in ("down", "render", "reap") or (a.cmd == "status" and a.cluster):
+        return _cluster
+    return {"bench": _bench, "status": _status, "prepare": _prepare, "soak": _soak, "draft-variants": _draft_variants,
+            "chains": _chains, "trace": _trace, "calibrate": _calibrate, "run": _run, "keys": _keys}[a.cmd]
+
+
+def _keys(a) -> int:
+    from pathlib import Path
+    from .wire.auth import make_keys
+    if (Path(a.dir) / "server.key_secret").exists():
+        print(f"sdeth: error: {a.dir} already holds keys: choose a new directory (or delete it to replace them, "
+              f"then copy the new one to every node)", file=sys.stderr)
+        return 2
+    d = make_keys(a.dir)
+    print(f"keys in {d}: server.key(_secret), client.key(_secret), authorized/client.key; copy the directory to both "
+          f"nodes and pass --keys {d} (or set SDETH_KEYS)")
+    return 0
+
+
+def _status(a) -> int:
+    from .study import status
+    try:
+        print(status.markdown(only=a.milestone), end="")
+    except ValueError as e:
+        print(f"sdeth: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _prepare(a) -> int:
+    from .models.presets import load_pair
+    pair = load_pair("embedded")
+    print(json.dumps({k: v for k, v in pair.describe().items() if k != "draft_card"}, indent=1))
+    print("draft greedy agreement (card):", pair.card.get("eval", {}).get("greedy_agreement"))
+    return 0
+
+
+def _soak(a) -> int:
+    from .study.config import save
+    from .study.soak import soak
+    res = soak(a.requests, seed=a.seed)
+    print(json.dumps(res, indent=1))
+    if a.json:
+        print("wrote", save(res, a.json))
+    return 0 if res["ok"] else 1
+
+
+def _draft_variants(a) -> int:
+    from pathlib import Path
+    from .models.presets import load_pair
+    from .study.acceptance import draft_variants, token_ranking
+    from .study.config import save
+    pair = load_pair("embedded")
+    if not Path(a.rank).exists():
+        Path(a.rank).write_text(json.dumps(token_ranking(pair)) + "\n")
+        print("wrote", a.rank)
+    print("wrote", save(draft_variants(pair, a.rank, a.prompts), a.out))
+    return 0
+
+
+def _chains(a) -> int:
+    from .models.presets import load_pair
+    from .study.acceptance import record_chains
+    from .study.config import save
+    print("wrote", save(record_chains(load_pair(a.pair), a.prompts, a.max_tokens, a.depth), a.out))
+    return 0
+
+
+def _trace(a) -> int:
+    from .models.presets import load_pair
+    from .study.acceptance import record_trace
+    from .study.config import save
+    res = record_trace(load_pair(a.pair), a.prompts, a.max_tokens, progress=print)
+    print(f"alpha {res['alpha']:.3f} over {res['positions']} positions; wrote {save(res, a.out)}")
+    return 0
+
+
+def _calibrate(a) -> int:
+    from .models.presets import load_pair
+    from .study.experiment import calibrate
+    print(json.dumps(calibrate(load_pair(a.pair, device=a.device), a.context), indent=1))
+    return 0
 
 
 def _cluster(a) -> int:
@@ -242,7 +298,7 @@ def _cluster(a) -> int:
             return 0
         import yaml
         objs = cluster.render(a.placement, a.target_node, a.draft_node, a.pair, a.target_model, a.draft_model, a.k,
-                              a.image, a.namespace)
+                              a.image, a.namespace, keys_dir=a.keys)
         cluster.validate(objs)
         print(yaml.safe_dump_all(objs, sort_keys=False), end="")
         return 0
@@ -253,7 +309,7 @@ def _cluster(a) -> int:
 
 def _bench(a) -> int:
     from .study import bench
-    from .study.config import ConfigError, RunConfig, save
+    from .study.config import ConfigError, parse_rtts, save
     if a.what == "draft-loop":
         from .study import draftloop
         res = draftloop.bench_draft_loop(tuple(m for m in a.models.split(",") if m != "Qwen3-8B"), a.device, a.context,
@@ -270,14 +326,10 @@ def _bench(a) -> int:
         print("wrote", save(res, a.json))
         return 0
     try:
-        base = RunConfig(pair=a.pair, device=a.device, draft_device=a.draft_device or None, impl=a.impl,
-                         compile=a.compile, capacity=a.capacity, prompts=f"random:{a.requests}:{a.context}:{a.seed}",
-                         max_tokens=a.max_tokens, k=a.k, seed=a.seed, max_len=a.capacity,
-                         synthetic_alpha=bench_alpha(a.pair, a.synthetic_alpha, a.trace), netns=False,
-                         synthetic_trace=a.trace, draft_fast=a.draft_fast, target_fast=a.target_fast, cache=a.cache)
+        base = build_config(a)
         if a.what == "rtt":
             modes = tuple(m for m in a.modes.split(",") if m and m not in ("target-only", "colocated"))
-            res = bench.bench_rtt(base, tuple(float(x) for x in a.rtts.split(",")), modes, a.k_max)
+            res = bench.bench_rtt(base, tuple(parse_rtts(a.rtts, "--rtts")), modes, a.k_max)
             print(bench.rtt_table(res))
             print(f"wrote {save(res, a.json)}")
             return 0
@@ -291,12 +343,8 @@ def _bench(a) -> int:
 
 
 def _run(a) -> int:
-    from .study.experiment import RunConfig, run, save
-    cfg = RunConfig(pair=a.pair, target=a.target, draft=a.draft, mode=a.mode, k=a.k, temperature=a.temperature,
-                    top_p=a.top_p, top_k=a.top_k, draft_sampled=a.draft_sampled, prompts=a.prompts,
-                    max_tokens=a.max_tokens, chat=not a.raw_prompts, thinking=a.thinking, seed=a.seed,
-                    device=a.device, placement=a.placement, rtt_ms=a.rtt_ms, max_len=a.max_len,
-                    engine=a.engine, adaptive=a.adaptive, impl=a.impl, cache=a.cache).check()
+    from .study.experiment import run, save
+    cfg = build_config(a)
     if a.rtt_sweep:
         return _sweep(cfg, a)
     res = run(cfg)
@@ -316,13 +364,9 @@ def _run(a) -> int:
 
 
 def _sweep(cfg, a) -> int:
-    from .study.experiment import ConfigError, save, sweep
-    try:
-        rtts = [float(x) for x in a.rtt_sweep.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"--rtt-sweep {a.rtt_sweep!r}: give round trips in ms separated by commas, e.g. 0,0.2,1,5,20")
-    if not rtts or min(rtts) < 0:
-        raise ConfigError(f"--rtt-sweep {a.rtt_sweep!r}: give round trips >= 0 ms, e.g. 0,0.2,1,5,20")
+    from .study.config import parse_rtts
+    from .study.experiment import save, sweep
+    rtts = parse_rtts(a.rtt_sweep, "--rtt-sweep")
     res = sweep(cfg, rtts)
     print(f"{'mode':24s} {'rtt ms':>7s} {'tok/s':>7s} {'speedup':>8s} {'predicted':>9s} {'alpha':>6s} identical")
     for r in res["table"]:
@@ -335,37 +379,55 @@ def _sweep(cfg, a) -> int:
     return 0
 
 
-def worker_main(argv=None) -> int:
-    """`python -m sdeth worker --role draft|target ...`: one worker process, until killed."""
-    ap = argparse.ArgumentParser(prog="python -m sdeth worker")
+def worker_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m sdeth worker", description="a draft or target worker process: "
+                                 "the run configuration comes whole in --config (what a testbed passes); --pair, "
+                                 "--target, --draft and --device alone make one for a worker started by hand")
     ap.add_argument("--role", required=True, choices=["draft", "target"])
     ap.add_argument("--bind", required=True, help="tcp://ADDR:PORT to listen on (only that address)")
-    ap.add_argument("--pair", default="embedded")
+    ap.add_argument("--config", default="{}", help="the run configuration as JSON (study.config.RunConfig."
+                    "worker_config(): pair, devices, engine options); the draft role runs on draft_device if set")
+    ap.add_argument("--pair", help="model pair preset (overrides --config's)")
     ap.add_argument("--target"), ap.add_argument("--draft")
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", help="this worker's device (overrides --config's device and draft_device)")
     ap.add_argument("--draft-addr", help="target role: tcp://ADDR:PORT of the draft worker")
     ap.add_argument("--draft-timeout", type=float, default=5.0, help="seconds before the target stops waiting for a proposal")
     ap.add_argument("--die-after", type=int, default=0, help="fault injection: exit after N proposals")
     ap.add_argument("--max-seconds", type=float, default=0, help="exit after this long (0: run until killed)")
-    ap.add_argument("--impl", default="hf", choices=["hf", "fast"], help="model code: transformers, or sdeth.fastmodel")
-    ap.add_argument("--compile", default="", help="fast impl: torch.compile mode for the graph widths "
-                                                  "(e.g. max-autotune-no-cudagraphs); empty: off")
-    ap.add_argument("--capacity", type=int, default=4096, help="CUDA-graph cache length (tokens)")
-    ap.add_argument("--synthetic-alpha", type=float, default=None,
-                    help="timing with random weights: accept each draft token with this probability (sdeth.synthetic)")
-    ap.add_argument("--synthetic-trace", default=None,
-                    help="timing with random weights: the draft replays this acceptance trace (trace-driven), scaled "
-                         "to --synthetic-alpha when given")
-    ap.add_argument("--synthetic-seed", type=int, default=0)
-    ap.add_argument("--draft-fast", default="", help="fast impl: the draft decoder's levers, e.g. "
-                    "scope=layer,weights=fp8,head=32768 (sdeth.runtime.fastmodel.FastOptions)")
-    ap.add_argument("--target-fast", default="", help="fast impl: the target decoder's levers (scope)")
-    ap.add_argument("--draft-emulate", default="", help="an emulated draft device: PROFILE:SHAPE[:fp8] (params/devices)")
-    ap.add_argument("--draft-chains", default="", help="with --draft-emulate: the recorded draft continuations (JSON)")
     ap.add_argument("--spin-ms", type=float, default=None,
                     help="busy-poll the link this long after each message (default: 20 on a GPU, where the cores "
                          "are free; 0 on a CPU, where they decode)")
-    a = ap.parse_args(argv)
+    ap.add_argument("--keys", default=None, help="CURVE key directory (`python -m sdeth keys DIR`; default "
+                    "$SDETH_KEYS): serve, and reach the draft, only with these keys; without: plain TCP")
+    return ap
+
+
+def worker_config(a):
+    """A worker's run configuration: --config, with --pair/--target/--draft/--device over it; checked."""
+    from .study.config import ConfigError, RunConfig
+    try:
+        d = json.loads(a.config)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--config {a.config[:80]!r}: not JSON ({e}); pass RunConfig.worker_config() as JSON")
+    given = {"pair": a.pair, "target": a.target, "draft": a.draft}
+    d.update({k: v for k, v in given.items() if v is not None})
+    if a.device is not None:
+        d.update(device=a.device, draft_device=None)
+    return RunConfig.from_dict(d).check()
+
+
+def worker_main(argv=None) -> int:
+    """`python -m sdeth worker --role draft|target ...`: one worker process, until killed."""
+    from dataclasses import asdict
+    from .study.config import ConfigError
+    from .models.prompts import PromptError
+    a = worker_parser().parse_args(argv)
+    try:
+        cfg = worker_config(a)
+    except (ConfigError, PromptError) as e:
+        print(f"sdeth worker: error: {e}", file=sys.stderr)
+        return 2
+    device = (cfg.draft_device or cfg.device) if a.role == "draft" else cfg.device
     if a.bind.startswith("tcp://*") or a.bind.startswith("tcp://0.0.0.0"):
         print("sdeth worker: binding every interface; pass the node's own address unless you mean it", file=sys.stderr)
     try:
@@ -376,21 +438,24 @@ def worker_main(argv=None) -> int:
     import os
     import torch
     from .models.presets import load_pair
+    from .wire.auth import Keys, KeysError
     from .wire.draft_worker import serve_draft
     from .wire.target_worker import serve_target
+    try:
+        keys = Keys.from_env(a.keys)
+    except KeysError as e:
+        print(f"sdeth worker: error: {e}", file=sys.stderr)
+        return 2
     torch.set_num_threads(max(1, int(os.environ.get("SDETH_THREADS", torch.get_num_threads()))))
-    if a.device.startswith("cuda"):
-        torch.cuda.set_device(a.device)      # streams, graphs and syncs on this worker's GPU
-    pair = load_pair(a.pair, a.target, a.draft, device=a.device, roles=(a.role,))
-    opts = dict(impl=a.impl, compile_mode=a.compile or None, capacity=a.capacity,
-                synthetic_alpha=a.synthetic_alpha, synthetic_seed=a.synthetic_seed, synthetic_trace=a.synthetic_trace,
-                draft_fast=a.draft_fast, target_fast=a.target_fast, draft_emulate=a.draft_emulate,
-                draft_chains=a.draft_chains)
-    spin_s = (a.spin_ms if a.spin_ms is not None else (20.0 if a.device.startswith("cuda") else 0.0)) / 1e3
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)      # streams, graphs and syncs on this worker's GPU
+    pair = load_pair(cfg.pair, cfg.target, cfg.draft, device=device, roles=(a.role,))
+    opts = asdict(cfg.engine_config())
+    spin_s = (a.spin_ms if a.spin_ms is not None else (20.0 if device.startswith("cuda") else 0.0)) / 1e3
     if a.role == "draft":
-        serve_draft(a.bind, pair, a.die_after, a.max_seconds, opts, spin_s)
+        serve_draft(a.bind, pair, a.die_after, a.max_seconds, opts, spin_s, keys=keys)
     else:
-        serve_target(a.bind, pair, a.draft_addr, a.draft_timeout, a.max_seconds, opts, spin_s)
+        serve_target(a.bind, pair, a.draft_addr, a.draft_timeout, a.max_seconds, opts, spin_s, keys=keys)
     return 0
 
 

@@ -10,6 +10,7 @@ tokens/s = E / T; target-only decodes 1 / target_step. Speedup = E / T * target_
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from typing import NamedTuple
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -80,7 +81,7 @@ def predicted_run_tokens_per_s(n_tokens: list[int], ttft_s: float, alpha: float,
 
 # The outcome cache under `--cache auto` (AdaptivePolicy.choose_cache): on where the event model predicts at least
 # this gain over pipelined without it. Measured on two H200s, the model put the cache's gain 2-17% (mean 7%) above
-# what the runs showed (AGENT_LOG, eighth session), so a smaller predicted gain is within its error.
+# what the runs showed (2026-12-01, two H200s; AGENT_LOG), so a smaller predicted gain is within its error.
 CACHE_MARGIN = 0.15
 CACHE_JUDGED_MIN = 20      # corrections judged against the draft's next choices before the model is asked
 CACHE_EVERY = 16           # requests between two decisions (each runs the event model twice, ~0.1 s)
@@ -237,110 +238,141 @@ class FixedPolicy(AdaptivePolicy):
         return min(max(available, 1), m_max)
 
 
-def simulate_pipelined(alpha: float, c: Costs, k_max: int, n_tokens: int = 20000, seed: int = 0,
-                       adaptive: bool = True, cache: tuple | None = None) -> dict:
-    """Event model of the pipelined protocol (sdeth.pipeline): the draft drafts one token per
-    draft_period (its device step plus its host's work: read, send, launch) from the start of its current
-    run; a token reaches the target link_rtt/2 after it is drafted; each draft token equals the target's
-    choice with probability alpha (for greedy decoding that is acceptance). Per round the target applies the
-    runtime's own policy (AdaptivePolicy.choose_m, fed what the runtime's policy sees: the draft's device
-    step and the round trip as the target lives it, c.rtt), verifies, and commits; the Commit reaches the
-    draft link_rtt/2 later, between two of its steps: a mismatch there restarts the draft's run behind the
-    step it has in flight (that step runs out on the device first), a position not drafted yet is taken as
-    given. Returns tokens/s, mean drafts verified per round, share of plain target steps and of idle target
-    time. Deterministic for a seed. adaptive=False plays the fixed policy (FixedPolicy).
+class DraftStep(NamedTuple):
+    """One token of the modelled draft's current run."""
+    pos: int            # the position it drafts
+    end: float          # when its step ends (seconds, on the target's clock)
+    match: bool         # it equals the target's choice (probability alpha)
 
-    cache = (forks, depth, hit, row_cost) (cache_terms makes it from a cache spec): the outcome cache
-    (runtime.pipeline). Branches open at the first `forks` positions past the last commit; a rejection at a
-    covered position finds its correction there with probability `hit` (the share of rejections whose
-    correction is among the draft's branched alternatives: the rank distribution of corrections); a branch
-    drafts `depth` tokens from its fork's step on, one per step, streamed at once; a hit then costs no
-    restart (the branch tokens are at the target or on their way, and the draft drafts on from the branch's
-    end). Every step costs row_cost times a plain one (the branch rows of the same forward) unless
-    draft_period, measured with the branches on, already holds them. Adds the hit rate after a rejection."""
-    import random
-    rng = random.Random(seed)
+
+class CacheTerms(NamedTuple):
+    """The outcome cache as the event model sees it (cache_terms makes it from a cache spec)."""
+    forks: int          # branches open at the first `forks` positions past the last commit
+    depth: int          # tokens a branch drafts from its fork's step on
+    hit: float          # P(a rejection's correction is among the branched alternatives)
+    row_cost: float     # a step's cost with the branch rows over a plain step's
+
+
+class _ModelDraft:
+    """The draft side of simulate_pipelined: it steps every `period` seconds from the start of its current
+    run; a Commit reaches it `one_way` seconds after the target sends it."""
+
+    def __init__(self, alpha: float, period: float, one_way: float, cache: CacheTerms, rng) -> None:
+        self.alpha, self.period, self.one_way, self.cache, self.rng = alpha, period, one_way, cache, rng
+        self.run: list[DraftStep] = []
+        self.next_pos, self.last_end = 1, one_way   # the first Commit (position 0) reaches the draft at one_way
+        self.acked = 1                  # positions < acked were committed when the last Commit arrived
+        self.restarts = self.hits = 0
+        self.t_restart = 0.0            # when the target sent the Commit that last restarted the run
+
+    def produce_until(self, when: float, upto_pos: int = -1) -> None:
+        """Every step that ends by `when`, and at least up to position upto_pos."""
+        while self.last_end <= when or self.next_pos <= upto_pos:
+            self.last_end += self.period
+            self.run.append(DraftStep(self.next_pos, self.last_end, self.rng.random() < self.alpha))
+            self.next_pos += 1
+
+    def commit(self, p: int, sent: float) -> None:
+        """The target committed positions up to p (its own token at p) and sent the Commit at `sent`."""
+        d, arrive = self.period, sent + self.one_way
+        self.produce_until(arrive - d)                 # every step that ended before the Commit arrives
+        mine = next((x for x in self.run if x.pos == p), None)
+        if mine is None and self.next_pos <= p:
+            self.next_pos = p + 1                       # not drafted yet: take the target's token
+            self.last_end = max(self.last_end, arrive)
+        elif mine is not None and not mine.match:
+            self.restarts += 1
+            self.run.clear()                            # mismatch: a new run from p + 1, behind the step in flight
+            busy = self.last_end + d if self.last_end > arrive - d else self.last_end
+            c = self.cache
+            if c.hit and p < self.acked + c.forks and self.rng.random() < c.hit:
+                self.hits += 1                          # the branch at p: drafted from its fork's step on
+                self.run.extend(DraftStep(p + j, mine.end + j * d, self.rng.random() < self.alpha)
+                                for j in range(1, c.depth + 1))
+                self.next_pos, self.last_end = p + c.depth + 1, max(mine.end + c.depth * d, busy, arrive)
+            else:
+                self.next_pos, self.last_end = p + 1, max(busy, arrive)
+                self.t_restart = sent
+
+    def arrived(self, out: int, t: float) -> tuple[list[DraftStep], int, bool]:
+        """The run from position `out` on; how many of its first tokens are at the target by t, in order;
+        whether none of the run has arrived yet (a fresh run)."""
+        run = [x for x in self.run if x.pos >= out]
+        avail = 0
+        while avail < len(run) and run[avail].pos == out + avail and run[avail].end + self.one_way <= t:
+            avail += 1
+        return run, avail, not any(x.end + self.one_way <= t for x in self.run)
+
+
+def _policy(alpha: float, c: Costs, k_max: int, adaptive: bool, period: float | None) -> "AdaptivePolicy":
+    """The runtime's policy fed what it sees: alpha (as if long measured), the draft's step (`period` when
+    the cache's rows weigh on it), the round trip as the target lives it (c.rtt), the verify costs."""
     est = AdaptivePolicy() if adaptive else FixedPolicy()
     est.acc, est.rej = alpha * 1e9, (1 - alpha) * 1e9
     est.draft_step, est.rtt, est.overhead = c.draft_step, c.rtt, c.overhead
     est.verify_s = {m: c.verify(m) for m in range(1, k_max + 2)}
-    forks, depth, hit, row_cost = cache if cache else (0, 0, 0.0, 1.0)
-    d = c.draft_period or c.draft_step * row_cost
-    ow = (c.rtt if c.link_rtt is None else c.link_rtt) / 2
-    if cache and not c.draft_period:
-        est.draft_step = d
-    restarts = hits = 0
-    acked = 1                    # positions < acked were committed when the last Commit arrived
-    prod: list[list] = []        # the draft's current run: [pos, end time, equals the target's choice]
-    nxt_pos, last_end = 1, ow    # the first Commit (position 0) reaches the draft at rtt/2
-    t, out = 0.0, 1              # target clock; positions < out are committed
-    t_restart, idle, rounds, verified, plain = 0.0, 0.0, 0, 0, 0
+    if period is not None:
+        est.draft_step = period
+    return est
 
-    def produce_until(when: float, upto_pos: int = -1) -> None:
-        nonlocal nxt_pos, last_end
-        while last_end <= when or nxt_pos <= upto_pos:
-            last_end += d
-            prod.append([nxt_pos, last_end, rng.random() < alpha])
-            nxt_pos += 1
 
-    def commit(p: int, tc: float) -> None:
-        nonlocal nxt_pos, last_end, t_restart, restarts, hits
-        arrive = tc + ow
-        produce_until(arrive - d)                 # every step that ended before the Commit arrives
-        mine = next((x for x in prod if x[0] == p), None)
-        if mine is None and nxt_pos <= p:
-            nxt_pos = p + 1                       # not drafted yet: take the target's token
-            last_end = max(last_end, arrive)
-        elif mine is not None and not mine[2]:
-            restarts += 1
-            del prod[:]                           # mismatch: a new run from p + 1, behind the step in flight
-            busy = last_end + d if last_end > arrive - d else last_end
-            if hit and p < acked + forks and rng.random() < hit:
-                hits += 1                         # the branch at p: drafted from its fork's step on
-                prod.extend([p + j, mine[1] + j * d, rng.random() < alpha] for j in range(1, depth + 1))
-                nxt_pos, last_end = p + depth + 1, max(mine[1] + depth * d, busy, arrive)
-            else:
-                nxt_pos, last_end = p + 1, max(busy, arrive)
-                t_restart = tc
+def simulate_pipelined(alpha: float, c: Costs, k_max: int, n_tokens: int = 20000, seed: int = 0,
+                       adaptive: bool = True, cache: tuple | None = None) -> dict:
+    """Event model of the pipelined protocol (runtime.pipeline). Terms: a *step* is one draft token, one per
+    draft_period (its device step plus its host's work: read, send, launch) from the start of its current
+    run; a *transit* is link_rtt/2 (c.rtt/2 when link_rtt is None), a token's or a Commit's way over the link;
+    each draft token equals the target's choice with probability alpha (for greedy decoding: acceptance).
 
+    Per round the target applies the runtime's own policy (AdaptivePolicy.choose_m, fed the draft's device
+    step and the round trip as the target lives it, c.rtt), verifies and commits; the Commit reaches the
+    draft a transit later, between two of its steps: a mismatch there restarts the draft's run behind the
+    step it has in flight, a position not drafted yet is taken as given. adaptive=False plays FixedPolicy.
+    Deterministic for a seed.
+
+    cache: a CacheTerms (or its 4-tuple; cache_terms makes it). A rejection at one of the first `forks`
+    positions past the last commit finds its correction on a branch with probability `hit`; the branch
+    drafted `depth` tokens from its fork's step on, so a hit costs no restart. Every step costs row_cost
+    plain ones unless draft_period, measured with the branches on, already holds them.
+
+    Returns tokens/s, mean drafts verified and tokens per round, the shares of plain target steps and of idle
+    target time, the restarts and the hit rate after a rejection (None without restarts)."""
+    import random
+    terms = CacheTerms(*cache) if cache else CacheTerms(0, 0, 0.0, 1.0)
+    period = c.draft_period or c.draft_step * terms.row_cost
+    est = _policy(alpha, c, k_max, adaptive, period if cache and not c.draft_period else None)
+    draft = _ModelDraft(alpha, period, (c.rtt if c.link_rtt is None else c.link_rtt) / 2, terms, random.Random(seed))
+    t, out = 0.0, 1              # target clock (s); positions < out are committed
+    idle, rounds, verified, plain = 0.0, 0, 0, 0
     while out < n_tokens:
-        produce_until(t - ow)
-        run = [x for x in prod if x[0] >= out]
-        avail = 0
-        while avail < len(run) and run[avail][0] == out + avail and run[avail][1] + ow <= t:
-            avail += 1
-        fresh = not any(x[1] + ow <= t for x in prod)
-        m = est.choose_m(avail, k_max, fresh, t - t_restart)
-        if m > avail:
-            produce_until(-1, out + m - 1)
-            run = [x for x in prod if x[0] >= out]
-            t_ready = run[m - 1][1] + ow
+        draft.produce_until(t - draft.one_way)
+        run, avail, fresh = draft.arrived(out, t)
+        m = est.choose_m(avail, k_max, fresh, t - draft.t_restart)
+        if m > avail:                                   # wait for the m-th token
+            draft.produce_until(-1, out + m - 1)
+            run = [x for x in draft.run if x.pos >= out]
+            t_ready = run[m - 1].end + draft.one_way
             idle += max(t_ready - t, 0.0)
             t = max(t, t_ready)
         t += c.verify(m + 1) + c.overhead
-        rounds += 1
-        verified += m
-        plain += m == 0
-        n = 0
-        while n < m and run[n][2]:
-            n += 1
+        rounds, verified, plain = rounds + 1, verified + m, plain + (m == 0)
+        n = next((i for i in range(m) if not run[i].match), m)      # accepted drafts
         out += n + 1
-        commit(out - 1, t)
-        acked = out
-        prod[:] = [x for x in prod if x[0] >= out]
+        draft.commit(out - 1, t)
+        draft.acked = out
+        draft.run[:] = [x for x in draft.run if x.pos >= out]
     return {"tokens_per_s": out / t, "verified_per_round": verified / rounds, "tokens_per_round": out / rounds,
-            "plain_step_share": plain / rounds, "target_idle_share": idle / t,
-            "restarts": restarts, "cache_hit_rate": hits / restarts if restarts else None}
+            "plain_step_share": plain / rounds, "target_idle_share": idle / t, "restarts": draft.restarts,
+            "cache_hit_rate": draft.hits / draft.restarts if draft.restarts else None}
 
 
-def cache_terms(fanout: int, depth: int, ranks: int, rank_shares: list[float], row_costs: dict) -> tuple:
+def cache_terms(fanout: int, depth: int, ranks: int, rank_shares: list[float], row_costs: dict) -> CacheTerms:
     """simulate_pipelined's cache terms for an outcome cache of fanout branches, depth deep, on the first
     `ranks` alternatives: forks covered (fanout // ranks), the hit probability (the share of rejections whose
     correction is the draft's 2nd..(ranks+1)th choice: rank_shares[r] = P(rank r | rejection)), and the
     step's cost with fanout + 1 rows over one row (row_costs: rows -> ratio; missing: the nearest below)."""
     rows = fanout + 1
     known = sorted(r for r in row_costs if r <= rows) or [1]
-    return (max(fanout // ranks, 1), depth, sum(rank_shares[1:ranks + 1]), row_costs.get(known[-1], 1.0))
+    return CacheTerms(max(fanout // ranks, 1), depth, sum(rank_shares[1:ranks + 1]), row_costs.get(known[-1], 1.0))
 
 
 def pipelined_speedup(alpha: float, c: Costs, k_max: int, **kw) -> float:

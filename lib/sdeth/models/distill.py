@@ -248,7 +248,7 @@ def save_draft(draft, idx, out: Path, card: dict) -> None:
     (out / "card.json").write_text(json.dumps(card, indent=1) + "\n")
 
 
-def main(argv=None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m sdeth.models.distill", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="directory for draft.safetensors, config.json, card.json")
     ap.add_argument("--layers", type=lambda v: [int(x) for x in v.split(",")], default=[6],
@@ -272,9 +272,15 @@ def main(argv=None) -> dict:
                          "instead of the target's first layers: train it further")
     ap.add_argument("--data", type=Path, default=None,
                     help="keep the generated sequences in this file and reuse them when it exists")
+    return ap
+
+
+def main(argv=None) -> dict:
+    """Distil a draft of each depth in --layers on the target's own completions; returns {layers: card}."""
+    ap = build_parser()
     a = ap.parse_args(argv)
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from .embedded import EMBEDDED_DRAFT, EMBEDDED_TARGET, prepare_embedded_target
+    from .embedded import prepare_embedded_target
     torch.manual_seed(a.seed)
     random.seed(a.seed)
     t_start = time.time()
@@ -283,51 +289,63 @@ def main(argv=None) -> dict:
     target = AutoModelForCausalLM.from_pretrained(tdir, dtype=torch.float32).to(a.device).eval().requires_grad_(False)
     if a.sampled_copies and not a.kd:
         ap.error("--sampled-copies needs --kd (sampled data is labelled with the target's argmax)")
-    saved = load_data(a.data) if a.data else None
-    if saved:
-        train_seqs, eval_seqs = saved
-    else:
-        train_seqs = build_seqs(target, tok, f"sharegpt-train:{a.prompts}:{a.seed}", a.gen_tokens, a.gen_batch,
-                                a.device, a.sampled_copies)
-        eval_seqs = build_seqs(target, tok, f"sharegpt:{a.eval_prompts}:{a.seed + 1000}", 64, a.gen_batch, a.device)
-        if a.data:
-            a.data.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"train": train_seqs, "eval": eval_seqs}, a.data)
+    train_seqs, eval_seqs = _sequences(a, target, tok)
     t_data = time.time() - t_start
     cards = {}
     for n_layers in a.layers:
         out = Path(a.out) if len(a.layers) == 1 else Path(a.out) / f"L{n_layers}"
-        torch.manual_seed(a.seed)
-        draft, idx = make_draft(target, n_layers)
-        earlier = init_from(draft, a.init) if a.init else None
-        draft.to(a.device)
-        before = agreement(target, draft, eval_seqs, a.device)
-        t_train = time.time()
-        log = train(draft, target, train_seqs, a.train_steps, a.train_minutes, a.batch_tokens, a.lr, a.kd,
-                    a.device, a.seed if a.shuffle_seed is None else a.shuffle_seed)
-        after = agreement(target, draft, eval_seqs, a.device)
-        n_trained = sum(p.numel() for p in draft.parameters() if p.requires_grad)
-        card = {
-            "model": EMBEDDED_DRAFT, "target": EMBEDDED_TARGET,
-            "made": "distilled on the target's own greedy completions (sdeth.models.distill)",
-            "layers": n_layers, "layers_from_target": idx,
-            "shared_with_target": "tokenizer, tied embedding/output layer",
-            "trained_params": int(n_trained), "stored_dtype": "float16",
-            "recipe": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k != "out"},
-            "train_sequences": len(train_seqs), "train_tokens": int(sum(len(s) - n for s, n in train_seqs)),
-            "eval": {"prompts": f"sharegpt:{a.eval_prompts}:{a.seed + 1000} (held-out split)", "max_tokens": 64,
-                     "before_training": before, **after},
-            "hardware": _hw(a.device), "data_seconds": round(t_data, 1),
-            **{k: v for k, v in log.items() if k != "history"},
-            "total_seconds": round(t_data + time.time() - t_train, 1), "history": log["history"],
-        }
-        card["rounds"] = (earlier or []) + card_rounds(card)      # this round, as the card describes it
-        if earlier:
-            card["made"] += f"; trained further from an earlier draft ({len(card['rounds'])} rounds, see rounds)"
-        save_draft(draft, idx, out, card)
-        print(json.dumps({"layers": n_layers, **{k: card[k] for k in ("eval", "train_tokens", "total_seconds")}}))
-        cards[n_layers] = card
+        cards[n_layers] = _distil_one(a, target, n_layers, out, train_seqs, eval_seqs, t_data)
     return cards
+
+
+def _sequences(a, target, tok) -> tuple[list, list]:
+    """The training and held-out sequences: the target's completions (made now, or loaded from --data)."""
+    saved = load_data(a.data) if a.data else None
+    if saved:
+        return saved
+    train_seqs = build_seqs(target, tok, f"sharegpt-train:{a.prompts}:{a.seed}", a.gen_tokens, a.gen_batch,
+                            a.device, a.sampled_copies)
+    eval_seqs = build_seqs(target, tok, f"sharegpt:{a.eval_prompts}:{a.seed + 1000}", 64, a.gen_batch, a.device)
+    if a.data:
+        a.data.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"train": train_seqs, "eval": eval_seqs}, a.data)
+    return train_seqs, eval_seqs
+
+
+def _distil_one(a, target, n_layers: int, out: Path, train_seqs, eval_seqs, t_data: float) -> dict:
+    """One draft of n_layers: made from the target's first layers (or --init), trained, measured, saved to out;
+    returns its card."""
+    from .embedded import EMBEDDED_DRAFT, EMBEDDED_TARGET
+    torch.manual_seed(a.seed)
+    draft, idx = make_draft(target, n_layers)
+    earlier = init_from(draft, a.init) if a.init else None
+    draft.to(a.device)
+    before = agreement(target, draft, eval_seqs, a.device)
+    t_train = time.time()
+    log = train(draft, target, train_seqs, a.train_steps, a.train_minutes, a.batch_tokens, a.lr, a.kd,
+                a.device, a.seed if a.shuffle_seed is None else a.shuffle_seed)
+    after = agreement(target, draft, eval_seqs, a.device)
+    n_trained = sum(p.numel() for p in draft.parameters() if p.requires_grad)
+    card = {
+        "model": EMBEDDED_DRAFT, "target": EMBEDDED_TARGET,
+        "made": "distilled on the target's own greedy completions (sdeth.models.distill)",
+        "layers": n_layers, "layers_from_target": idx,
+        "shared_with_target": "tokenizer, tied embedding/output layer",
+        "trained_params": int(n_trained), "stored_dtype": "float16",
+        "recipe": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k != "out"},
+        "train_sequences": len(train_seqs), "train_tokens": int(sum(len(s) - n for s, n in train_seqs)),
+        "eval": {"prompts": f"sharegpt:{a.eval_prompts}:{a.seed + 1000} (held-out split)", "max_tokens": 64,
+                 "before_training": before, **after},
+        "hardware": _hw(a.device), "data_seconds": round(t_data, 1),
+        **{k: v for k, v in log.items() if k != "history"},
+        "total_seconds": round(t_data + time.time() - t_train, 1), "history": log["history"],
+    }
+    card["rounds"] = (earlier or []) + card_rounds(card)      # this round, as the card describes it
+    if earlier:
+        card["made"] += f"; trained further from an earlier draft ({len(card['rounds'])} rounds, see rounds)"
+    save_draft(draft, idx, out, card)
+    print(json.dumps({"layers": n_layers, **{k: card[k] for k in ("eval", "train_tokens", "total_seconds")}}))
+    return card
 
 
 def _hw(device: str) -> str:

@@ -107,11 +107,46 @@ QWEN3_SHAPES = {  # public config values of the Qwen3 family (and two tiny ones 
                        num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
     "Qwen3-8B": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
                      num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
+    "Qwen3-14B": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=40, num_attention_heads=40,
+                      num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
+    "Qwen3-32B": dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
+                      num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
     "tiny-4L": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=16, tie_word_embeddings=True, vocab_size=1000),
     "tiny-2L": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=16, tie_word_embeddings=True, vocab_size=1000),
 }
+
+
+# a 70B-class target of the same tokenizer family (Qwen2.5-72B's public config: biases on q/k/v, no q/k norms,
+# an embedding table of 152,064 rows padded past the 151,665-id tokenizer); built fused on the GPU only
+# (sdeth.runtime.randomweights), not as a transformers model
+OTHER_SHAPES = {
+    "Qwen2.5-72B": dict(hidden_size=8192, intermediate_size=29568, num_hidden_layers=80, num_attention_heads=64,
+                        num_key_value_heads=8, head_dim=128, tie_word_embeddings=False, vocab_size=152064,
+                        qkv_bias=True, qk_norm=False, rms_norm_eps=1e-6),
+}
+PUBLIC_PARAMS = {"Qwen3-0.6B": 0.6e9, "Qwen3-1.7B": 1.7e9, "Qwen3-8B": 8.2e9, "Qwen3-14B": 14.8e9,
+                 "Qwen3-32B": 32.8e9, "Qwen2.5-72B": 72.7e9}   # the model cards' parameter counts
+
+
+def shape(name: str) -> dict:
+    """A named shape's full config: vocab, q/k norms (Qwen3) or q/k/v biases (Qwen2.5), tied embeddings."""
+    if name in QWEN3_SHAPES:
+        return {"vocab_size": 151936, "qkv_bias": False, "qk_norm": True, "rms_norm_eps": 1e-6, **QWEN3_SHAPES[name]}
+    if name in OTHER_SHAPES:
+        return dict(OTHER_SHAPES[name])
+    raise ModelError(f"model shape {name!r}: known shapes are {sorted(QWEN3_SHAPES) + sorted(OTHER_SHAPES)}")
+
+
+def shape_params(name: str) -> int:
+    """Parameters of a named shape, from its config (norm weights included)."""
+    c = shape(name)
+    h, hd, nq, nkv, L = c["hidden_size"], c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"], c["num_hidden_layers"]
+    qkv = h * (nq + 2 * nkv) * hd + ((nq + 2 * nkv) * hd if c["qkv_bias"] else 0)
+    layer = qkv + nq * hd * h + 3 * h * c["intermediate_size"] + 2 * h + (2 * hd if c["qk_norm"] else 0)
+    embed = c["vocab_size"] * h
+    return L * layer + embed * (1 if c["tie_word_embeddings"] else 2) + h
 
 
 class RandomTokenizer:

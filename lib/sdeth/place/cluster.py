@@ -26,12 +26,16 @@ import subprocess
 import time
 
 import yaml
+from pathlib import Path
 
 from ..paths import REPO
 from .testbed import free_port
 
 MANIFESTS = REPO / "manifests"
-OVERLAYS = ("colocated", "ethernet", "vllm-target-only", "vllm-sd", "probe")
+OVERLAYS = ("colocated", "ethernet", "ethernet-curve", "vllm-target-only", "vllm-sd", "probe")
+TWO_NODES = ("ethernet", "ethernet-curve", "probe")
+KEYS_SECRET = "sdeth-keys"   # ethernet-curve: the workers' CURVE keys (a key directory, sdeth.wire.auth)
+KEY_FILES = ("server.key", "server.key_secret", "client.key", "client.key_secret")
 PART_OF = "app.kubernetes.io/part-of=sdeth"
 K8S_VERSION = "1.32"     # the schema set manifests are validated against (kubernetes-validate)
 LEASE = "sdeth-controller"  # renewed while a controller holds the cluster; read by the reaper
@@ -60,17 +64,19 @@ def kustomize(overlay: str, kubectl: str = "kubectl") -> list[dict]:
 
 
 def render(placement: str, target_node: str, draft_node: str = "", pair: str | None = None, target_model: str = "Qwen/Qwen3-8B", draft_model: str = "Qwen/Qwen3-1.7B",
-           k: int = 5, image: str | None = None, namespace: str = "sdeth", kubectl: str = "kubectl") -> list[dict]:
+           k: int = 5, image: str | None = None, namespace: str = "sdeth", kubectl: str = "kubectl",
+           keys_dir: str | None = None) -> list[dict]:
     """The placement's objects with parameters set. colocated puts both workers on target_node. The node
-    names are the cluster's own (`kubectl get nodes`): parameters, never defaults."""
-    if not target_node or (placement in ("ethernet", "probe") and not draft_node):
+    names are the cluster's own (`kubectl get nodes`): parameters, never defaults. ethernet-curve also needs
+    keys_dir (`python -m sdeth keys DIR`): its keys become the Secret the workers mount."""
+    if not target_node or (placement in TWO_NODES and not draft_node):
         raise ClusterError(f"placement {placement!r} needs node names: target_node={target_node!r}, "
                            f"draft_node={draft_node!r}; pass your cluster's (`kubectl get nodes`), e.g. "
                            f"`-f params/cluster.example.yaml` in 00_provision or --target-node/--draft-node")
-    if placement == "ethernet" and target_node == draft_node:
-        raise ClusterError(f"placement 'ethernet' needs two nodes, got {target_node!r} twice: "
+    if placement in ("ethernet", "ethernet-curve") and target_node == draft_node:
+        raise ClusterError(f"placement {placement!r} needs two nodes, got {target_node!r} twice: "
                            "use placement 'colocated' for one node")
-    objs = kustomize(placement, kubectl)
+    objs = kustomize(placement, kubectl) + ([keys_secret(keys_dir)] if placement == "ethernet-curve" else [])
     node_of = {"target": target_node, "vllm": target_node, "probe-client": target_node,
                "draft": target_node if placement == "colocated" else draft_node, "probe-server": draft_node}
     for o in objs:
@@ -86,6 +92,21 @@ def render(placement: str, target_node: str, draft_node: str = "", pair: str | N
                 c["image"] = image
             c["args"] = _set_args(c["args"], role, pair, target_model, draft_model, k)
     return objs
+
+
+def keys_secret(keys_dir: str | None) -> dict:
+    """The Secret that holds a key directory's pairs (the ethernet-curve placement mounts it in both workers)."""
+    import base64
+    if not keys_dir:
+        raise ClusterError("placement 'ethernet-curve' needs a key directory: make one with `python -m sdeth keys "
+                           "DIR` and pass keys_dir=DIR (--keys DIR)")
+    d = Path(keys_dir)
+    missing = [f for f in KEY_FILES if not (d / f).is_file()]
+    if missing:
+        raise ClusterError(f"key directory {d} lacks {', '.join(missing)}: make it with `python -m sdeth keys {d}`")
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": KEYS_SECRET, "labels": {"app.kubernetes.io/part-of": "sdeth"}},
+            "data": {f: base64.b64encode((d / f).read_bytes()).decode() for f in KEY_FILES}}
 
 
 def _pod_spec(o: dict) -> dict | None:
@@ -128,6 +149,8 @@ def node_of(obj: dict) -> str | None:
 _KINDS = {  # kind -> (api class, method suffix)
     "Deployment": ("AppsV1Api", "namespaced_deployment"),
     "Service": ("CoreV1Api", "namespaced_service"),
+    "Secret": ("CoreV1Api", "namespaced_secret"),
+    "NetworkPolicy": ("NetworkingV1Api", "namespaced_network_policy"),
     "Job": ("BatchV1Api", "namespaced_job"),
     "ConfigMap": ("CoreV1Api", "namespaced_config_map"),
     "ServiceAccount": ("CoreV1Api", "namespaced_service_account"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+import json
 import os
 import shutil
 import signal
@@ -54,8 +55,7 @@ class Testbed:
                  netns: bool | None = None, device: str = "cpu", draft_timeout_s: float = 5.0,
                  draft_die_after: int = 0, threads: int = 1, start_workers: bool = True,
                  target: str | None = None, draft: str | None = None, relay: bool = False,
-                 draft_device: str | None = None, worker_args: tuple = (), ready_timeout_s: float = 180.0):
-        self.models = [*(["--target", target] if target else []), *(["--draft", draft] if draft else [])]
+                 draft_device: str | None = None, worker_config: dict | None = None, ready_timeout_s: float = 180.0):
         self.pair, self.up_ms, self.down_ms, self.rate_mbit = pair, up_ms, down_ms, rate_mbit
         self.netns = can_use_netns() if netns is None else netns
         if self.netns and not can_use_netns():
@@ -63,7 +63,9 @@ class Testbed:
                                "for two processes on loopback")
         self.device, self.draft_timeout_s, self.die_after, self.threads = device, draft_timeout_s, draft_die_after, threads
         self.draft_device = draft_device or device      # e.g. cuda:1 beside a target on cuda:0
-        self.worker_args = list(worker_args)             # extra `sdeth worker` flags for both (--impl fast ...)
+        # both workers' run configuration (study.config.RunConfig.worker_config(), plain data), passed whole
+        self.worker_config = {**(worker_config or {}), "pair": pair, "target": target, "draft": draft,
+                              "device": self.device, "draft_device": self.draft_device}
         self.ready_timeout_s = ready_timeout_s           # workers load (and on a GPU capture/compile) first
         self.start_workers = start_workers
         self.relay = relay or bool(up_ms or down_ms)   # a relay even at 0 ms lets set_delay() change the delay
@@ -87,7 +89,7 @@ class Testbed:
                 "one_way_delay_ms": {"target->draft": self.up_ms, "draft->target": self.down_ms},
                 "delay": "user-space TCP relay (sdeth.place.testbed.DelayProxy)",
                 "rate_mbit": self.rate_mbit or None, "torch_threads_per_worker": self.threads,
-                "devices": {"target": self.device, "draft": self.draft_device}, "worker_args": self.worker_args,
+                "devices": {"target": self.device, "draft": self.draft_device}, "worker_config": self.worker_config,
                 "shared_cpu": "both nodes share this machine's cores"}
 
     # ------------------------------------------------------------ set-up / tear-down
@@ -147,8 +149,7 @@ class Testbed:
             self._start_relay()
             self._relay_addr = f"tcp://127.0.0.1:{self._relay_port}"
         self.run_in("target", ["-m", "sdeth", "worker", "--role", "target", "--bind", self.target_addr,
-                               "--pair", self.pair, *self.models, "--device", self.device, *self.worker_args,
-                               "--draft-addr", self.draft_addr_for_target(),
+                               "--config", json.dumps(self.worker_config), "--draft-addr", self.draft_addr_for_target(),
                                "--draft-timeout", str(self.draft_timeout_s)], "target")
         self.wait_ready(self.ready_timeout_s)
 
@@ -201,7 +202,7 @@ class Testbed:
 
     def _launch_draft(self) -> None:
         self.run_in("draft", ["-m", "sdeth", "worker", "--role", "draft", "--bind", self.draft_bind(),
-                              "--pair", self.pair, *self.models, "--device", self.draft_device, *self.worker_args,
+                              "--config", json.dumps(self.worker_config),
                               *(["--die-after", str(self.die_after)] if self.die_after else [])], "draft")
 
     def log(self, name: str) -> str:

@@ -13,6 +13,7 @@ chain_p (after a correction the context is a prefix of t again), so its next tok
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -105,15 +106,27 @@ class EmulatedEngine(Engine):
         return logits
 
 
-def parse_emulation(spec: str) -> tuple[str, str, float]:
+class Emulation(NamedTuple):
+    """An emulated draft device, written PROFILE:SHAPE[:bf16|fp8] (e.g. 'corsair:Qwen3-1.7B:fp8'): a device
+    profile of params/devices, a model shape, and the bytes per weight."""
+    profile: str
+    shape: str
+    bytes_per_param: float
+
+    @classmethod
+    def parse(cls, spec: str) -> "Emulation":
+        parts = spec.split(":")
+        if len(parts) not in (2, 3):
+            raise ValueError(f"draft emulation {spec!r}: use PROFILE:SHAPE[:bf16|fp8], e.g. corsair:Qwen3-1.7B:fp8")
+        fmt = parts[2] if len(parts) == 3 else "bf16"
+        if fmt not in ("bf16", "fp8"):
+            raise ValueError(f"draft emulation {spec!r}: weights {fmt!r}, use bf16 or fp8")
+        return cls(parts[0], parts[1], {"bf16": 2.0, "fp8": 1.0}[fmt])
+
+
+def parse_emulation(spec: str) -> Emulation:
     """'corsair:Qwen3-1.7B:fp8' -> (profile, model shape, bytes per parameter)."""
-    parts = spec.split(":")
-    if len(parts) not in (2, 3):
-        raise ValueError(f"draft emulation {spec!r}: use PROFILE:SHAPE[:bf16|fp8], e.g. corsair:Qwen3-1.7B:fp8")
-    fmt = parts[2] if len(parts) == 3 else "bf16"
-    if fmt not in ("bf16", "fp8"):
-        raise ValueError(f"draft emulation {spec!r}: weights {fmt!r}, use bf16 or fp8")
-    return parts[0], parts[1], {"bf16": 2.0, "fp8": 1.0}[fmt]
+    return Emulation.parse(spec)
 
 
 def emulated_draft(model, spec: str, chains_path: str, vocab: int | None = None) -> EmulatedEngine:

@@ -91,9 +91,9 @@ def quantize(w: torch.Tensor, kind: str):
     if kind == "bf16":
         return w
     wf = w.float()
-    if kind == "fp8":
+    if kind in ("fp8", "fp8w"):     # fp8w: the same weights, weight-only (runtime.fp8gemv)
         s = wf.abs().amax(-1).clamp(min=1e-12) / FP8_MAX
-        return ("fp8", (wf / s[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), s)
+        return (kind, (wf / s[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), s)
     s = wf.abs().amax(-1).clamp(min=1e-12) / 127.0
     return ("int8", torch.round(wf / s[:, None]).clamp(-127, 127).to(torch.int8), s)
 
@@ -103,7 +103,10 @@ def linear(x: torch.Tensor, w, bias=None) -> torch.Tensor:
     if isinstance(w, torch.Tensor):
         return F.linear(x, w, bias)
     kind, q, s = w
-    if kind == "int8":      # weight-only: dequantize in the product (bytes read are the int8 ones)
+    if kind == "fp8w":      # weight-only fp8, dequantized inside the product
+        from .fp8gemv import fp8w_linear
+        y = fp8w_linear(x, q, s)
+    elif kind == "int8":      # weight-only: dequantize in the product (bytes read are the int8 ones)
         y = F.linear(x, q.to(x.dtype)) * s.to(x.dtype)
     else:                   # W8A8: per-token activation scale, per-row weight scale
         xf = x.float()
@@ -192,32 +195,43 @@ class FastDecoder:
         self.scratch = scratch          # extra cache slots past capacity, for rows (see forward)
         self.embed = base.embed_tokens.weight
         self.final_norm = base.norm.weight
-        self.vocab = hf_model.lm_head.weight.shape[0]
+        fused = getattr(hf_model, "fused", None)   # weights already fused, in their format (runtime.randomweights)
+        if fused and (o.head or o.weights != "bf16"):
+            raise FastOptionsError(f"fast options {o}: a fused model's weights are already {fused['format']} with its "
+                                   "full output layer; build it in the format wanted instead")
+        self.vocab = cfg.vocab_size if fused else hf_model.lm_head.weight.shape[0]
         with torch.no_grad():
-            self.keep = head_ids(o.head, o.head_rank, self.vocab).to(self.device) if o.head else None
-            lm = hf_model.lm_head.weight if self.keep is None else hf_model.lm_head.weight[self.keep]
-            self.lm_head = quantize(lm, o.weights)
-            self.layers = []
-            for layer in base.layers:
-                a, m = layer.self_attn, layer.mlp
-                biases = [x.bias for x in (a.q_proj, a.k_proj, a.v_proj)]
-                qk = hasattr(a, "q_norm")
-                self.layers.append({
-                    "in_norm": layer.input_layernorm.weight,
-                    "wqkv": quantize(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), o.weights),
-                    "bqkv": torch.cat(biases) if biases[0] is not None else None,
-                    "q_norm": a.q_norm.weight if qk else None,
-                    "k_norm": a.k_norm.weight if qk else None,
-                    "wo": quantize(a.o_proj.weight, o.weights),
-                    "post_norm": layer.post_attention_layernorm.weight,
-                    "w_gate_up": quantize(torch.cat([m.gate_proj.weight, m.up_proj.weight]), o.weights),
-                    "w_down": quantize(m.down_proj.weight, o.weights),
-                })
+            if fused:
+                self.keep, self.lm_head, self.layers = None, fused["lm_head"], fused["layers"]
+            else:
+                self._fuse(hf_model, o)
             rot = base.rotary_emb
             self._inv_freq = rot.inv_freq.float().to(self.device)
             self._rope_scaling = float(getattr(rot, "attention_scaling", 1.0))
         self._compiled = None
         self.reset(capacity)
+
+    def _fuse(self, hf_model, o: FastOptions) -> None:
+        """The transformers model's weights, fused (q/k/v, gate/up) and in the format of o.weights."""
+        self.keep = head_ids(o.head, o.head_rank, self.vocab).to(self.device) if o.head else None
+        lm = hf_model.lm_head.weight if self.keep is None else hf_model.lm_head.weight[self.keep]
+        self.lm_head = quantize(lm, o.weights)
+        self.layers = []
+        for layer in hf_model.model.layers:
+            a, m = layer.self_attn, layer.mlp
+            biases = [x.bias for x in (a.q_proj, a.k_proj, a.v_proj)]
+            qk = hasattr(a, "q_norm")
+            self.layers.append({
+                "in_norm": layer.input_layernorm.weight,
+                "wqkv": quantize(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), o.weights),
+                "bqkv": torch.cat(biases) if biases[0] is not None else None,
+                "q_norm": a.q_norm.weight if qk else None,
+                "k_norm": a.k_norm.weight if qk else None,
+                "wo": quantize(a.o_proj.weight, o.weights),
+                "post_norm": layer.post_attention_layernorm.weight,
+                "w_gate_up": quantize(torch.cat([m.gate_proj.weight, m.up_proj.weight]), o.weights),
+                "w_down": quantize(m.down_proj.weight, o.weights),
+            })
 
     def weight_bytes(self) -> int:
         """Bytes of weights one step reads (the embedding row aside)."""

@@ -287,24 +287,11 @@ def generate_sd(target: Engine, drafter: DraftSource, prompt_ids: list[int], max
         k_eff = min(k_round, max_tokens - len(req.output_ids) - 1)   # no drafting past max_tokens
         if alive and k_eff >= 1:
             try:
-                v0, d0 = target.forward_s, drafter.compute_s
-                t_round = time.perf_counter()
-                new, n, wait = speculative_step(target, drafter, last, n_prev, k_eff, s, gen)
-                t_read = time.perf_counter()
-                req.verify_wall_s += t_read - t_round - wait     # the round less its wait for the proposal
+                new, n, wait, t_read = _sd_round(target, drafter, req, last, n_prev, k_eff, s, gen, est)
             except DraftUnavailable:
                 alive = False
                 continue
             wait_s += wait
-            req.k_trace.append(k_eff)
-            note_round(req, n, k_eff)
-            note_width(req, k_eff + 1, target.forward_s - v0)
-            if est is not None:
-                d = drafter.compute_s - d0
-                est.observe_round(n, k_eff)
-                est.observe_verify(k_eff + 1, target.forward_s - v0)
-                est.observe_draft(d / k_eff)
-                est.observe_rtt(wait - d)
             req.output_ids.extend(new)
             last, n_prev = new[-1], n
             continue
@@ -314,6 +301,35 @@ def generate_sd(target: Engine, drafter: DraftSource, prompt_ids: list[int], max
             req.tail_steps += 1
         else:
             req.tokens_without_draft += 1
+    _record_sd(req, target, drafter, wait_s)
+    return _finish(req, t0, t_first, eos, max_tokens)
+
+
+def _sd_round(target: Engine, drafter: DraftSource, req: RequestRecord, last: int, n_prev: int, k: int, s: Sampling,
+              gen, est) -> tuple[list[int], int, float, float]:
+    """One sync round of k drafts after `last` (the previous round's n_prev accepted): returns the tokens it
+    commits (accepted drafts and the target's own), n accepted, the seconds waited for the proposal and when the
+    verdict was on the host (perf_counter). Feeds req's counters and est (when adaptive)."""
+    v0, d0 = target.forward_s, drafter.compute_s
+    t_round = time.perf_counter()
+    new, n, wait = speculative_step(target, drafter, last, n_prev, k, s, gen)
+    t_read = time.perf_counter()
+    req.verify_wall_s += t_read - t_round - wait     # the round less its wait for the proposal
+    req.k_trace.append(k)
+    note_round(req, n, k)
+    note_width(req, k + 1, target.forward_s - v0)
+    if est is not None:
+        d = drafter.compute_s - d0
+        est.observe_round(n, k)
+        est.observe_verify(k + 1, target.forward_s - v0)
+        est.observe_draft(d / k)
+        est.observe_rtt(wait - d)
+    return new, n, wait, t_read
+
+
+def _record_sd(req: RequestRecord, target: Engine, drafter: DraftSource, wait_s: float) -> None:
+    """Where a sync request's time went: the target's forwards, the draft's compute and prefill, the wire (the
+    wait for proposals less the draft's compute), split by a remote draft's own hold time into link and host."""
     req.verify_s = target.forward_s
     late = getattr(drafter, "started_wait_s", 0.0)   # a remote draft's prefill, waited for at the first proposal
     req.draft_prefill_s += late
@@ -324,4 +340,3 @@ def generate_sd(target: Engine, drafter: DraftSource, prompt_ids: list[int], max
     if held is not None and req.rounds:
         req.link_s, req.draft_host_s = max(wait_s - held, 0.0), max(held - req.draft_s, 0.0)
     req.bare_rtt_ms = getattr(drafter, "bare_rtt_ms", None)
-    return _finish(req, t0, t_first, eos, max_tokens)

@@ -58,22 +58,39 @@ from .verify import Sampling, read_verdict
 CACHE_DEFAULT = "4x4x2"   # what "on" turns on: 2 forks x 2 alternatives, 4 tokens deep (AGENT_LOG says why)
 
 
+@dataclass(frozen=True)
+class CacheSpec:
+    """An outcome cache: `fanout` branches open at once (0: off), each `depth` tokens deep, on the draft's first
+    `ranks` alternatives at a position. Written "off" (or "" / "0"), "on" (CACHE_DEFAULT) or
+    FANOUT[xDEPTH[xRANKS]], e.g. "2x4": two branches, four tokens each, on the draft's second choice."""
+    fanout: int = 0
+    depth: int = 4
+    ranks: int = 1
+
+    @classmethod
+    def parse(cls, spec: str) -> "CacheSpec":
+        if spec in ("", "off", "0"):
+            return cls()
+        if spec == "on":
+            spec = CACHE_DEFAULT
+        try:
+            parts = [int(x) for x in spec.lower().split("x")]
+        except ValueError:
+            parts = []
+        if not 1 <= len(parts) <= 3 or min(parts) < 1:
+            raise ValueError(f"outcome cache {spec!r}: use 'off', 'on' or FANOUT[xDEPTH[xRANKS]] with each >= 1, "
+                             "e.g. '2x4' or '4x4x2'")
+        return cls(*(parts + [4, 1][len(parts) - 1:]))
+
+    @property
+    def on(self) -> bool:
+        return self.fanout > 0
+
+
 def parse_cache(spec: str) -> tuple[int, int, int]:
-    """An outcome-cache spec: "off" (or "" / "0"), "on" (CACHE_DEFAULT), or FANOUT[xDEPTH[xRANKS]] (e.g. "2x4": two branches open at
-    once, four tokens each, on the draft's second choice). Returns (fanout, depth, ranks); fanout 0 is off."""
-    if spec in ("", "off", "0"):
-        return 0, 4, 1
-    if spec == "on":
-        spec = CACHE_DEFAULT
-    try:
-        parts = [int(x) for x in spec.lower().split("x")]
-    except ValueError:
-        parts = []
-    if not 1 <= len(parts) <= 3 or min(parts) < 1:
-        raise ValueError(f"outcome cache {spec!r}: use 'off', 'on' or FANOUT[xDEPTH[xRANKS]] with each >= 1, "
-                         "e.g. '2x4' or '4x4x2'")
-    fanout, depth, ranks = parts + [4, 1][len(parts) - 1:]
-    return fanout, depth, ranks
+    """CacheSpec.parse(spec) as (fanout, depth, ranks); fanout 0 is off."""
+    c = CacheSpec.parse(spec)
+    return c.fanout, c.depth, c.ranks
 
 
 # ------------------------------------------------------------------------------------- draft side
@@ -488,83 +505,130 @@ EXPLORE_EVERY = 16     # after this many plain steps in a row, verify the drafts
 WAIT_SLICE_S = 0.02    # the target waits for drafts in slices this long, choosing again after each
 
 
+@dataclass
+class StreamStats:
+    """What a draft stream measured over one request, beyond the DraftStream contract; a stream that does not
+    measure one of these (an in-process double) reports the default."""
+    link_ms: float | None = None                                # the link's own round trip (two transits)
+    periods_ms: list[float] = field(default_factory=list)      # the draft's wall step, launch to launch
+    restarts_ms: list[float] = field(default_factory=list)     # a Commit's mismatch to the new epoch's 1st token
+    branched: int = 0                                           # outcome-cache branch tokens drafted
+
+    @classmethod
+    def of(cls, stream: DraftStream) -> "StreamStats":
+        return cls(**{f: getattr(stream, f) for f in ("link_ms", "periods_ms", "restarts_ms", "branched")
+                      if hasattr(stream, f)})
+
+
+@dataclass
+class DraftFeed:
+    """The target's side of one request's draft stream: whether it is usable, and the waiting done on it."""
+    stream: DraftStream
+    est: AdaptivePolicy
+    timeout_s: float                # silence longer than this, while the policy waits, means the draft is gone
+    alive: bool = True
+    wait_s: float = 0.0             # target idle, waiting for streamed drafts
+    plain_run: int = 0              # plain steps in a row while drafts were on offer
+
+    def take(self, pos: int, m_max: int) -> list[tuple[int, torch.Tensor | None]]:
+        """The drafts to verify at pos (at most m_max): as many as the policy chooses, waiting in slices of
+        WAIT_SLICE_S while more are worth it; [] for a plain step (also once the draft is gone)."""
+        drafts: list = []
+        if self.alive and m_max >= 1:
+            try:
+                drafts = self._choose(pos, m_max)
+            except DraftUnavailable:
+                self.alive, drafts = False, []
+        self.plain_run = 0 if drafts else self.plain_run + 1
+        return drafts
+
+    def _choose(self, pos: int, m_max: int) -> list:
+        stream, view, est = self.stream, self.stream.view, self.est
+        stream.poll()
+        t_w = time.perf_counter()
+        while True:
+            drafts = view.chain(pos, m_max)
+            m = est.choose_m(len(drafts), m_max, view.received == 0, time.perf_counter() - view.t_epoch)
+            if m == 0 and drafts and self.plain_run >= EXPLORE_EVERY:
+                m = min(len(drafts), 2)    # keep alpha's estimate current: verify what is here
+            if m <= len(drafts):
+                self.wait_s += time.perf_counter() - t_w
+                return drafts[:m]
+            if time.perf_counter() - t_w > self.timeout_s:
+                raise DraftUnavailable(f"no draft token within {self.timeout_s:.1f} s")
+            stream.wait(WAIT_SLICE_S)      # then choose again: a late draft may be worth no more wait
+
+
+def pipelined_round(target: Engine, x: int, drafts: list[tuple[int, torch.Tensor | None]], s: Sampling, gen,
+                    est: AdaptivePolicy, req: RequestRecord) -> list[int]:
+    """One target round: verify the m drafts [(token, q [V] or None)] after x (the last committed token, not yet
+    in the target's cache) in one forward of [x, d1..dm]; returns the tokens it commits: the accepted drafts and
+    the target's own token (m = 0: a plain step, its token alone). Feeds est and req's counters."""
+    m = len(drafts)
+    v0 = target.forward_s
+    ids = target.on_device([x] + [d for d, _ in drafts])
+    logits = target.forward(ids)               # [m+1, V]
+    if m:
+        q = torch.stack([qq for _, qq in drafts]) if drafts[0][1] is not None else None
+        n, y = read_verdict(ids[1:], q, logits, s, gen)   # the round's one host read
+        target.rollback(target.pos - m + n)    # keep x and the n accepted
+        est.observe_round(n, m)
+        note_round(req, n, m)
+    else:
+        n, y = 0, choose_host_token(logits[-1], s, gen)
+    est.observe_verify(m + 1, target.forward_s - v0)
+    note_width(req, m + 1, target.forward_s - v0)
+    req.k_trace.append(m)
+    return [d for d, _ in drafts[:n]] + [y]
+
+
 def generate_pipelined(target: Engine, stream: DraftStream, prompt_ids: list[int], max_tokens: int, k_max: int,
                        s: Sampling, eos: int | None, gen=None, prompt_id: str = "", est: AdaptivePolicy | None = None,
                        draft_timeout_s: float = 5.0, draft_seed: int | None = None) -> RequestRecord:
-    """Pipelined SD for one request over a draft stream (roles.DraftStream). If the draft
-    becomes unavailable, the request finishes on the target alone."""
+    """Pipelined SD for one request over a draft stream (roles.DraftStream), k_max drafts per round at most.
+    If the draft becomes unavailable, the request finishes on the target alone."""
     est = est or AdaptivePolicy()
     req, t0, t_first, size, x = begin_request(target, prompt_ids, max_tokens, k_max, s, gen, prompt_id)
-    out = req.output_ids
-    alive = start_draft(req, stream.start, prompt_ids, size, x, seed=draft_seed)
-    view = stream.view
-    wait_s = 0.0
-    plain_run = 0                                  # plain steps in a row while drafts were on offer
-    while not _done(out, eos, max_tokens):
-        pos = len(out)                             # the position the next token goes to
+    feed = DraftFeed(stream, est, draft_timeout_s,
+                     alive=start_draft(req, stream.start, prompt_ids, size, x, seed=draft_seed))
+    while not _done(req.output_ids, eos, max_tokens):
+        pos = len(req.output_ids)                  # the position the next token goes to
         m_max = min(k_max, max_tokens - pos - 1)   # room for m drafts and the target's token
-        drafts: list = []
-        if alive and m_max >= 1:
-            try:
-                stream.poll()
-                t_w = time.perf_counter()
-                while True:
-                    drafts = view.chain(pos, m_max)
-                    m = est.choose_m(len(drafts), m_max, view.received == 0,
-                                     time.perf_counter() - view.t_epoch)
-                    if m == 0 and drafts and plain_run >= EXPLORE_EVERY:
-                        m = min(len(drafts), 2)    # keep alpha's estimate current: verify what is here
-                    if m <= len(drafts):
-                        drafts = drafts[:m]
-                        break
-                    if time.perf_counter() - t_w > draft_timeout_s:
-                        raise DraftUnavailable(f"no draft token within {draft_timeout_s:.1f} s")
-                    stream.wait(WAIT_SLICE_S)      # then choose again: a late draft may be worth no more wait
-                wait_s += time.perf_counter() - t_w
-            except DraftUnavailable:
-                alive, drafts = False, []
-        m = len(drafts)
-        plain_run = plain_run + 1 if m == 0 else 0
-        v0 = target.forward_s
-        ids = target.on_device([x] + [d for d, _ in drafts])
-        logits = target.forward(ids)               # [m+1, V]
-        if m:
-            q = torch.stack([qq for _, qq in drafts]) if drafts[0][1] is not None else None
-            n, y = read_verdict(ids[1:], q, logits, s, gen)   # the round's one host read
-            target.rollback(target.pos - m + n)    # keep x and the n accepted
-            est.observe_round(n, m)
-            note_round(req, n, m)
-            out.extend(d for d, _ in drafts[:n])
-        else:
-            y = choose_host_token(logits[-1], s, gen)
-            if not alive:
+        drafts = feed.take(pos, m_max)
+        committed = pipelined_round(target, x, drafts, s, gen, est, req)
+        if not drafts:                             # a plain step, counted by why
+            if not feed.alive:
                 req.tokens_without_draft += 1
             elif m_max < 1:
                 req.tail_steps += 1
             else:
                 req.plain_steps += 1
-        est.observe_verify(m + 1, target.forward_s - v0)
-        note_width(req, m + 1, target.forward_s - v0)
-        req.k_trace.append(m)
-        out.append(y)
-        x = y
-        if alive:
-            stream.commit(len(out) - 1, y)
-    if alive:
+        req.output_ids.extend(committed)
+        x = committed[-1]
+        if feed.alive:
+            stream.commit(len(req.output_ids) - 1, x)
+    if feed.alive:
         stream.end()
+    _record_stream(req, target, feed)
+    return _finish(req, t0, t_first, eos, max_tokens)
+
+
+def _record_stream(req: RequestRecord, target: Engine, feed: DraftFeed) -> None:
+    """The request's stream figures into its record (and the link's round trip and the draft's alternatives
+    into the policy, for the next request)."""
+    stream, view, est, stats = feed.stream, feed.stream.view, feed.est, StreamStats.of(feed.stream)
     req.verify_s = target.forward_s
     req.draft_s = stream.compute_s
     req.drafted = stream.streamed
     req.rtt_est_ms = est.rtt * 1e3 if est.rtt is not None else None
-    req.link_rtt_ms = getattr(stream, "link_ms", None)
+    req.link_rtt_ms = stats.link_ms
     req.alt_judged, req.alt_among = view.judged, view.among
     est.observe_alternatives(view.judged, view.among)
     if req.link_rtt_ms is not None:
         est.observe_link(req.link_rtt_ms / 1e3)
-    periods = getattr(stream, "periods_ms", [])
+    periods = stats.periods_ms
     req.draft_period_ms, req.draft_periods = (sum(periods) / len(periods) if periods else None), len(periods)
-    req.restarts_ms = list(getattr(stream, "restarts_ms", []))
+    req.restarts_ms = list(stats.restarts_ms)
     req.stream_restarts, req.cache_hits = view.restarts, view.hits
-    req.branch_tokens = getattr(stream, "branched", 0)
-    req.wire_s = wait_s                            # target idle, waiting for streamed drafts
-    return _finish(req, t0, t_first, eos, max_tokens)
+    req.branch_tokens = stats.branched
+    req.wire_s = feed.wait_s                       # target idle, waiting for streamed drafts

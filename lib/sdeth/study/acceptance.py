@@ -103,6 +103,7 @@ def _shared(model, w) -> bool:
 
 
 # Qwen3's recommended sampling (its model card): thinking mode, and non-thinking mode
+_GREEDY = Sampling()
 QWEN3_SAMPLING = {"thinking": Sampling(0.6, top_p=0.95, top_k=20), "non-thinking": Sampling(0.7, top_p=0.8, top_k=20)}
 
 
@@ -114,81 +115,119 @@ def _draft_step_ms(model, context: int = 128, reps: int = 7) -> float:
     return median_forward_s(eng, [7], reps) * 1e3
 
 
+class _FactorStudy:
+    """factor_table's state: the pair, the prompts, the baseline's continuations and the rows so far."""
+
+    def __init__(self, pair, prompt_spec: str, max_new: int, k: int, progress) -> None:
+        from ..models import prompts as P
+        self.pair, self.max_new, self.k, self.progress = pair, max_new, k, progress
+        self.eos = pair.tokenizer.eos_token_id
+        self.plist = P.load(prompt_spec)
+        self.rows: list[dict] = []
+        self.chat_ids: list[tuple[str, list[int]]] = []    # the chat-templated prompts (baseline())
+        self.base_seqs: list[Sequence] = []                # the baseline's continuations (baseline())
+
+    def encode(self, chat: bool, thinking: bool | None = None) -> list[tuple[str, list[int]]]:
+        from ..models import prompts as P
+        return [(p.id, P.encode(p, self.pair.tokenizer, chat=chat, thinking=thinking)) for p in self.plist]
+
+    def continue_(self, ids, s: Sampling = _GREEDY, seed: int = 0) -> list[Sequence]:
+        """The loaded target's continuations of these prompts."""
+        return continuations(self.pair.target, ids, self.max_new, s, self.eos, seed=seed)
+
+    def baseline(self) -> None:
+        """Greedy, chat template, the pair as loaded: the continuations every later row reuses."""
+        pair = self.pair
+        self.chat_ids = self.encode(True)
+        self.base_seqs = self.continue_(self.chat_ids)
+        self.row("baseline", "greedy, chat template, pair as loaded",
+                 expected_alpha(pair.target, pair.draft, self.base_seqs, _GREEDY), draft_step_ms=_draft_step_ms(pair.draft))
+
+    def row(self, factor: str, setting: str, a: dict, note: str = "", draft_step_ms=None) -> dict:
+        from .. import metrics
+        k = self.k
+        r = {"factor": factor, "setting": setting, "alpha": a["alpha"], "se": a["se"], "positions": a["positions"],
+             f"vLLM rate at k={k}": metrics.rate_from_alpha(a["alpha"], k),
+             f"mean acceptance length at k={k}": 1 + k * metrics.rate_from_alpha(a["alpha"], k),
+             "draft step ms": draft_step_ms, "note": note}
+        self.rows.append(r)
+        self.progress(f"{factor:14s} {setting:44s} alpha {a['alpha']:.3f} +- {a['se']:.3f}")
+        return r
+
+    def sampling(self) -> None:
+        """Qwen3's recommended settings, with a greedy draft (vLLM's default) and a sampled one."""
+        pair = self.pair
+        for label, s in QWEN3_SAMPLING.items():
+            seqs = self.continue_(self.chat_ids, s, seed=1)
+            for sampled in (False, True):
+                s2 = Sampling(s.temperature, s.top_p, s.top_k, draft_sampled=sampled)
+                self.row("temperature", f"T={s.temperature} top_p={s.top_p} top_k={s.top_k} ({label}), "
+                         f"{'sampled' if sampled else 'greedy'} draft", expected_alpha(pair.target, pair.draft, seqs, s2))
+
+    def prompt_format(self) -> None:
+        pair, raw_ids = self.pair, self.encode(False)
+        raw_seqs = self.continue_(raw_ids)
+        self.row("prompt format", "raw prompt for both (no chat template)",
+                 expected_alpha(pair.target, pair.draft, raw_seqs, _GREEDY))
+        mismatch = [Sequence(q.prompt_id, q.target_prompt, q.continuation, draft_prompt=r[1])
+                    for q, r in zip(self.base_seqs, raw_ids) if q.prompt_id == r[0]]
+        self.row("prompt format", "template mismatch: target chat, draft raw",
+                 expected_alpha(pair.target, pair.draft, mismatch, _GREEDY),
+                 "only possible with separate servers that each apply a template; inside vLLM (and sdeth) the draft "
+                 "gets the target's token ids")
+
+    def thinking(self, modes) -> None:
+        if not modes:
+            self.rows.append({"factor": "thinking mode", "setting": "n/a", "alpha": None, "se": None, "positions": 0,
+                              "note": "this pair's chat template has no thinking switch (SmolLM2); set thinking_modes "
+                                      "for Qwen3"})
+        for mode in modes:
+            seqs = self.continue_(self.encode(True, thinking=(mode == "on")))
+            self.row("thinking mode", f"enable_thinking={mode == 'on'}, greedy",
+                     expected_alpha(self.pair.target, self.pair.draft, seqs, _GREEDY))
+
+    def precision(self) -> None:
+        import copy
+        pair, base = self.pair, self.base_seqs
+        d_bf16 = copy.deepcopy(pair.draft).to(torch.bfloat16)
+        self.row("precision", "draft in bf16 (target as loaded)", expected_alpha(pair.target, d_bf16, base, _GREEDY))
+        t_bf16 = copy.deepcopy(pair.target).to(torch.bfloat16)
+        self.row("precision", "target and draft in bf16", expected_alpha(t_bf16, d_bf16, base, _GREEDY),
+                 "the reference continuation stays the loaded target's")
+        del t_bf16, d_bf16
+        d_int8 = copy.deepcopy(pair.draft)
+        fake_quantize_int8(d_int8)
+        self.row("precision", "draft re-quantized: int8 weights per channel",
+                 expected_alpha(pair.target, d_int8, base, _GREEDY))
+
+    def pairing(self) -> None:
+        """Draft size and training: the target's first layers untrained, and the target itself."""
+        from ..models.distill import make_draft
+        pair, base = self.pair, self.base_seqs
+        n_d = pair.draft.config.num_hidden_layers
+        for n in sorted({max(1, n_d // 2), n_d}):
+            cut, _ = make_draft(pair.target, n)
+            cut = cut.to(next(pair.target.parameters()).dtype).eval()
+            self.row("pairing", f"first {n} target layers, untrained", expected_alpha(pair.target, cut, base, _GREEDY),
+                     draft_step_ms=_draft_step_ms(cut))
+            del cut
+        self.row("pairing", "the target as its own draft (upper bound)",
+                 expected_alpha(pair.target, pair.target, base, _GREEDY), draft_step_ms=_draft_step_ms(pair.target))
+
+
 def factor_table(pair, prompt_spec: str, max_new: int, k: int = 5, thinking_modes=(), device: str = "cpu",
                  progress=print) -> list[dict]:
     """The investigation: alpha for each factor, on the pair given, each row against the baseline (greedy,
     chat template, the pair as loaded). Every row: what changed, alpha +- se, and what vLLM would report
     at k (draft acceptance rate, mean acceptance length)."""
-    import copy
-    from .. import metrics
-    from ..models import prompts as P
-    from ..models.distill import make_draft
-    tok = pair.tokenizer
-    eos = tok.eos_token_id
-    plist = P.load(prompt_spec)
-    enc = lambda chat, thinking=None: [(p.id, P.encode(p, tok, chat=chat, thinking=thinking)) for p in plist]  # noqa: E731
-    greedy = Sampling()
-    rows = []
-
-    def row(factor, setting, a: dict, note: str = "", draft_step_ms=None):
-        r = {"factor": factor, "setting": setting, "alpha": a["alpha"], "se": a["se"], "positions": a["positions"],
-             f"vLLM rate at k={k}": metrics.rate_from_alpha(a["alpha"], k),
-             f"mean acceptance length at k={k}": 1 + k * metrics.rate_from_alpha(a["alpha"], k),
-             "draft step ms": draft_step_ms, "note": note}
-        rows.append(r)
-        progress(f"{factor:14s} {setting:44s} alpha {a['alpha']:.3f} +- {a['se']:.3f}")
-        return r
-
-    chat_ids = enc(True)
-    base_seqs = continuations(pair.target, chat_ids, max_new, greedy, eos)
-    base = expected_alpha(pair.target, pair.draft, base_seqs, greedy)
-    row("baseline", "greedy, chat template, pair as loaded", base, draft_step_ms=_draft_step_ms(pair.draft))
-    # sampling: Qwen3's recommended settings, with a greedy draft (vLLM's default) and a sampled one
-    for label, s in QWEN3_SAMPLING.items():
-        seqs = continuations(pair.target, chat_ids, max_new, s, eos, seed=1)
-        for sampled in (False, True):
-            s2 = Sampling(s.temperature, s.top_p, s.top_k, draft_sampled=sampled)
-            row("temperature", f"T={s.temperature} top_p={s.top_p} top_k={s.top_k} ({label}), "
-                f"{'sampled' if sampled else 'greedy'} draft", expected_alpha(pair.target, pair.draft, seqs, s2))
-    # prompt format
-    raw_ids = enc(False)
-    raw_seqs = continuations(pair.target, raw_ids, max_new, greedy, eos)
-    row("prompt format", "raw prompt for both (no chat template)", expected_alpha(pair.target, pair.draft, raw_seqs, greedy))
-    mismatch = [Sequence(q.prompt_id, q.target_prompt, q.continuation, draft_prompt=r[1])
-                for q, r in zip(base_seqs, raw_ids) if q.prompt_id == r[0]]
-    row("prompt format", "template mismatch: target chat, draft raw", expected_alpha(pair.target, pair.draft, mismatch, greedy),
-        "only possible with separate servers that each apply a template; inside vLLM (and sdeth) the draft "
-        "gets the target's token ids")
-    # thinking mode
-    if not thinking_modes:
-        rows.append({"factor": "thinking mode", "setting": "n/a", "alpha": None, "se": None, "positions": 0,
-                     "note": "this pair's chat template has no thinking switch (SmolLM2); set thinking_modes for Qwen3"})
-    for mode in thinking_modes:
-        ids = enc(True, thinking=(mode == "on"))
-        seqs = continuations(pair.target, ids, max_new, greedy, eos)
-        row("thinking mode", f"enable_thinking={mode == 'on'}, greedy", expected_alpha(pair.target, pair.draft, seqs, greedy))
-    # quantization / precision
-    d_bf16 = copy.deepcopy(pair.draft).to(torch.bfloat16)
-    row("precision", "draft in bf16 (target as loaded)", expected_alpha(pair.target, d_bf16, base_seqs, greedy))
-    t_bf16 = copy.deepcopy(pair.target).to(torch.bfloat16)
-    row("precision", "target and draft in bf16", expected_alpha(t_bf16, d_bf16, base_seqs, greedy),
-        "the reference continuation stays the loaded target's")
-    del t_bf16, d_bf16
-    d_int8 = copy.deepcopy(pair.draft)
-    fake_quantize_int8(d_int8)
-    row("precision", "draft re-quantized: int8 weights per channel", expected_alpha(pair.target, d_int8, base_seqs, greedy))
-    del d_int8
-    # pairing: draft size and training
-    n_d = pair.draft.config.num_hidden_layers
-    for n in sorted({max(1, n_d // 2), n_d}):
-        cut, _ = make_draft(pair.target, n)
-        cut = cut.to(next(pair.target.parameters()).dtype).eval()
-        row("pairing", f"first {n} target layers, untrained", expected_alpha(pair.target, cut, base_seqs, greedy),
-            draft_step_ms=_draft_step_ms(cut))
-        del cut
-    row("pairing", "the target as its own draft (upper bound)", expected_alpha(pair.target, pair.target, base_seqs, greedy),
-        draft_step_ms=_draft_step_ms(pair.target))
-    return rows
+    study = _FactorStudy(pair, prompt_spec, max_new, k, progress)
+    study.baseline()
+    study.sampling()
+    study.prompt_format()
+    study.thinking(thinking_modes)
+    study.precision()
+    study.pairing()
+    return study.rows
 
 
 # ------------------------------------------------------------------------------------ acceptance traces

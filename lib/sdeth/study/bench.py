@@ -17,7 +17,6 @@ import time
 from dataclasses import asdict, replace
 
 from .. import hardware, metrics
-from ..models import prompts as P
 from ..runtime.pipeline import CACHE_DEFAULT
 from .config import RunConfig
 from .experiment import run, testbed_for
@@ -92,7 +91,7 @@ def bench_sd(base: RunConfig, modes=tuple(MODES), k_max: int = 8, warmup_tokens:
         modes = ("target-only", *modes)
     pair = pair or load_pair(base.pair, base.target, base.draft, device=base.device,
                              roles=("target", "draft") if "colocated" in modes else ())
-    length = P.random_spec(base.prompts)[1] if str(base.prompts).startswith("random:") else 64
+    length = base.prompt_spec.length or 64       # random:N:LEN: the prompts' own length
     warm = replace(base, prompts=f"random:1:{length}:999983", max_tokens=warmup_tokens)
     results: dict[str, dict] = {}
     t0 = time.time()
@@ -106,9 +105,7 @@ def bench_sd(base: RunConfig, modes=tuple(MODES), k_max: int = 8, warmup_tokens:
         run(mode_config(warm, "colocated", k_max), pair, False)
         results["colocated"] = run(mode_config(base, "colocated", k_max), pair, progress)
     rows = compare({m: results[m] for m in modes})
-    from ..runtime.fastmodel import FastOptions
-    fast = {r: FastOptions.parse(getattr(base, f"{r}_fast")).spec() for r in ("draft", "target")} \
-        if base.impl == "fast" else None
+    fast = {r: base.fast_options(r).spec() for r in ("draft", "target")} if base.impl == "fast" else None
     return {"schema": "sdeth.bench/1", "bench": "sd", "config": asdict(base), "k_max": k_max, "fast_options": fast,
             "acceptance": acceptance_label(base), "acceptance_kind": base.acceptance_kind, "hardware": hardware.describe(base.device),
             "draft_hardware": hardware.describe(base.draft_device) if base.draft_device else None,
@@ -120,8 +117,9 @@ def probe_rtt_ms(addr: str, n: int = 30) -> float:
     """The link's round trip as the link probe sees it: the median of n bare Ping/Pong exchanges with the draft
     worker through the same path the target uses (the delay relay included)."""
     from ..wire import protocol
+    from ..wire.auth import Keys
     from ..wire.transport import Client
-    client = Client(addr, timeout_s=2.0)
+    client = Client(addr, timeout_s=2.0, keys=Keys.from_env())
     try:
         rtts = []
         for _ in range(n):
@@ -146,7 +144,7 @@ def bench_rtt(base: RunConfig, rtts=RTT_SWEEP, modes=("sync", "pipelined", "cach
     from ..models.presets import load_pair
     base = base.check()
     pair = pair or load_pair(base.pair, base.target, base.draft, device=base.device, roles=())
-    length = P.random_spec(base.prompts)[1] if str(base.prompts).startswith("random:") else 64
+    length = base.prompt_spec.length or 64       # random:N:LEN: the prompts' own length
     warm = replace(base, prompts=f"random:1:{length}:999983", max_tokens=warmup_tokens)
     t0 = time.time()
     points = []

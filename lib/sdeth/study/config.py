@@ -1,12 +1,21 @@
-"""A run's configuration (what every results JSON stores), its checks, and the prompts it encodes.
-Both the experiment runner and the vLLM baseline build on it."""
+"""A run's configuration (what every results JSON stores under `config`), parsed and checked once, and the
+prompts it encodes. Both the experiment runner and the vLLM baseline build on it; a worker process gets it
+whole, as JSON (`python -m sdeth worker --config JSON`).
+
+Each small language inside it is a typed value with its own parse and error:
+    prompts          PromptSpec      sharegpt:N[:seed], humaneval:N[:seed], random:N:LEN[:seed]
+    cache            CacheSpec       off | on | FANOUT[xDEPTH[xRANKS]]          (runtime.pipeline; or auto)
+    draft_emulate    Emulation       PROFILE:SHAPE[:bf16|fp8]                   (runtime.emulated)
+    draft_fast, target_fast  FastOptions  scope=...,weights=...,head=...        (runtime.fastmodel)
+"""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from ..models import prompts as P
+from ..runtime import EngineConfig
 from ..runtime.fastmodel import FastOptions
 from ..runtime.verify import Sampling
 
@@ -18,6 +27,38 @@ SCHEMA = "sdeth.results/1"
 
 class ConfigError(ValueError):
     """A run configuration that cannot run, with the value and what to use instead."""
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """A prompt set: NAME:N[:SEED] draws N prompts of a named set (sharegpt, sharegpt-train, humaneval) with
+    SEED; random:N:LEN[:SEED] makes N prompts of LEN uniform token ids, prompt i from SEED + i (timing runs).
+    parse raises models.prompts.PromptError, naming the spec and the forms it takes."""
+    name: str
+    n: int
+    seed: int = 0
+    length: int | None = None       # random: token ids per prompt
+
+    @classmethod
+    def parse(cls, spec: str) -> "PromptSpec":
+        if str(spec).startswith("random:"):
+            n, length, seed = P.random_spec(spec)
+            return cls("random", n, seed, length)
+        return cls(*P.parse_spec(spec))
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.n}" + (f":{self.length}" if self.length is not None else "") + f":{self.seed}"
+
+
+def parse_rtts(text: str, what: str = "round trips") -> list[float]:
+    """'0,0.2,1' -> round trips in ms, each >= 0; ConfigError otherwise, naming `what` (e.g. the flag)."""
+    try:
+        rtts = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{what} {text!r}: give round trips in ms separated by commas, e.g. 0,0.2,1,5,20") from None
+    if not rtts or min(rtts) < 0:
+        raise ConfigError(f"{what} {text!r}: give round trips >= 0 ms, e.g. 0,0.2,1,5,20")
+    return rtts
 
 
 @dataclass(frozen=True)
@@ -59,6 +100,16 @@ class RunConfig:
                                     # per request where it predicts a gain (costmodel.AdaptivePolicy.choose_cache)
 
     def check(self) -> "RunConfig":
+        """This configuration if it can run; ConfigError naming the value and what to use otherwise."""
+        self._check_choices()
+        self._check_levers()
+        self._check_acceptance()
+        self._check_cache()
+        self.sampling()                 # raises on bad temperature / top-p / top-k
+        self.prompt_spec                # raises on a bad prompt spec
+        return self
+
+    def _check_choices(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"mode {self.mode!r}: use one of {MODES}")
         if self.k < 1:
@@ -78,6 +129,8 @@ class RunConfig:
             raise ConfigError(f"engine {self.engine!r} runs its draft in the same process: use placement 'colocated'")
         if self.rtt_ms < 0:
             raise ConfigError(f"rtt_ms={self.rtt_ms}: must be >= 0")
+
+    def _check_levers(self) -> None:
         if self.impl not in ("hf", "fast"):
             raise ConfigError(f"impl {self.impl!r}: use 'hf' (transformers) or 'fast' (sdeth.runtime.fastmodel)")
         if self.compile and self.impl != "fast":
@@ -85,19 +138,14 @@ class RunConfig:
         for role, spec in (("draft", self.draft_fast), ("target", self.target_fast)):
             if spec and self.impl != "fast":
                 raise ConfigError(f"{role}_fast={spec!r} needs impl 'fast'")
-            try:
-                opts = FastOptions.parse(spec)
-            except ValueError as e:
-                raise ConfigError(f"{role}_fast: {e}") from None
+            opts = self.fast_options(role)
             if role == "target" and (opts.weights != "bf16" or opts.head):
                 raise ConfigError(f"target_fast={spec!r}: the target's weights and output layer define the output; "
                                   "lighter weights or a pruned head belong to the draft (draft_fast)")
+
+    def _check_acceptance(self) -> None:
         if self.draft_emulate:
-            from ..runtime.emulated import parse_emulation
-            try:
-                parse_emulation(self.draft_emulate)
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
+            self.emulation              # raises on a bad spec
             if not self.draft_chains or not Path(self.draft_chains).exists():
                 raise ConfigError(f"draft_emulate={self.draft_emulate!r} needs draft_chains: the recorded draft "
                                   f"continuations ({self.draft_chains!r} is missing; `python -m sdeth chains` records them)")
@@ -106,18 +154,41 @@ class RunConfig:
         if self.synthetic_trace and not Path(self.synthetic_trace).exists():
             raise ConfigError(f"synthetic_trace={self.synthetic_trace!r}: no such file (the committed one is "
                               "reports/traces/embedded_greedy.json; `python -m sdeth trace` records another)")
-        if self.cache != "auto":
-            from ..runtime.pipeline import parse_cache
-            try:
-                on = parse_cache(self.cache)[0] > 0
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
-            if on and (self.impl != "fast" or self.draft_emulate):
-                raise ConfigError(f"cache={self.cache!r} drafts branches as rows of the fast decoder: use impl "
-                                  "'fast' (and a draft that is not emulated), or cache 'off'")
-        self.sampling()                 # raises on bad temperature / top-p / top-k
-        P.parse_spec(self.prompts)      # raises on a bad prompt spec
-        return self
+
+    def _check_cache(self) -> None:
+        if self.cache != "auto" and self.cache_spec.on and (self.impl != "fast" or self.draft_emulate):
+            raise ConfigError(f"cache={self.cache!r} drafts branches as rows of the fast decoder: use impl "
+                              "'fast' (and a draft that is not emulated), or cache 'off'")
+
+    # ------------------------------------------------------------------ the typed values inside
+    @property
+    def prompt_spec(self) -> PromptSpec:
+        return PromptSpec.parse(self.prompts)
+
+    @property
+    def cache_spec(self):
+        """The outcome cache as written (a runtime.pipeline.CacheSpec; 'auto' reads as the default)."""
+        from ..runtime.pipeline import CacheSpec
+        try:
+            return CacheSpec.parse("on" if self.cache == "auto" else self.cache)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    @property
+    def emulation(self):
+        """The emulated draft device (a runtime.emulated.Emulation), or None."""
+        from ..runtime.emulated import Emulation
+        try:
+            return Emulation.parse(self.draft_emulate) if self.draft_emulate else None
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    def fast_options(self, role: str) -> FastOptions:
+        """The fast decoder's levers for role 'draft' or 'target'."""
+        try:
+            return FastOptions.parse(self.draft_fast if role == "draft" else self.target_fast)
+        except ValueError as e:
+            raise ConfigError(f"{role}_fast: {e}") from None
 
     @property
     def adapts(self) -> bool:
@@ -132,22 +203,37 @@ class RunConfig:
             return "auto"
         return CACHE_DEFAULT if self.cache == "on" else self.cache
 
-    def engine_opts(self) -> dict:
-        """What sdeth.runtime.make_engine takes (in-process engines)."""
-        return dict(impl=self.impl, compile_mode=self.compile or None, capacity=self.capacity,
-                    synthetic_alpha=self.synthetic_alpha, synthetic_trace=self.synthetic_trace,
-                    draft_fast=self.draft_fast, target_fast=self.target_fast, draft_emulate=self.draft_emulate,
-                    draft_chains=self.draft_chains)
+    def engine_config(self) -> EngineConfig:
+        """What sdeth.runtime.make_engine builds both roles' engines from."""
+        return EngineConfig(impl=self.impl, compile_mode=self.compile or None, capacity=self.capacity,
+                            synthetic_alpha=self.synthetic_alpha, synthetic_trace=self.synthetic_trace,
+                            draft_fast=self.draft_fast, target_fast=self.target_fast, draft_emulate=self.draft_emulate,
+                            draft_chains=self.draft_chains)
 
-    def worker_args(self) -> list[str]:
-        """The same options as `sdeth worker` flags (both workers of a testbed)."""
-        args = ["--impl", self.impl, "--capacity", str(self.capacity)] + (["--compile", self.compile] if self.compile else [])
-        args += ["--synthetic-alpha", str(self.synthetic_alpha)] if self.synthetic_alpha is not None else []
-        args += ["--draft-fast", self.draft_fast] if self.draft_fast else []
-        args += ["--target-fast", self.target_fast] if self.target_fast else []
-        if self.draft_emulate:
-            args += ["--draft-emulate", self.draft_emulate, "--draft-chains", str(Path(self.draft_chains).resolve())]
-        return args + (["--synthetic-trace", str(Path(self.synthetic_trace).resolve())] if self.synthetic_trace else [])
+    def engine_opts(self) -> dict:
+        """engine_config() as make_engine's keyword arguments."""
+        return asdict(self.engine_config())
+
+    # ------------------------------------------------------------------ serialized, for a worker
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunConfig":
+        """The configuration a to_dict() (or a worker's --config) holds; ConfigError for a field it has not."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ConfigError(f"run configuration: unknown field(s) {unknown}; the fields are {sorted(names)}")
+        return cls(**d)
+
+    def worker_config(self) -> dict:
+        """to_dict() with its files as absolute paths: what a worker process gets (it may run elsewhere)."""
+        d = self.to_dict()
+        for f in ("synthetic_trace", "draft_chains"):
+            if d[f]:
+                d[f] = str(Path(d[f]).resolve())
+        return d
 
     @property
     def acceptance_kind(self) -> str:
@@ -165,7 +251,7 @@ class RunConfig:
 def encode_prompts(cfg: RunConfig, tokenizer) -> list[tuple[str, list[int]]]:
     """(prompt id, token ids) for each prompt of cfg.prompts; `random:N:LEN[:seed]` draws ids uniformly
     from the tokenizer's range, each prompt from its own seed (random-weight timing runs)."""
-    if str(cfg.prompts).startswith("random:"):
+    if cfg.prompt_spec.name == "random":
         return P.random_ids(cfg.prompts, len(tokenizer))
     out = []
     for p in P.load(cfg.prompts):

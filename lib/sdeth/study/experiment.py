@@ -41,9 +41,10 @@ def run(cfg: RunConfig, pair=None, progress: bool = True, on_testbed=None) -> di
     if cfg.placement == "ethernet":
         reqs, testbed = run_requests(cfg, bar, on_testbed)
     else:
-        opts = dict(vocab=pair.vocab_size, **cfg.engine_opts())
-        target = make_engine(pair.target, "target", "target", **opts)
-        drafter = Drafter(make_engine(pair.draft, "draft", "draft", **opts), s, seed=cfg.seed + 1)
+        engine_cfg = cfg.engine_config()
+        target = make_engine(pair.target, "target", "target", engine_cfg, vocab=pair.vocab_size)
+        drafter = Drafter(make_engine(pair.draft, "draft", "draft", engine_cfg, vocab=pair.vocab_size), s,
+                          seed=cfg.seed + 1)
         if cfg.device.startswith("cuda"):      # capture (and compile) the widths before the clock runs
             target.warm(cfg.k + 1)
             drafter.engine.warm(2)
@@ -66,7 +67,7 @@ def testbed_for(cfg: RunConfig, **testbed_kw):
     """A two-node testbed whose workers run cfg's pair, devices and engine options (not started yet)."""
     from ..place.testbed import Testbed
     kw = dict(up_ms=cfg.rtt_ms / 2, down_ms=cfg.rtt_ms / 2, netns=cfg.netns, device=cfg.device,
-              draft_device=cfg.draft_device, target=cfg.target, draft=cfg.draft, worker_args=tuple(cfg.worker_args()))
+              draft_device=cfg.draft_device, target=cfg.target, draft=cfg.draft, worker_config=cfg.worker_config())
     return Testbed(cfg.pair, **{**kw, **testbed_kw})
 
 
@@ -76,11 +77,14 @@ def run_requests(cfg: RunConfig, prompts, testbed=None, **testbed_kw) -> tuple[l
     Returns (request records, the testbed's description)."""
     from contextlib import nullcontext
     from ..wire import protocol
+    from ..wire.auth import Keys
     from ..wire.transport import Client
     reqs = []
     with nullcontext(testbed) if testbed is not None else testbed_for(cfg, **testbed_kw) as tb:
         # a request's whole decode; SDETH_CLIENT_TIMEOUT (seconds) overrides it, e.g. to see a stall sooner
-        client = Client(tb.target_addr, timeout_s=float(os.environ.get("SDETH_CLIENT_TIMEOUT", 60 + 5 * cfg.max_tokens)))
+        client = Client(tb.target_addr, timeout_s=float(os.environ.get("SDETH_CLIENT_TIMEOUT", 60 + 5 * cfg.max_tokens)),
+                        decode=protocol.Decoder("a controller", protocol.TARGET_SENDS), gone_fast=True,
+                        keys=Keys.from_env())     # $SDETH_KEYS: CURVE, as the workers (which inherit it) use
         try:
             for i, (pid, ids) in enumerate(prompts):
                 t_sent = time.time()
@@ -103,9 +107,16 @@ def _await_reply(client, tb, pid: str):
     """The target worker's reply to request pid, watching its process meanwhile: if it exits, a clear error
     naming it and its exit status (and its log's tail) at once, not a timeout."""
     from ..place.testbed import TestbedError
+    from ..wire.transport import PeerGone
     t_end = time.time() + client.timeout_s
     while time.time() < t_end:
-        reply = client.recv(0.2)
+        try:
+            reply = client.recv(0.2)
+        except PeerGone:                  # the connection closed: say why if its process exited
+            time.sleep(0.5)
+            if tb.exit_status("target") is None:
+                raise
+            reply = None
         if reply is not None:
             return reply
         status = tb.exit_status("target")

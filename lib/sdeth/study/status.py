@@ -1,22 +1,29 @@
-"""Where the study stands, read from committed results only (nothing is re-run): the milestones M0-M4 with
-their status and key figures, and the decision line. `python -m sdeth status [--milestone M2]` prints it as
-Markdown short enough for a milestone comment; notebooks/30_writeup and reports/index.html show the same.
+"""Where the study stands, read from committed results only (nothing is re-run): the answer in three labelled
+parts, the milestones M0-M4 with their status and key figures. `python -m sdeth status [--milestone M2]` prints it
+as Markdown short enough for a milestone comment; notebooks/30_writeup and reports/index.html show the same.
 
-Every figure names its source (a results JSON under reports/ and the path of keys inside it), its hardware,
-what kind of figure it is (measured; synthetic or trace-driven acceptance on measured timing; emulated;
-modelled) and its date. A result that is not there yet makes its milestone show as pending, so this module
-stays true as results arrive.
+Terms. A *figure* is one number read from a results JSON under reports/ (its `source`, and the `path` of keys
+inside it), with its hardware, date and kind: *measured*; *synthetic* or *trace-driven* (measured timing on random
+weights, acceptance set by a coin or replayed from a real pair's trace); *emulated*; *modelled*; *arithmetic*
+(a measured figure times a stated factor, e.g. per GPU). *Published* figures come from a cited page and are never
+bold. A result that is not there yet makes its part or milestone show as pending, so this module stays true as
+results arrive.
 """
 from __future__ import annotations
 
+import html
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..paths import REPO
 
-# M2's goal for pipelined SD over the link (the fast-path issue: 1.40x on two H200s, 1.7B-shaped draft, alpha 0.71)
+# M2's goal for pipelined SD over the link: 1.40x on two H200s, 1.7B-shaped draft, alpha 0.71
 M2_GOAL = 1.40
+
+HEADLINE = "reports/gpu/bench_sd_1.7b.json"                     # the single-stream figure
+REPEATS = ("reports/gpu/bench_sd_1.7b_trace.json", "reports/gpu/bench_cache_1.7b.json")   # later calls, same shapes
+SWEEPS = {"0.6B": "reports/gpu/bench_rtt_0.6b.json", "1.7B": "reports/gpu/bench_rtt_1.7b.json"}
 
 
 @dataclass
@@ -27,9 +34,10 @@ class Figure:
     source: str              # results JSON, relative to the repository
     path: tuple              # keys into it; a dict selects the list item whose fields match
     hardware: str
-    kind: str                # measured | synthetic | trace-driven | emulated | modelled
-    date: str
+    kind: str                # measured | synthetic | trace-driven | emulated | modelled | arithmetic
+    date: str                # when the source was written, to the minute (UTC)
     interval: tuple | None = None     # a 95% interval, printed with the value's format
+    scale: float = 1.0       # value = the JSON's number x scale (1/2: per GPU of two)
 
     @property
     def shown(self) -> str:
@@ -40,6 +48,31 @@ class Figure:
 
     def text(self) -> str:
         return f"{self.label}: **{self.shown}** ({self.kind}; {self.hardware}; {self.date}; `{self.source}`)"
+
+
+@dataclass
+class Part:
+    """One labelled part of the answer: its pieces are plain text and figures (figures print bold)."""
+    title: str
+    pieces: list
+
+    @property
+    def figures(self) -> list[Figure]:
+        return [p for p in self.pieces if isinstance(p, Figure)]
+
+    def markdown(self) -> str:
+        body = "".join(f"**{p.shown}**" if isinstance(p, Figure) else p for p in self.pieces)
+        srcs = ", ".join(dict.fromkeys(f"`{f.source}`" for f in self.figures))
+        return f"*{self.title}.* {body}" + (f" (from {srcs})" if srcs else "")
+
+    def html(self) -> str:
+        body = "".join(f"<b>{html.escape(p.shown)}</b>" if isinstance(p, Figure) else html.escape(p)
+                       for p in self.pieces)
+        srcs = ", ".join(dict.fromkeys(html.escape(f.source) for f in self.figures))
+        return f"<i>{html.escape(self.title)}.</i> {body}" + (f" <small>(from {srcs})</small>" if srcs else "")
+
+    def plain(self) -> str:
+        return "".join(p.shown if isinstance(p, Figure) else p for p in self.pieces)
 
 
 @dataclass
@@ -69,22 +102,26 @@ def _load(root: Path, rel: str):
     return json.loads(p.read_text()) if p.exists() else None
 
 
+def _when(doc: dict) -> str:
+    """The results' `created`, to the minute: '2026-12-01 02:22' (UTC)."""
+    return str(doc.get("created", "?"))[:16].replace("T", " ")
+
+
 def _fig(root: Path, rel: str, path: tuple, label: str, fmt: str, kind: str, hardware: str | None = None,
-         interval: tuple | None = None) -> Figure | None:
+         interval: tuple | None = None, scale: float = 1.0) -> Figure | None:
     """A figure from a results JSON, or None when the file or the key is not there (pending)."""
     doc = _load(root, rel)
     if doc is None:
         return None
     try:
         value = dig(doc, path)
-        ci = tuple(dig(doc, interval)) if interval else None
+        ci = tuple(x * scale for x in dig(doc, interval)) if interval else None
     except (KeyError, IndexError, TypeError):
         return None
-    if value is None:
+    if not isinstance(value, (int, float)):
         return None
     hw = hardware or (doc.get("hardware") or {}).get("label") or "?"
-    date = str(doc.get("created", "?"))[:10]
-    return Figure(label, float(value), fmt, rel, path, hw, kind, date, ci)
+    return Figure(label, float(value) * scale, fmt, rel, path, hw, kind, _when(doc), ci, scale)
 
 
 def _bench_kind(root: Path, rel: str) -> str:
@@ -96,108 +133,250 @@ def _bench_hw(root: Path, rel: str) -> str | None:
     doc = _load(root, rel)
     if not doc:
         return None
-    n = 2 if doc.get("draft_hardware") else 1
-    return f"{n}x {doc['hardware'].get('label', '?')}, {doc['config']['pair']}"
+    target, draft = doc["hardware"].get("label", "?"), (doc.get("draft_hardware") or {}).get("label")
+    if draft is None:
+        where = f"1x {target}"
+    elif draft == target:
+        where = f"2x {target}"
+    else:
+        where = f"{target} target, {draft} draft"
+    return f"{where}, {doc['config']['pair']}"
 
 
-def _answered(m: Milestone, note: str, *figs: Figure | None) -> None:
+def _mode_fig(root: Path, rel: str, mode: str, label: str, scale: float = 1.0) -> Figure | None:
+    """A `bench sd` result's speedup for one mode, with its 95% interval."""
+    return _fig(root, rel, ("rows", {"mode": mode}, "speedup"), label, "{:.2f}x",
+                "arithmetic" if scale != 1.0 else _bench_kind(root, rel), _bench_hw(root, rel),
+                interval=("rows", {"mode": mode}, "speedup_ci95"), scale=scale)
+
+
+# ------------------------------------------------------------------------------------------ the answer
+def _latency(root: Path) -> Part | None:
+    """Part 1: the single-stream gain, its conditions, and the same benchmark's later calls."""
+    doc = _load(root, HEADLINE)
+    head = _mode_fig(root, HEADLINE, "pipelined", "pipelined SD over TCP")
+    if not head:
+        return None
+    c = doc["config"]
+    pieces = [f"Pipelined SD with the draft on one GPU and the target on another ({head.hardware}; TCP on loopback, "
+              f"no round trip added), random bf16 weights, one request at a time ({c['prompts']} prompts, "
+              f"{c['max_tokens']} new tokens each), acceptance set to alpha {c.get('synthetic_alpha')} ({head.kind}): ",
+              head, f" over the target alone ({head.date} UTC)."]
+    colocated = _mode_fig(root, HEADLINE, "colocated", "colocated SD on one of the GPUs, same call")
+    if colocated:
+        pieces += [" In the same call, colocated SD (both models on one of the GPUs): ", colocated, "."]
+    repeats = [(rel, _mode_fig(root, rel, "pipelined", "the same, trace-driven, a later call")) for rel in REPEATS]
+    repeats = [(rel, f) for rel, f in repeats if f]
+    if repeats:
+        pieces.append(" Later calls of the same benchmark, same shapes and GPUs, acceptance replayed from the "
+                      "embedded pair's trace at the same alpha:")
+        for i, (rel, f) in enumerate(repeats):
+            pieces += [" and " if i else " ", f, f" ({f.date} UTC)"]
+        pieces.append(".")
+    return Part("Single-stream latency", pieces)
+
+
+def _round_trip(root: Path) -> Part | None:
+    """Part 2: the round trip pipelined SD survives (the GPU RTT sweep: speedup against the probed round trip)."""
+    small = _fig(root, SWEEPS["0.6B"], ("break_even", "pipelined"), "pipelined break-even round trip, 0.6B shape",
+                 "{:.1f} ms", _bench_kind(root, SWEEPS["0.6B"]), _bench_hw(root, SWEEPS["0.6B"]))
+    doc = _load(root, SWEEPS["1.7B"])
+    if not small or not doc:
+        return None
+    last = max(p["rtt_set_ms"] for p in doc["points"] if p["mode"] == "pipelined")
+    at = ("points", {"mode": "pipelined", "rtt_set_ms": last})
+    kind, hw = _bench_kind(root, SWEEPS["1.7B"]), _bench_hw(root, SWEEPS["1.7B"])
+    far = _fig(root, SWEEPS["1.7B"], at + ("speedup",), "pipelined SD at the largest round trip, 1.7B shape",
+               "{:.2f}x", kind, hw, interval=at + ("speedup_ci95",))
+    far_rtt = _fig(root, SWEEPS["1.7B"], at + ("rtt_probe_ms",), "the largest round trip measured", "{:.2f} ms", kind, hw)
+    sync = _fig(root, SWEEPS["1.7B"], ("break_even", "sync"), "sync SD break-even round trip, 1.7B shape", "{:.1f} ms",
+                kind, hw)
+    if not far or not far_rtt:
+        return None
+    pieces = [f"Over added round trips (the link probe's figure; {small.kind} acceptance, same GPUs, {small.date} UTC), "
+              "pipelined SD stays above the target alone (point estimates) up to ", small,
+              " with the Qwen3-0.6B draft shape (alpha 0.56); with the Qwen3-1.7B shape (alpha 0.71) it is still ", far,
+              " at ", far_rtt, ", the largest round trip measured (its interval there includes 1x)."]
+    if sync:
+        pieces += [" Sync SD drops below 1x at ", sync, " with the 1.7B shape."]
+    return Part("The round trip it survives", pieces)
+
+
+# Published figures a user could pick instead, each with its source (colocated, one GPU unless said)
+PUBLISHED = [
+    {"what": "EAGLE-3 head for Qwen3-8B in SGLang, one H200 (the card does not state the batch)",
+     "target-only tok/s": 187.0, "with SD tok/s": 365.0,
+     "GPUs": 1, "source": "https://huggingface.co/Tengyunw/qwen3_8b_eagle3 (model card)"},
+    {"what": "Qwen3-8B, FP8 + EAGLE-3 in SGLang vs vLLM without either, one H100, ShareGPT batch 1 (latency per request)",
+     "target-only tok/s": None, "with SD tok/s": None, "speedup": 1.66 / 0.62, "GPUs": 1,
+     "source": "https://docs.gpustack.ai/latest/performance-lab/qwen3-8b/h100-latency (1.66 s -> 0.62 s per request)"},
+]
+
+
+def _per_gpu(root: Path) -> Part | None:
+    """Part 3: what the second GPU buys, against a second replica, with EAGLE-3's published colocated figure."""
+    f = _mode_fig(root, HEADLINE, "pipelined", "pipelined SD per GPU, against a second target replica", scale=0.5)
+    if not f:
+        return None
+    eagle = PUBLISHED[0]
+    sp = eagle["with SD tok/s"] / eagle["target-only tok/s"]
+    return Part("Cost per GPU", [
+        "It spends a second GPU on one stream: ", f, " of the tokens/s per GPU that a second replica of the target "
+        "would give (the single-stream speedup over two GPUs, batch 1). Published beside it, colocated on one GPU: "
+        f"{eagle['what']}, {eagle['target-only tok/s']:.0f} -> {eagle['with SD tok/s']:.0f} tok/s, {sp:.2f}x per GPU "
+        f"(published, not measured here: {eagle['source']}). A draft shared by several targets changes this "
+        "arithmetic: not measured yet."])
+
+
+def answer(root: Path = REPO) -> list[Part]:
+    """The answer the study is for, in labelled parts: single-stream latency, the round trip it survives, its
+    cost per GPU. Parts whose results are missing are left out."""
+    root = Path(root)
+    return [p for p in (_latency(root), _round_trip(root), _per_gpu(root)) if p]
+
+
+def decision(ms: list[Milestone], root: Path = REPO) -> str:
+    """The answer in one plain line (a notebook's status line)."""
+    parts = answer(root)
+    if not parts:
+        return "Pending: no two-GPU result yet."
+    return ("Two H200s, random weights, batch 1 (python -m sdeth status has the conditions): "
+            + "; ".join(f"{f.label} {f.shown}" for p in parts for f in p.figures)
+            + ". Real weights over a real link: pending.")
+
+
+# ------------------------------------------------------------------------------------------ the milestones
+def _answered(m: Milestone, note: str, *figs: Figure | None) -> Milestone:
     """A question milestone: its figures that exist; done, with the answer as its note, when all of them do."""
     m.figures += [f for f in figs if f]
     if len(m.figures) == len(figs):
         m.status, m.note = "done", note
+    return m
 
 
-def milestones(root: Path = REPO) -> list[Milestone]:
-    root = Path(root)
-    ms = []
-    # M0: the testbed and the network question
-    m0 = Milestone("M0", "Provision a two-node testbed from manifests; the 85 ms vs 215 ms question")
+def _m0(root: Path) -> Milestone:
+    """The testbed and the network question (85 ms one way, 215 ms the other)."""
     skew = {"server_clock_skew_ms": -65.0}
-    _answered(m0, "answered: clock skew (one-way times from two clocks); the cluster run is pending",
-              _fig(root, "reports/00_provision.json", ("link", "rtt_ms", "p50"), "link round trip (median)",
-                   "{:.3f} ms", "measured"),
-              _fig(root, "reports/20_ethernet.json", ("link_probe", "scenarios", skew, "naive", "raw_up_ms", "p50"),
-                   "150 ms each way with a 65 ms clock skew reads, one way", "{:.0f} ms", "measured"),
-              _fig(root, "reports/20_ethernet.json", ("link_probe", "scenarios", skew, "naive", "raw_down_ms", "p50"),
-                   "and the other way", "{:.0f} ms", "measured"))
-    ms.append(m0)
-    # M1: the colocated baseline and the acceptance question
-    m1 = Milestone("M1", "Colocated baseline with vLLM; the low acceptance (23.8% / 40.5% at k=5)")
-    _answered(m1, "answered: counting (vLLM's rate divides by all k drafted); Qwen3 on the cluster pending",
-              _fig(root, "reports/10_colocated.json", ("agreement", "sdeth rate"), "draft acceptance rate, sdeth",
-                   "{:.3f}", "measured"),
-              _fig(root, "reports/10_colocated.json", ("agreement", "vLLM rate"), "the same in vLLM", "{:.3f}",
-                   "measured"),
-              _fig(root, "reports/15_acceptance.json", ("user_numbers", {"draft": "Qwen3-0.6B"}, "alpha behind it"),
-                   "23.8% at k=5 is a per-token alpha of", "{:.2f}", "modelled"),
-              _fig(root, "reports/15_acceptance.json", ("user_numbers", {"draft": "Qwen3-1.7B"}, "alpha behind it"),
-                   "40.5% at k=5 is a per-token alpha of", "{:.2f}", "modelled"))
-    ms.append(m1)
-    # M2: SD over Ethernet on separate GPUs
-    m2 = Milestone("M2", f"SD over Ethernet faster than the target alone (goal: pipelined >= {M2_GOAL:.2f}x)")
-    for rel, label in (("reports/gpu/bench_sd_1.7b.json", "pipelined SD over TCP, 8B/1.7B shapes, alpha 0.71"),
-                       ("reports/gpu/bench_sd_1.7b_trace.json", "the same, trace-driven"),
-                       ("reports/gpu/bench_sd_0.6b.json", "pipelined SD, 8B/0.6B shapes, alpha 0.56"),
-                       ("reports/gpu/bench_sd_1.7b.json", "sync SD over TCP, 8B/1.7B shapes, alpha 0.71")):
-        mode = "sync" if label.startswith("sync") else "pipelined"
-        f = _fig(root, rel, ("rows", {"mode": mode}, "speedup"), label, "{:.2f}x", _bench_kind(root, rel),
-                 _bench_hw(root, rel), interval=("rows", {"mode": mode}, "speedup_ci95"))
+    return _answered(
+        Milestone("M0", "Provision a two-node testbed from manifests; the 85 ms vs 215 ms question"),
+        "answered: clock skew (one-way times from two clocks); the cluster run is pending",
+        _fig(root, "reports/00_provision.json", ("link", "rtt_ms", "p50"), "link round trip (median)", "{:.3f} ms",
+             "measured"),
+        _fig(root, "reports/20_ethernet.json", ("link_probe", "scenarios", skew, "naive", "raw_up_ms", "p50"),
+             "150 ms each way with a 65 ms clock skew reads, one way", "{:.0f} ms", "measured"),
+        _fig(root, "reports/20_ethernet.json", ("link_probe", "scenarios", skew, "naive", "raw_down_ms", "p50"),
+             "and the other way", "{:.0f} ms", "measured"))
+
+
+def _m1(root: Path) -> Milestone:
+    """The colocated baseline and the acceptance question."""
+    return _answered(
+        Milestone("M1", "Colocated baseline with vLLM; the low acceptance (23.8% / 40.5% at k=5)"),
+        "answered: counting (vLLM's rate divides by all k drafted); Qwen3 on the cluster pending",
+        _fig(root, "reports/10_colocated.json", ("agreement", "rates", 0), "draft acceptance rate, sdeth", "{:.3f}",
+             "measured"),
+        _fig(root, "reports/10_colocated.json", ("agreement", "rates", 1), "the same in vLLM", "{:.3f}", "measured"),
+        _fig(root, "reports/15_acceptance.json", ("user_numbers", {"draft": "Qwen3-0.6B"}, "alpha behind it"),
+             "23.8% at k=5 is a per-token alpha of", "{:.2f}", "modelled"),
+        _fig(root, "reports/15_acceptance.json", ("user_numbers", {"draft": "Qwen3-1.7B"}, "alpha behind it"),
+             "40.5% at k=5 is a per-token alpha of", "{:.2f}", "modelled"))
+
+
+def _m2(root: Path) -> Milestone:
+    """SD over Ethernet on separate GPUs, against its goal."""
+    m = Milestone("M2", f"SD over Ethernet faster than the target alone (goal: pipelined >= {M2_GOAL:.2f}x)")
+    for rel, mode, label in ((HEADLINE, "pipelined", "pipelined SD over TCP, 8B/1.7B shapes, alpha 0.71"),
+                             (REPEATS[0], "pipelined", "the same, trace-driven"),
+                             ("reports/gpu/bench_sd_0.6b.json", "pipelined", "pipelined SD, 8B/0.6B shapes, alpha 0.56"),
+                             (HEADLINE, "sync", "sync SD over TCP, 8B/1.7B shapes, alpha 0.71")):
+        f = _mode_fig(root, rel, mode, label)
         if f:
-            m2.figures.append(f)
-    if m2.figures:
-        best = m2.figures[0]
+            m.figures.append(f)
+    if m.figures:
+        best = m.figures[0]
         if best.value >= M2_GOAL:
-            m2.status = "done"
+            m.status = "done"
         else:
             bar = best.interval and best.interval[0] > 1.0
-            m2.status = "in progress"
-            m2.note = (("bar met (faster than the target alone, interval above 1); " if bar else "")
-                       + f"goal {M2_GOAL:.2f}x not yet; real weights on the cluster pending")
-    ms.append(m2)
-    # M3: the write-up
-    m3 = Milestone("M3", "Write-up: AGENT_LOG.md and a reader's guide to the reports")
-    if (root / "reports" / "30_writeup.html").exists() and (root / "AGENT_LOG.md").exists():
-        m3.status = "in progress" if any(m.status != "done" for m in ms) else "done"
-        m3.note = "the reader's guide follows the milestones above"
+            m.status = "in progress"
+            m.note = (("bar met (faster than the target alone, interval above 1); " if bar else "")
+                      + f"goal {M2_GOAL:.2f}x not yet; real weights on the cluster pending")
+    return m
+
+
+def _m3(root: Path, earlier: list[Milestone]) -> Milestone:
+    """The write-up: the reader's guide (30_writeup), drawn from the decisions kept in AGENT_LOG.md."""
+    m = Milestone("M3", "Write-up: a reader's guide to the reports (30_writeup)")
+    if (root / "reports" / "30_writeup.html").exists():
+        m.status = "in progress" if any(x.status != "done" for x in earlier) else "done"
+        m.note = "follows the milestones above; its source for decisions and dead ends is AGENT_LOG.md"
     elif (root / "AGENT_LOG.md").exists():
-        m3.status, m3.note = "in progress", "AGENT_LOG.md kept; the reader's guide (30_writeup) pending"
-    ms.append(m3)
-    # M4: heterogeneous SD
-    m4 = Milestone("M4", "Heterogeneous SD: the draft on other hardware (a Corsair-class card)")
+        m.status, m.note = "in progress", "the reader's guide (30_writeup) is not rendered yet"
+    return m
+
+
+def _m4(root: Path) -> Milestone:
+    """Heterogeneous SD: the draft on other hardware, emulated, measured and modelled."""
+    m = Milestone("M4", "Heterogeneous SD: the draft on other hardware (a Corsair-class card)")
     rel = "reports/40_heterogeneous.json"
+    cpu = "reports/gpu/bench_gpu_target_cpu_draft_0.6b_overdue.json"
     figs = [_fig(root, rel, ("summary", "best_emulated_speedup"), "best emulated draft device, CPU testbed target",
                  "{:.2f}x", "emulated"),
+            _mode_fig(root, cpu, "pipelined", "an H200 target with a 16-core CPU draft (0.6B shape), pipelined"),
             _fig(root, rel, ("summary", "draft_step_for_2x_ms"), "draft step for 2x over Qwen3-8B on an H200 "
                  "(pipelined, alpha 0.71, RTT 0.2 ms)", "{:.2f} ms", "modelled",
                  hardware="event model; the 8B step measured on an H200")]
-    m4.figures += [f for f in figs if f]
-    if m4.figures:
-        m4.status = "in progress"
-        m4.note = "pending: a GPU target with a CPU draft (measured); the outcome cache (#17) in the model"
+    m.figures += [f for f in figs + _big_targets(root, rel) if f]
+    if m.figures:
+        m.status = "in progress"
+        m.note = "the Corsair-class card itself is emulated and modelled here, not measured"
     else:
-        m4.note = "pending: notebooks/40_heterogeneous has no results yet"
-    ms.append(m4)
+        m.note = "pending: notebooks/40_heterogeneous has no results yet"
+    return m
+
+
+def _big_targets(root: Path, rel: str) -> list:
+    """M4's bigger targets, each call's figure from its own file (reports/gpu/bench_targets_N.json, one H200,
+    random weights), and the modelled 70B-class claim as 40_heterogeneous checked it."""
+    figs = []
+    for n in (1, 2, 3):
+        gpu = f"reports/gpu/bench_targets_{n}.json"
+        doc = _load(root, gpu)
+        if doc is None:
+            continue
+        one = f"1x {(doc.get('hardware') or {}).get('label', '?')}, random weights, call {doc.get('call', n)}"
+        figs.append(_fig(root, gpu, ("targets", {"model": "Qwen3-32B", "weights": "bf16"}, "step_ms"),
+                         "Qwen3-32B-shaped target step (bf16)", "{:.1f} ms", "measured", hardware=one))
+        figs.append(_fig(root, gpu, ("targets", {"model": "Qwen2.5-72B", "weights": "fp8"}, "step_ms"),
+                         "Qwen2.5-72B-shaped target step (fp8)", "{:.1f} ms", "measured", hardware=one))
+        sd = ("sd", {"target": "Qwen2.5-72B", "target_weights": "fp8", "draft": "Qwen3-1.7B", "acceptance": "synthetic"})
+        figs.append(_fig(root, gpu, sd + ("speedup",), "colocated SD over that 72B with the 1.7B draft shape, k=3, "
+                         "alpha 0.71", "{:.2f}x", "synthetic", hardware=one, interval=sd + ("speedup_ci95",)))
+    figs.append(_fig(root, rel, ("summary", "pipelined_70b_2xh200_modelled_from_measured"), "pipelined SD over a "
+                     "70B-class target on two H200s (its step scaled by the 32B's measured / modelled step)", "{:.2f}x",
+                     "modelled", hardware="event model; steps measured on one H200"))
+    return figs
+
+
+def milestones(root: Path = REPO) -> list[Milestone]:
+    """M0-M4 from the committed results under `root`."""
+    root = Path(root)
+    ms = [_m0(root), _m1(root), _m2(root)]
+    ms.append(_m3(root, ms))
+    ms.append(_m4(root))
     return ms
 
 
-def decision(ms: list[Milestone]) -> str:
-    """The answer the study is for, in one line, from M2's figures."""
-    m2 = next(m for m in ms if m.id == "M2")
-    if not m2.figures:
-        return "Pending: no two-GPU result yet."
-    f = m2.figures[0]
-    faster = f.interval and f.interval[0] > 1.0
-    verdict = "is faster than the target alone" if faster else "is not shown faster than the target alone"
-    return (f"SD over Ethernet {verdict}: {f.label}: {f.shown} at a round trip of 0 ms (TCP on loopback between two "
-            f"GPUs) on {f.hardware}, random weights with {f.kind} acceptance. Real weights over a real link: pending.")
-
-
-def markdown(ms: list[Milestone] | None = None, only: str | None = None) -> str:
-    """The summary as Markdown (a milestone comment); only: one milestone id."""
-    ms = ms if ms is not None else milestones()
+def markdown(ms: list[Milestone] | None = None, only: str | None = None, root: Path = REPO) -> str:
+    """The summary as Markdown (a milestone comment): the answer's parts, then the milestones; only: one id."""
+    ms = ms if ms is not None else milestones(root)
     if only and only not in {m.id for m in ms}:
         raise ValueError(f"milestone {only!r}: use one of {', '.join(m.id for m in ms)}")
-    out = [] if only else ["**Decision so far.** " + decision(ms), ""]
+    out = []
+    if not only:
+        parts = answer(root)
+        out += ["**The answer so far.**"] + [f"- {p.markdown()}" for p in parts]
+        out += ["- Real weights over a real link: pending." if parts else "- Pending: no two-GPU result yet.", ""]
     for m in ms:
         if only and m.id != only:
             continue
@@ -213,17 +392,7 @@ def table(ms: list[Milestone]) -> list[dict]:
     """One row per milestone: status, key figure, note (the write-up's milestone table)."""
     return [{"milestone": m.id, "what": m.title, "status": m.status,
              "key figure": f"{m.figures[0].label}: {m.figures[0].shown} ({m.figures[0].kind})" if m.figures else "-",
-             "note": m.note} for m in ms]
-
-
-# Published figures a user could pick instead, each with its source (colocated, one GPU unless said)
-PUBLISHED = [
-    {"what": "EAGLE-3 head for Qwen3-8B in SGLang, one H200 (batch 1)", "target-only tok/s": 187.0, "with SD tok/s": 365.0,
-     "GPUs": 1, "source": "https://huggingface.co/Tengyunw/qwen3_8b_eagle3 (model card)"},
-    {"what": "Qwen3-8B, FP8 + EAGLE-3 in SGLang vs vLLM without either, one H100, ShareGPT batch 1 (latency per request)",
-     "target-only tok/s": None, "with SD tok/s": None, "speedup": 1.66 / 0.62, "GPUs": 1,
-     "source": "https://docs.gpustack.ai/latest/performance-lab/qwen3-8b/h100-latency (1.66 s -> 0.62 s per request)"},
-]
+             "note": m.note or "-"} for m in ms]
 
 
 def alternatives(ms: list[Milestone]) -> list[dict]:
@@ -239,6 +408,6 @@ def alternatives(ms: list[Milestone]) -> list[dict]:
                  "source": "no speedup for one request; twice the requests per second"})
     m2 = next((m for m in ms if m.id == "M2"), None)
     for f in (m2.figures if m2 else [])[:2]:
-        rows.append({"option": f"ours: {f.label}", "speedup": f.value, "GPUs": 2, "per-GPU vs one replica": f.value / 2,
-                     "kind": f.kind, "source": f.source})
+        rows.append({"option": f"ours: {f.label} ({f.date} UTC)", "speedup": f.value, "GPUs": 2,
+                     "per-GPU vs one replica": f.value / 2, "kind": f.kind, "source": f.source})
     return rows

@@ -162,15 +162,7 @@ def measure(model, name: str, label: str, fast: str, compile_mode: str, capacity
     logits.sum().item()
     row["first_step_s"] = round(time.perf_counter() - t0, 2)          # compile + capture of width 1
     eng.rollback(context)
-    # graph = eager: the same decoder uncompiled and outside a graph, both against an fp32 eager decoder
-    # (bf16 rounding differs between fused and unfused kernels: the graph should be no further from fp32)
-    want = eager_first_step(model, name, context, capacity, fast)
-    row["graph_vs_eager"] = rel_err(logits[0], want)
-    if ref32 is not None:
-        row["graph_vs_fp32"], row["eager_vs_fp32"] = rel_err(logits[0], ref32), rel_err(want, ref32)
-        row["graph_as_exact_as_eager"] = row["graph_vs_fp32"] <= 1.25 * row["eager_vs_fp32"] + 0.005
-    if ref is not None:                          # against the base's graph
-        row["vs_base_rel_err"] = rel_err(logits[0], ref)
+    row.update(logits_checks(model, name, context, capacity, fast, logits[0], ref, ref32))
     for _ in range(2):
         decode_run_ms(eng, ids[context], 8)      # warm
     row["step_ms"] = round(statistics.median(decode_run_ms(eng, ids[context], steps) for _ in range(5)), 4)
@@ -184,32 +176,58 @@ def measure(model, name: str, label: str, fast: str, compile_mode: str, capacity
     row["floor_ms"] = round((row["weight_bytes"] + kv) / bandwidth * 1e3, 4)
     row["step_over_floor"] = round(row["step_ms"] / row["floor_ms"], 2)
     if verify:
-        w = ids[context:context + 8]
-        ts = []
-        for _ in range(21):
-            ts.append(timed_ms(partial(eng.forward, w), eng.device))
-            eng.rollback(context)
-        row["verify8_ms"] = round(statistics.median(ts[1:]), 4)
+        row["verify8_ms"] = verify_ms(eng, ids[context:context + 8], context)
         row["verify8_over_step"] = round(row["verify8_ms"] / row["step_ms"], 3)
-    if rows:                                     # rows on their own engine: its cache has scratch slots
-        scratch = 128                            # keeps the slot count a multiple of 128
-        eng = Engine(model, name, capacity=capacity, impl="fast", compile_mode=compile_mode or None,
-                     fast=fast or None, scratch=scratch)
-        eng.start(capacity)
-        eng.forward(ids[:context])
+    if rows:
+        row.update(rows_ms(model, name, fast, compile_mode, capacity, context, ids, rows))
+    row["_ref"] = logits[0].detach().clone()
+    del eng
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return row
+
+
+def logits_checks(model, name: str, context: int, capacity: int, fast: str, logits, ref, ref32) -> dict:
+    """graph = eager: the same decoder uncompiled and outside a graph, both against an fp32 eager decoder (bf16
+    rounding differs between fused and unfused kernels: the graph should be no further from fp32); and the
+    distance to the base's graph (ref)."""
+    want = eager_first_step(model, name, context, capacity, fast)
+    out = {"graph_vs_eager": rel_err(logits, want)}
+    if ref32 is not None:
+        out["graph_vs_fp32"], out["eager_vs_fp32"] = rel_err(logits, ref32), rel_err(want, ref32)
+        out["graph_as_exact_as_eager"] = out["graph_vs_fp32"] <= 1.25 * out["eager_vs_fp32"] + 0.005
+    if ref is not None:                          # against the base's graph
+        out["vs_base_rel_err"] = rel_err(logits, ref)
+    return out
+
+
+def verify_ms(eng: Engine, w: list[int], context: int) -> float:
+    """Median ms of a verify forward of the tokens w from the context (rolled back after each; the first of 21
+    not counted)."""
+    ts = []
+    for _ in range(21):
+        ts.append(timed_ms(partial(eng.forward, w), eng.device))
+        eng.rollback(context)
+    return round(statistics.median(ts[1:]), 4)
+
+
+def rows_ms(model, name: str, fast: str, compile_mode: str, capacity: int, context: int, ids, rows) -> dict:
+    """Forwards of m rows (each m of `rows`) on their own engine, whose cache has scratch slots: ms per forward,
+    per graph replay, and 4 rows over 1."""
+    scratch = 128                                # keeps the slot count a multiple of 128
+    eng = Engine(model, name, capacity=capacity, impl="fast", compile_mode=compile_mode or None,
+                 fast=fast or None, scratch=scratch)
+    eng.start(capacity)
+    eng.forward(ids[:context])
+    row = {}
     for m in rows:
         args = rows_inputs(m, context, capacity, scratch)
         ts = [timed_ms(partial(eng.forward_rows, *args), eng.device) for _ in range(21)]
         row[f"rows{m}_ms"] = round(statistics.median(ts[1:]), 4)
         if ("rows", m) in eng.graphs:
             row[f"rows{m}_replay_ms"] = round(timed_replays(eng.graphs[("rows", m)][0]), 4)
-    if rows:
-        key = "rows{}_replay_ms" if "rows1_replay_ms" in row else "rows{}_ms"
-        row["rows4_over_rows1"] = round(row[key.format(4)] / row[key.format(1)], 3) if 4 in rows and 1 in rows else None
-    row["_ref"] = logits[0].detach().clone()
-    del eng
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    key = "rows{}_replay_ms" if "rows1_replay_ms" in row else "rows{}_ms"
+    row["rows4_over_rows1"] = round(row[key.format(4)] / row[key.format(1)], 3) if 4 in rows and 1 in rows else None
     return row
 
 
@@ -242,67 +260,80 @@ def bench_step(models=("Qwen3-1.7B", "Qwen3-0.6B", "Qwen3-8B"), device: str = "c
 
     for name in models:
         model = random_model(name, device, torch.bfloat16 if cuda else torch.float32)
-        target = name == "Qwen3-8B"
-        base_fast = f"scope={base_scope}"
         ref32 = fp32_logits(model, name, context, capacity)
-        common = dict(compile_mode=compile_mode, context=context, bandwidth=bw, ref32=ref32, steps=steps)
-        try:
-            base = measure(model, name, "base", base_fast, capacity=capacity, verify=target, profile=profile, **common)
-        except Exception as e:                              # noqa: BLE001 (record and go on)
-            traceback.print_exc()
-            keep({"model": name, "lever": "base", "error": f"{type(e).__name__}: {e}"})
-            continue
-        ref = base["_ref"]
-        keep(base)
-        tries = [("scope=model", dict(fast="scope=model"))] if name in model_scope_for and levers is None else []
-        tries += [(k, v) for k, v in LEVERS.items() if (levers is None or k in levers)
-                  and (not target or k in TARGET_LEVERS)]
-        tries += list(extra)
-        paid = []
-        for label, lever in tries:
-            if time.time() > t_end:
-                keep({"model": name, "lever": label, "skipped": "out of time"})
-                continue
-            fast = ",".join(x for x in (base_fast if label != "scope=model" else "", lever.get("fast", "")) if x)
-            cap = context + 80 if lever.get("capacity") == "live" else capacity
-            try:
-                r = measure(model, name, label, fast, capacity=cap, verify=target, ref=ref,
-                            **{**common, "compile_mode": lever.get("compile", compile_mode)})
-                r["gain_ms"] = round(base["step_ms"] - r["step_ms"], 4)
-                if r["gain_ms"] > 0.02 * base["step_ms"] and label not in ("scope=model", "live-length cache"):
-                    paid.append((r["step_ms"], label, lever))
-                keep(r)
-            except Exception as e:                          # noqa: BLE001
-                traceback.print_exc()
-                keep({"model": name, "lever": label, "error": f"{type(e).__name__}: {e}"[:400]})
-        # the levers that paid, together: one weights format (the fastest), the head, the compile
-        # mode of any that paid with its own
-        chosen: dict[str, str] = {}
-        mode = compile_mode
-        tuned = next((r["step_ms"] for r in res["rows"] if r.get("model") == name and r.get("lever") == "max-autotune"
-                      and "step_ms" in r), None)
-        for step, label, lever in sorted(paid, key=lambda t: t[0]):
-            if lever.get("compile") and lever.get("fast") and tuned is not None and step >= tuned:
-                continue            # its weights did not beat the same compile mode without them
-            for part in filter(None, lever.get("fast", "").split(",")):
-                chosen.setdefault(part.split("=")[0], part)
-            mode = lever.get("compile", mode) if mode == compile_mode else mode
-        combo = ",".join([base_fast] + list(chosen.values()))
-        label = "together: " + (",".join(list(chosen.values()) + ([mode] if mode != compile_mode else [])) or "base")
-        if time.time() < t_end + 60:
-            try:
-                r = measure(model, name, label, combo, capacity=capacity, verify=target, ref=ref,
-                            rows=(1, 2, 4, 8), **{**common, "compile_mode": mode})
-                r["gain_ms"] = round(base["step_ms"] - r["step_ms"], 4)
-                keep(r)
-            except Exception as e:                          # noqa: BLE001
-                traceback.print_exc()
-                keep({"model": name, "lever": "together", "error": f"{type(e).__name__}: {e}"[:400]})
+        common = dict(compile_mode=compile_mode, context=context, bandwidth=bw, ref32=ref32, steps=steps,
+                      verify=name == "Qwen3-8B")
+        tries = lever_tries(name, model_scope_for, levers, extra)
+        bench_model(model, name, f"scope={base_scope}", tries, capacity, common, res, keep, t_end, profile)
         del model
         if cuda:
             torch.cuda.empty_cache()
     res["wall_s"] = round(time.time() - (t_end - budget_s), 1)
     return res
+
+
+def lever_tries(name: str, model_scope_for, levers, extra) -> list[tuple[str, dict]]:
+    """The levers measured alone on a model: the whole-model compile where asked, every lever for a draft,
+    only the exact ones for the target (Qwen3-8B), then any extra."""
+    target = name == "Qwen3-8B"
+    tries = [("scope=model", dict(fast="scope=model"))] if name in model_scope_for and levers is None else []
+    tries += [(k, v) for k, v in LEVERS.items() if (levers is None or k in levers) and (not target or k in TARGET_LEVERS)]
+    return tries + list(extra)
+
+
+def bench_model(model, name: str, base_fast: str, tries, capacity: int, common: dict, res: dict, keep, t_end: float,
+                profile: bool) -> None:
+    """One model: its base, each lever alone (those that gained over 2% are 'paid'), then the paid ones together."""
+    def attempt(label: str, fast: str, cap: int, **kw):
+        try:
+            return measure(model, name, label, fast, capacity=cap, **{**common, **kw})
+        except Exception as e:                              # noqa: BLE001 (record and go on)
+            traceback.print_exc()
+            keep({"model": name, "lever": label, "error": f"{type(e).__name__}: {e}"[:400]})
+            return None
+
+    base = attempt("base", base_fast, capacity, profile=profile)
+    if base is None:
+        return
+    ref = base["_ref"]
+    keep(base)
+    paid = []
+    for label, lever in tries:
+        if time.time() > t_end:
+            keep({"model": name, "lever": label, "skipped": "out of time"})
+            continue
+        fast = ",".join(x for x in (base_fast if label != "scope=model" else "", lever.get("fast", "")) if x)
+        cap = common["context"] + 80 if lever.get("capacity") == "live" else capacity
+        r = attempt(label, fast, cap, ref=ref, compile_mode=lever.get("compile", common["compile_mode"]))
+        if r is not None:
+            r["gain_ms"] = round(base["step_ms"] - r["step_ms"], 4)
+            if r["gain_ms"] > 0.02 * base["step_ms"] and label not in ("scope=model", "live-length cache"):
+                paid.append((r["step_ms"], label, lever))
+            keep(r)
+    combo, label, mode = together(paid, res["rows"], name, base_fast, common["compile_mode"])
+    if time.time() < t_end + 60:
+        r = attempt(label, combo, capacity, ref=ref, rows=(1, 2, 4, 8), compile_mode=mode)
+        if r is not None:
+            r["gain_ms"] = round(base["step_ms"] - r["step_ms"], 4)
+            keep(r)
+
+
+def together(paid, rows: list[dict], name: str, base_fast: str, compile_mode: str) -> tuple[str, str, str]:
+    """The levers that paid, together: one weights format (the fastest), the head, the compile mode of any that
+    paid with its own. Returns (fast spec, row label, compile mode)."""
+    chosen: dict[str, str] = {}
+    mode = compile_mode
+    tuned = next((r["step_ms"] for r in rows if r.get("model") == name and r.get("lever") == "max-autotune"
+                  and "step_ms" in r), None)
+    for step, label, lever in sorted(paid, key=lambda t: t[0]):
+        if lever.get("compile") and lever.get("fast") and tuned is not None and step >= tuned:
+            continue            # its weights did not beat the same compile mode without them
+        for part in filter(None, lever.get("fast", "").split(",")):
+            chosen.setdefault(part.split("=")[0], part)
+        mode = lever.get("compile", mode) if mode == compile_mode else mode
+    combo = ",".join([base_fast] + list(chosen.values()))
+    label = "together: " + (",".join(list(chosen.values()) + ([mode] if mode != compile_mode else [])) or "base")
+    return combo, label, mode
 
 
 def table(res: dict) -> str:

@@ -1,8 +1,16 @@
 """Run summaries: timing and acceptance (vLLM's definitions), where the time went, the cost model's
-prediction from the run's own alpha and component costs; the sweep's table and model curves."""
+prediction from the run's own alpha and component costs; the sweep's table and model curves.
+
+Terms: a *request record* is one entry of a results JSON's `requests` (runtime.loop.RequestRecord as a dict);
+a *round* is one target forward that verifies drafts (sync SD: k of them; pipelined: m >= 0, a plain step at
+m = 0); *decode* time is a request's time after its first token. `summarize` is a sequence of named steps,
+each a function of the records (and the run configuration) that can be called alone: `timing_and_acceptance`,
+`Seconds.of`, `time_breakdown`, then `target_only_model`, or `pipelined_model` (with `cache_model`) or
+`sync_model`, and `components`."""
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 from .. import costmodel, metrics
 from ..runtime.pipeline import parse_cache
@@ -49,127 +57,187 @@ def draft_period(reqs: list[dict], draft_step: float) -> float:
     return max(decode / steps, draft_step) if steps else draft_step
 
 
-def summarize(reqs: list[dict], cfg: RunConfig) -> dict:
-    """Run summary: timing, acceptance (vLLM's definitions), where the time went, and the cost
-    model's prediction from this run's own alpha and component costs."""
+@dataclass(frozen=True)
+class Seconds:
+    """A run's wall seconds summed over its requests (sequential requests, batch 1).
+
+    decode: after each request's first token; prefill: to each first token; verify: the target's
+    forwards in rounds (its plain steps, target-only); wire: waiting on the link (sync) or for drafts
+    (pipelined); draft: the draft's decode steps; draft_prefill: its prefills."""
+    decode: float
+    prefill: float
+    verify: float
+    wire: float
+    draft: float
+    draft_prefill: float
+    draft_total: float      # draft + draft_prefill, summed per request
+
+    @classmethod
+    def of(cls, reqs: list[dict]) -> "Seconds":
+        total = lambda f: sum(r[f] for r in reqs)  # noqa: E731
+        return cls(decode=sum(r["e2e_s"] - r["ttft_ms"] / 1e3 for r in reqs),
+                   prefill=total("ttft_ms") / 1e3, verify=total("verify_s"), wire=total("wire_s"),
+                   draft=total("draft_s"), draft_prefill=total("draft_prefill_s"),
+                   draft_total=sum(r["draft_s"] + r["draft_prefill_s"] for r in reqs))
+
+
+def rounds(reqs: list[dict]) -> int:
+    """Verification rounds of an SD run (the k trace's length where k varied)."""
+    return sum(len(r.get("k_trace") or []) or r["rounds"] for r in reqs)
+
+
+def timing_and_acceptance(reqs: list[dict], cfg: RunConfig) -> dict:
+    """The run's header, timing and acceptance (vLLM's definitions): what every summary starts with."""
     sd = cfg.mode != "target-only"
     out = {"mode": cfg.mode, "k": cfg.k if sd else None, "adaptive": cfg.adapts if sd else None,
            "placement": cfg.placement, "rtt_ms": cfg.rtt_ms, **metrics.timing(reqs),
            "tokens_without_draft": sum(r.get("tokens_without_draft", 0) for r in reqs)}
-    drafts = sum(r["drafts"] for r in reqs)
     per_pos = [sum(r["accepted_per_pos"][i] for r in reqs) for i in range(cfg.k)] if sd else []
     varying = cfg.mode == "pipelined" or cfg.adapts
-    out.update(metrics.vllm_metrics(drafts, sum(r["draft_tokens"] for r in reqs),
-                                  sum(r["accepted_tokens"] for r in reqs), per_pos,
-                                  sum(r.get("rejections", 0) for r in reqs) if varying else None))
-    decode_s = sum(r["e2e_s"] - r["ttft_ms"] / 1e3 for r in reqs)
-    draft_s = sum(r["draft_s"] + r["draft_prefill_s"] for r in reqs)
-    verify_s = sum(r["verify_s"] for r in reqs)
-    wire_s = sum(r["wire_s"] for r in reqs)
-    if cfg.mode == "pipelined":   # the draft runs beside the target: only the waiting is on the clock
-        out["time_breakdown_s"] = {"prefill": sum(r["ttft_ms"] for r in reqs) / 1e3, "wait for drafts": wire_s,
-                                   "verify": verify_s, "other": decode_s - verify_s - wire_s}
-        out["draft_compute_overlapped_s"] = draft_s
-    else:
-        out["time_breakdown_s"] = {"prefill": sum(r["ttft_ms"] for r in reqs) / 1e3, "draft": draft_s, "wire": wire_s,
-                                   "verify" if sd else "decode": verify_s,
-                                   "other": decode_s - draft_s - verify_s - wire_s}
+    out.update(metrics.vllm_metrics(sum(r["drafts"] for r in reqs), sum(r["draft_tokens"] for r in reqs),
+                                    sum(r["accepted_tokens"] for r in reqs), per_pos,
+                                    sum(r.get("rejections", 0) for r in reqs) if varying else None))
+    return out
+
+
+def time_breakdown(t: Seconds, mode: str) -> dict:
+    """Where the wall time went (seconds). Pipelined: the draft runs beside the target, so only the waiting
+    is on the clock and its compute is reported apart (`draft_compute_overlapped_s`)."""
+    if mode == "pipelined":
+        return {"time_breakdown_s": {"prefill": t.prefill, "wait for drafts": t.wire, "verify": t.verify,
+                                     "other": t.decode - t.verify - t.wire},
+                "draft_compute_overlapped_s": t.draft_total}
+    return {"time_breakdown_s": {"prefill": t.prefill, "draft": t.draft_total, "wire": t.wire,
+                                 "verify" if mode == "sd" else "decode": t.verify,
+                                 "other": t.decode - t.draft_total - t.verify - t.wire}}
+
+
+def target_only_model(reqs: list[dict], t: Seconds, ttft_s: float) -> dict:
+    """A target-only run's costs (its mean decode step) and the rate they predict, each request taking
+    ttft_s (the run's mean) to its first token."""
     n_tokens = [len(r["output_ids"]) for r in reqs]
-    ttft = out["ttft_ms"] / 1e3
-    if not sd:
-        steps = sum(max(n - 1, 0) for n in n_tokens)
-        step = decode_s / steps if steps else 0.0
-        out["costs"] = costmodel.Costs(target_step=step, draft_step=0.0).to_dict()
-        total = sum(ttft + max(n - 1, 0) * step for n in n_tokens)
-        out["predicted_tokens_per_s"] = sum(n_tokens) / total if total else None
-        return out
-    rounds = sum(len(r.get("k_trace") or []) or r["rounds"] for r in reqs)
-    out["k_trace"] = [m for r in reqs for m in r.get("k_trace", [])]
-    if not drafts or out["alpha"] is None:
-        out["predicted_tokens_per_s"] = None
-        return out
-    widths = _widths(reqs)
-    alpha = out["alpha"]
-    if cfg.mode == "pipelined":
-        streamed = sum(r.get("drafted", 0) for r in reqs)
-        rtts = [r["rtt_est_ms"] for r in reqs if r.get("rtt_est_ms") is not None]
-        links = [r["link_rtt_ms"] for r in reqs if r.get("link_rtt_ms") is not None]
-        c = costmodel.Costs(
-            target_step=widths.get(1, 0.0), draft_step=sum(r["draft_s"] for r in reqs) / max(streamed, 1),
-            verify_s=widths, rtt=(statistics.mean(rtts) / 1e3 if rtts else cfg.rtt_ms / 1e3),
-            overhead=(decode_s - verify_s - wire_s) / rounds,
-            link_rtt=statistics.median(links) / 1e3 if links else None)
-        c.draft_period = draft_period(reqs, c.draft_step)
-        if 1 not in widths:      # no plain step in the run: extrapolate a step from the two narrowest widths
-            c.target_step = c.verify(1) if len(widths) > 1 else min(widths.values())
-        restarts, hits = (sum(r.get(f, 0) for r in reqs) for f in ("stream_restarts", "cache_hits"))
-        spec = cfg.outcome_cache()
-        if spec == "auto":                # the target chose per request: the run's own choices, the commonest one modelled
-            used = [r.get("cache", "off") for r in reqs]
-            out["cache_auto"] = {u: used.count(u) for u in sorted(set(used))}
-            out["cache_choice"] = next((r["cache_choice"] for r in reversed(reqs) if r.get("cache_choice")), "")
-            spec = max(sorted(set(used)), key=used.count)
-        terms = None
-        judged, among = (sum(r.get(f, 0) for r in reqs) for f in ("alt_judged", "alt_among"))
-        if judged:
-            out["corrections_among_next_choices"] = among / judged
-        if spec != "off":
-            out["cache"] = spec
-            out["cache_hit_rate"] = hits / restarts if restarts else None
-            fanout, depth, ranks = parse_cache(spec)
-            # the hit input: the rank distribution of corrections where the acceptance is a trace's (then the
-            # hit rate is predicted), else this run's own hit rate (then only the speedup is)
-            shares = rank_shares(cfg.synthetic_trace) if cfg.synthetic_trace else None
-            if shares is None:            # the draft's own next choices at each correction, else this run's hit rate
-                shares = [0.0, among / judged if judged else out["cache_hit_rate"] or 0.0]
-                ranks = 1
-            terms = costmodel.cache_terms(fanout, depth, ranks, shares, {})   # the rows' cost: in draft_step
-        sim = costmodel.simulate_pipelined(alpha, c, cfg.k, n_tokens=4000, seed=cfg.seed, adaptive=cfg.adapts,
-                                           cache=terms)
-        if terms:
-            out["predicted_cache_hit_rate"] = sim["cache_hit_rate"]
-        rate = sim["tokens_per_s"]
-        out["plain_steps"] = sum(r.get("plain_steps", 0) for r in reqs)
-        out["drafted_tokens"] = streamed
-        out["model_pipeline"] = sim
-    else:
-        draft_prefill = statistics.mean(r["draft_prefill_s"] for r in reqs)
-        c = costmodel.Costs(
-            target_step=0.0,         # not measured in an SD run (stored as null); pair it with a target-only run
-            draft_step=sum(r["draft_s"] for r in reqs) / sum(r["draft_tokens"] for r in reqs),
-            verify_s=widths, rtt=wire_s / rounds,
-            overhead=(decode_s - draft_s - verify_s - wire_s) / rounds + draft_prefill * len(reqs) / rounds)
-        ks = out["k_trace"] or [cfg.k]
-        rate = (sum(costmodel.expected_tokens(alpha, k) for k in ks)
-                / sum(costmodel.round_time(c, k) for k in ks))
-        out["wire_ms_per_round"] = wire_s / rounds * 1e3
-        if cfg.placement == "ethernet":    # the wire split by the draft's own timestamps, beside the floor
-            out["link_ms_per_round"] = sum(r.get("link_s", 0.0) for r in reqs) / rounds * 1e3
-            out["draft_host_ms_per_round"] = sum(r.get("draft_host_s", 0.0) for r in reqs) / rounds * 1e3
-            bare = [r["bare_rtt_ms"] for r in reqs if r.get("bare_rtt_ms") is not None]
-            out["bare_rtt_ms"] = statistics.median(bare) if bare else None
-    draft_run_s = sum(r["draft_s"] for r in reqs)
-    waited_prefill_s = 0.0 if cfg.mode == "pipelined" else sum(r["draft_prefill_s"] for r in reqs)
-    out["components_ms_per_round"] = {   # where a round's time goes on each side (device time from events on CUDA)
-        "target_host": (decode_s - verify_s - wire_s - (0.0 if cfg.mode == "pipelined" else draft_run_s)
-                        - waited_prefill_s) / rounds * 1e3,
-        "draft_prefill_waited": waited_prefill_s / rounds * 1e3,
-        "target_gpu_idle": (decode_s - verify_s) / rounds * 1e3,
-        "draft_gpu_idle": max(decode_s - draft_run_s, 0.0) / rounds * 1e3,
-        "wire": wire_s / rounds * 1e3}
+    steps = sum(max(n - 1, 0) for n in n_tokens)
+    step = t.decode / steps if steps else 0.0
+    total = sum(ttft_s + max(n - 1, 0) * step for n in n_tokens)
+    return {"costs": costmodel.Costs(target_step=step, draft_step=0.0).to_dict(),
+            "predicted_tokens_per_s": sum(n_tokens) / total if total else None}
+
+
+def cache_model(reqs: list[dict], cfg: RunConfig) -> tuple[dict, dict | None]:
+    """A pipelined run's outcome cache: its figures, and the cost model's cache terms (None: off).
+
+    With cache 'auto' the target chose per request; the commonest choice is modelled. The hit input is the
+    rank distribution of corrections where acceptance replays a trace (then the hit rate is predicted), else
+    the share of corrections among the draft's next choices, else this run's own hit rate."""
+    out: dict = {}
+    spec = cfg.outcome_cache()
+    if spec == "auto":
+        used = [r.get("cache", "off") for r in reqs]
+        out["cache_auto"] = {u: used.count(u) for u in sorted(set(used))}
+        out["cache_choice"] = next((r["cache_choice"] for r in reversed(reqs) if r.get("cache_choice")), "")
+        spec = max(sorted(set(used)), key=used.count)
+    judged, among = (sum(r.get(f, 0) for r in reqs) for f in ("alt_judged", "alt_among"))
+    if judged:
+        out["corrections_among_next_choices"] = among / judged
+    if spec == "off":
+        return out, None
+    restarts, hits = (sum(r.get(f, 0) for r in reqs) for f in ("stream_restarts", "cache_hits"))
+    out["cache"] = spec
+    out["cache_hit_rate"] = hits / restarts if restarts else None
+    fanout, depth, ranks = parse_cache(spec)
+    shares = rank_shares(cfg.synthetic_trace) if cfg.synthetic_trace else None
+    if shares is None:
+        shares = [0.0, among / judged if judged else out["cache_hit_rate"] or 0.0]
+        ranks = 1
+    return out, costmodel.cache_terms(fanout, depth, ranks, shares, {})   # the rows' cost: in draft_step
+
+
+def pipelined_model(reqs: list[dict], cfg: RunConfig, t: Seconds, alpha: float) -> tuple[costmodel.Costs, float, dict]:
+    """A pipelined run's costs, the event model's tokens/s from them (decode phase), and its figures."""
+    widths, n_rounds = _widths(reqs), rounds(reqs)
+    streamed = sum(r.get("drafted", 0) for r in reqs)
+    rtts = [r["rtt_est_ms"] for r in reqs if r.get("rtt_est_ms") is not None]
+    links = [r["link_rtt_ms"] for r in reqs if r.get("link_rtt_ms") is not None]
+    c = costmodel.Costs(
+        target_step=widths.get(1, 0.0), draft_step=t.draft / max(streamed, 1),
+        verify_s=widths, rtt=(statistics.mean(rtts) / 1e3 if rtts else cfg.rtt_ms / 1e3),
+        overhead=(t.decode - t.verify - t.wire) / n_rounds,
+        link_rtt=statistics.median(links) / 1e3 if links else None)
+    c.draft_period = draft_period(reqs, c.draft_step)
+    if 1 not in widths:      # no plain step in the run: extrapolate a step from the two narrowest widths
+        c.target_step = c.verify(1) if len(widths) > 1 else min(widths.values())
+    out, terms = cache_model(reqs, cfg)
+    sim = costmodel.simulate_pipelined(alpha, c, cfg.k, n_tokens=4000, seed=cfg.seed, adaptive=cfg.adapts,
+                                       cache=terms)
+    if terms:
+        out["predicted_cache_hit_rate"] = sim["cache_hit_rate"]
+    out.update(plain_steps=sum(r.get("plain_steps", 0) for r in reqs), drafted_tokens=streamed, model_pipeline=sim)
+    return c, sim["tokens_per_s"], out
+
+
+def sync_model(reqs: list[dict], cfg: RunConfig, t: Seconds, alpha: float,
+               k_trace: list[int]) -> tuple[costmodel.Costs, float, dict]:
+    """A sync SD run's costs, the rate they predict for its k's (decode phase), and the wire per round
+    (over the link: split by the draft's own timestamps, beside the bare round trip)."""
+    n_rounds = rounds(reqs)
+    draft_prefill = statistics.mean(r["draft_prefill_s"] for r in reqs)
+    c = costmodel.Costs(
+        target_step=0.0,         # not measured in an SD run (stored as null); pair it with a target-only run
+        draft_step=t.draft / sum(r["draft_tokens"] for r in reqs), verify_s=_widths(reqs), rtt=t.wire / n_rounds,
+        overhead=(t.decode - t.draft_total - t.verify - t.wire) / n_rounds
+                 + draft_prefill * len(reqs) / n_rounds)
+    ks = k_trace or [cfg.k]
+    rate = sum(costmodel.expected_tokens(alpha, k) for k in ks) / sum(costmodel.round_time(c, k) for k in ks)
+    out = {"wire_ms_per_round": t.wire / n_rounds * 1e3}
+    if cfg.placement == "ethernet":
+        out["link_ms_per_round"] = sum(r.get("link_s", 0.0) for r in reqs) / n_rounds * 1e3
+        out["draft_host_ms_per_round"] = sum(r.get("draft_host_s", 0.0) for r in reqs) / n_rounds * 1e3
+        bare = [r["bare_rtt_ms"] for r in reqs if r.get("bare_rtt_ms") is not None]
+        out["bare_rtt_ms"] = statistics.median(bare) if bare else None
+    return c, rate, out
+
+
+def components(reqs: list[dict], cfg: RunConfig, t: Seconds) -> dict:
+    """Where a round's time goes on each side, ms per round (device time from events on CUDA); the restarts
+    of a pipelined stream; bytes per round over the link."""
+    n_rounds, pipelined = rounds(reqs), cfg.mode == "pipelined"
+    waited_prefill = 0.0 if pipelined else t.draft_prefill
+    comp = {"target_host": (t.decode - t.verify - t.wire - (0.0 if pipelined else t.draft) - waited_prefill)
+                           / n_rounds * 1e3,
+            "draft_prefill_waited": waited_prefill / n_rounds * 1e3,
+            "target_gpu_idle": (t.decode - t.verify) / n_rounds * 1e3,
+            "draft_gpu_idle": max(t.decode - t.draft, 0.0) / n_rounds * 1e3,
+            "wire": t.wire / n_rounds * 1e3}
     if any(r.get("verify_wall_s") for r in reqs):   # sync SD: the target's host work, split
-        comp = out["components_ms_per_round"]
-        comp["target_verify_overhead"] = sum(r["verify_wall_s"] - r["verify_s"] for r in reqs) / rounds * 1e3
-        comp["target_between_rounds"] = sum(r.get("between_s", 0.0) for r in reqs) / rounds * 1e3
+        comp["target_verify_overhead"] = sum(r["verify_wall_s"] - r["verify_s"] for r in reqs) / n_rounds * 1e3
+        comp["target_between_rounds"] = sum(r.get("between_s", 0.0) for r in reqs) / n_rounds * 1e3
+    out = {"components_ms_per_round": comp}
     restarts = [x for r in reqs for x in r.get("restarts_ms") or []]
     if restarts:
         out["restart_ms"] = {"mean": statistics.mean(restarts), "median": statistics.median(restarts),
                              "p90": sorted(restarts)[int(0.9 * (len(restarts) - 1))], "n": len(restarts)}
     if cfg.placement == "ethernet":
-        out["bytes_per_round"] = sum(r["bytes_sent"] + r["bytes_received"] for r in reqs) / rounds
-    out["costs"] = {**c.to_dict(), "target_step": c.target_step or None}
-    total = sum(ttft + max(n - 1, 0) / rate for n in n_tokens)
-    out["predicted_tokens_per_s"] = sum(n_tokens) / total
+        out["bytes_per_round"] = sum(r["bytes_sent"] + r["bytes_received"] for r in reqs) / n_rounds
+    return out
+
+
+def summarize(reqs: list[dict], cfg: RunConfig) -> dict:
+    """Run summary: timing and acceptance (vLLM's definitions), where the time went, and the cost model's
+    prediction from this run's own alpha and component costs (the event model's, pipelined)."""
+    out, t = timing_and_acceptance(reqs, cfg), Seconds.of(reqs)
+    out.update(time_breakdown(t, cfg.mode))
+    if cfg.mode == "target-only":
+        return {**out, **target_only_model(reqs, t, out["ttft_ms"] / 1e3)}
+    out["k_trace"] = [k for r in reqs for k in r.get("k_trace", [])]
+    if not sum(r["drafts"] for r in reqs) or out["alpha"] is None:
+        return {**out, "predicted_tokens_per_s": None}
+    if cfg.mode == "pipelined":
+        c, rate, figures = pipelined_model(reqs, cfg, t, out["alpha"])
+    else:
+        c, rate, figures = sync_model(reqs, cfg, t, out["alpha"], out["k_trace"])
+    out.update(**figures, **components(reqs, cfg, t), costs={**c.to_dict(), "target_step": c.target_step or None})
+    n_tokens = [len(r["output_ids"]) for r in reqs]
+    out["predicted_tokens_per_s"] = sum(n_tokens) / sum(out["ttft_ms"] / 1e3 + max(n - 1, 0) / rate for n in n_tokens)
     out["predicted_over_measured"] = out["predicted_tokens_per_s"] / out["tokens_per_s"]
     return out
 

@@ -211,69 +211,25 @@ def run_vllm_server(cfg, pair=None, port: int = 0, start_timeout_s: float = 600)
     """cfg through vLLM's OpenAI-compatible server, as on the cluster: `python -m vllm.entrypoints.openai.
     api_server` in a subprocess, one streamed /v1/completions request at a time (token ids in, token ids
     out), the spec-decode counters scraped from its Prometheus /metrics before and after each request."""
-    import urllib.request
     from .. import hardware
     from .config import encode_prompts
     from ..models.presets import load_pair
     from ..place.testbed import free_port
     pair = pair or load_pair(cfg.pair, cfg.target, cfg.draft, device=cfg.device)
-    sd = cfg.mode == "sd"
     port = port or free_port()
     base = f"http://127.0.0.1:{port}"
     kw = engine_args(_job(cfg, pair))
-    target_dir = kw["model"]
-    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", target_dir, "--host", "127.0.0.1",
+    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", kw["model"], "--host", "127.0.0.1",
             "--port", str(port), "--dtype", kw["dtype"], "--max-model-len", str(kw["max_model_len"]),
             "--seed", str(kw["seed"]), "--enforce-eager", "--kv-cache-memory-bytes", str(kw["kv_cache_memory_bytes"])]
-    if sd:
+    if cfg.mode == "sd":
         args += ["--speculative-config", json.dumps(kw["speculative_config"])]
     log = tempfile.NamedTemporaryFile("w+", prefix="sdeth-vllm-server-", suffix=".log", delete=False)
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    t0 = time.time()
     try:
-        while True:
-            try:
-                if urllib.request.urlopen(f"{base}/health", timeout=2).status == 200:
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() - t0 > start_timeout_s:
-                log.seek(0)
-                tail = "\n".join(log.read().splitlines()[-25:])
-                raise start_error(proc.poll(), tail, kw["kv_cache_memory_bytes"])
-            time.sleep(1)
-        start_s = time.time() - t0
-
-        def counters():
-            return scrape_spec_counters(urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode())
-
-        reqs = []
-        for pid, ids in encode_prompts(cfg, pair.tokenizer):
-            before = counters()
-            body = {"model": target_dir, "prompt": ids, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
-                    "top_p": cfg.top_p, "top_k": cfg.top_k or -1, "seed": cfg.seed, "stream": True,
-                    "return_token_ids": True, "stop_token_ids": [pair.tokenizer.eos_token_id]}
-            rq = urllib.request.Request(f"{base}/v1/completions", json.dumps(body).encode(),
-                                        {"Content-Type": "application/json"})
-            toks, t_first = [], None
-            t = time.perf_counter()
-            with urllib.request.urlopen(rq, timeout=600) as resp:
-                for raw in resp:
-                    line = raw.decode().strip()
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    new = (json.loads(line[6:])["choices"] or [{}])[0].get("token_ids") or []
-                    if new and t_first is None:
-                        t_first = time.perf_counter()
-                    toks += new
-            t_end = time.perf_counter()
-            drafts, draft_tokens, accepted, per = _delta(counters(), before, cfg.k) if sd else (0, 0, 0, [])
-            t_first = t_first or t_end
-            reqs.append({"prompt_id": pid, "prompt_tokens": len(ids), "output_ids": toks,
-                         "ttft_ms": (t_first - t) * 1e3, "e2e_s": t_end - t,
-                         "tpot_ms": (t_end - t_first) * 1e3 / (len(toks) - 1) if len(toks) > 1 else None,
-                         "drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted,
-                         "accepted_per_pos": per})
+        start_s = _wait_healthy(proc, log, base, start_timeout_s, kw["kv_cache_memory_bytes"])
+        reqs = [_server_request(base, kw["model"], cfg, pair.tokenizer.eos_token_id, pid, ids)
+                for pid, ids in encode_prompts(cfg, pair.tokenizer)]
     finally:
         os.killpg(proc.pid, 9) if proc.poll() is None else None
         proc.wait(timeout=30)
@@ -284,3 +240,51 @@ def run_vllm_server(cfg, pair=None, port: int = 0, start_timeout_s: float = 600)
                                                     "pair_resolved": pair.describe()},
             "hardware": hardware.describe(cfg.device), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "requests": reqs, "summary": summary}
+
+
+def _wait_healthy(proc, log, base: str, timeout_s: float, kv_bytes: int) -> float:
+    """Until the server's /health answers 200; the seconds that took. start_error (with the log's tail) if the
+    server exits first or takes longer than timeout_s."""
+    import urllib.request
+    t0 = time.time()
+    while True:
+        try:
+            if urllib.request.urlopen(f"{base}/health", timeout=2).status == 200:
+                return time.time() - t0
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() - t0 > timeout_s:
+            log.seek(0)
+            tail = "\n".join(log.read().splitlines()[-25:])
+            raise start_error(proc.poll(), tail, kv_bytes)
+        time.sleep(1)
+
+
+def _server_request(base: str, model: str, cfg, eos: int, pid: str, ids: list[int]) -> dict:
+    """One streamed /v1/completions request of token ids; its record (the `requests` entries), with the
+    spec-decode counters' change over it (sd)."""
+    import urllib.request
+    counters = lambda: scrape_spec_counters(urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode())  # noqa: E731
+    before = counters()
+    body = {"model": model, "prompt": ids, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
+            "top_p": cfg.top_p, "top_k": cfg.top_k or -1, "seed": cfg.seed, "stream": True,
+            "return_token_ids": True, "stop_token_ids": [eos]}
+    rq = urllib.request.Request(f"{base}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    toks, t_first = [], None
+    t = time.perf_counter()
+    with urllib.request.urlopen(rq, timeout=600) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            new = (json.loads(line[6:])["choices"] or [{}])[0].get("token_ids") or []
+            if new and t_first is None:
+                t_first = time.perf_counter()
+            toks += new
+    t_end = time.perf_counter()
+    drafts, draft_tokens, accepted, per = _delta(counters(), before, cfg.k) if cfg.mode == "sd" else (0, 0, 0, [])
+    t_first = t_first or t_end
+    return {"prompt_id": pid, "prompt_tokens": len(ids), "output_ids": toks,
+            "ttft_ms": (t_first - t) * 1e3, "e2e_s": t_end - t,
+            "tpot_ms": (t_end - t_first) * 1e3 / (len(toks) - 1) if len(toks) > 1 else None,
+            "drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted, "accepted_per_pos": per}

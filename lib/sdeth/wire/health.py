@@ -18,11 +18,12 @@ from .transport import Client
 
 class DraftHealth:
     def __init__(self, addr: str, interval_s: float = 0.25, timeout_s: float = 0.5, misses: int = 3,
-                 max_backoff_s: float = 1.0):
-        self.addr, self.interval_s, self.timeout_s = addr, interval_s, timeout_s
+                 max_backoff_s: float = 1.0, keys=None):
+        self.addr, self.interval_s, self.timeout_s, self.keys = addr, interval_s, timeout_s, keys
         self.misses, self.max_backoff_s = misses, max_backoff_s
         self.up = False
         self.since = time.time()
+        self.why = "no heartbeat answered yet"   # what the last change of state was seen by
         self.events: list[dict] = []        # {"event": "draft up" | "draft down", "at": unix time, "why": ...}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -33,9 +34,11 @@ class DraftHealth:
     def _set(self, up: bool, why: str) -> None:
         with self._lock:
             if up != self.up:
-                self.up, self.since = up, time.time()
+                self.up, self.since, self.why = up, time.time(), why
                 self.events.append({"event": "draft up" if up else "draft down", "at": self.since, "why": why})
-                print(f"sdeth target worker health: draft at {self.addr} {'up' if up else 'down'} ({why})", flush=True)
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.since))
+                print(f"{stamp} sdeth target worker health: draft at {self.addr} {'up' if up else 'down'} ({why})",
+                      flush=True)
 
     def mark_down(self, why: str) -> None:
         self._set(False, why)
@@ -50,13 +53,13 @@ class DraftHealth:
             return [e for e in self.events if e["at"] >= t]
 
     def _run(self) -> None:
-        client = Client(self.addr, timeout_s=self.timeout_s)
+        client = Client(self.addr, timeout_s=self.timeout_s, keys=self.keys)
         missed, backoff = 0, self.interval_s
         try:
             while not self._stop.is_set():
                 try:
                     ok = isinstance(client.call(protocol.Ping(time.time()), timeout_s=self.timeout_s), protocol.Pong)
-                except (TimeoutError, protocol.ProtocolError):
+                except (TimeoutError, ConnectionError, protocol.ProtocolError):
                     ok = False
                 self._checked.set()
                 if ok:

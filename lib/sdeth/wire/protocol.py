@@ -20,10 +20,18 @@ and controller -> target worker: Generate(req, prompt ids, mode, k, sampling) ->
 """
 from __future__ import annotations
 
+import typing
+
 import msgspec
 
 PROTOCOL_VERSION = 3
 MAX_MESSAGE_BYTES = 8 << 20     # a prompt of 2048 ids is ~10 KB; anything near this is an error
+MAX_REQ_ID = 128                # characters in a request id
+SEED_MAX = 1 << 62              # seeds are in [0, SEED_MAX] (the draft's own seed is derived by adding to it)
+
+ReqId = typing.Annotated[str, msgspec.Meta(max_length=MAX_REQ_ID)]
+Seed = typing.Annotated[int, msgspec.Meta(ge=0, le=SEED_MAX)]
+DraftSeed = typing.Annotated[int, msgspec.Meta(ge=0, le=SEED_MAX + (1 << 32))]   # a Start's: a request's plus an offset
 
 
 class ProtocolError(ValueError):
@@ -64,7 +72,7 @@ def sampling_args(msg) -> tuple:
 
 
 class Start(msgspec.Struct, tag="start"):
-    req: str
+    req: ReqId
     prompt_ids: list[int]
     size: int
     temperature: float = 0.0
@@ -72,7 +80,7 @@ class Start(msgspec.Struct, tag="start"):
     top_k: int = 0
     draft_sampled: bool = False
     q_top: int = 64
-    seed: int = 0
+    seed: DraftSeed = 0
     stream: bool = False     # pipelined: draft ahead and stream Drafted messages, no Propose
     first: int = -1          # stream: the target's first token (position 0)
     window: int = 16         # stream: draft at most this far past the last position the target settled
@@ -83,19 +91,19 @@ class Start(msgspec.Struct, tag="start"):
 
 
 class Started(msgspec.Struct, tag="started"):
-    req: str
+    req: ReqId
     prefill_ms: float
 
 
 class Propose(msgspec.Struct, tag="propose"):
-    req: str
+    req: ReqId
     n_prev: int      # tokens of the previous proposal the target accepted
     nxt: int         # the target's token after them
     k: int
 
 
 class Proposal(msgspec.Struct, tag="proposal"):
-    req: str
+    req: ReqId
     tokens: list[int]
     draft_ms: float                          # the draft model's compute for this proposal
     q_idx: list[list[int]] | None = None     # sampled draft: [k][q_top] token ids
@@ -107,14 +115,14 @@ class Proposal(msgspec.Struct, tag="proposal"):
 class Commit(msgspec.Struct, tag="commit"):
     """Pipelined, target -> draft, no reply: the target's own token at `pos`; every earlier position
     is settled (as drafted, or as earlier Commits said). See sdeth.pipeline."""
-    req: str
+    req: ReqId
     pos: int
     token: int
 
 
 class Drafted(msgspec.Struct, tag="drafted"):
     """Pipelined, draft -> target, unasked: the draft's token at `pos` in run `epoch`."""
-    req: str
+    req: ReqId
     epoch: int
     pos: int
     token: int
@@ -131,11 +139,11 @@ class Drafted(msgspec.Struct, tag="drafted"):
 
 
 class End(msgspec.Struct, tag="end"):
-    req: str
+    req: ReqId
 
 
 class Ended(msgspec.Struct, tag="ended"):
-    req: str
+    req: ReqId
 
 
 class Ping(msgspec.Struct, tag="ping"):
@@ -151,7 +159,7 @@ class Pong(msgspec.Struct, tag="pong"):
 
 class Generate(msgspec.Struct, tag="generate"):
     """controller -> target worker: decode one request."""
-    req: str
+    req: ReqId
     prompt_ids: list[int]
     max_tokens: int
     mode: str = "sd"               # sd | pipelined | target-only
@@ -161,39 +169,61 @@ class Generate(msgspec.Struct, tag="generate"):
     top_p: float = 1.0
     top_k: int = 0
     draft_sampled: bool = False
-    seed: int = 0
+    seed: Seed = 0
     cache: str = "off"             # pipelined: the outcome cache, "off", "auto" (the target's model decides per
                                    # request) or FANOUT[xDEPTH[xRANKS]]
 
 
 class Generated(msgspec.Struct, tag="generated"):
-    req: str
+    req: ReqId
     record: dict                   # loop.Request as a dict, plus link counters
 
 
 class Error(msgspec.Struct, tag="error"):
-    code: str        # bad-message | too-large | version | mismatch | unknown-request | internal
+    code: str        # bad-message | too-large | version | mismatch | unknown-request | busy | limit | internal
     message: str
 
 
 Message = (Hello | Welcome | Start | Started | Propose | Proposal | Commit | Drafted | End | Ended | Ping | Pong
            | Generate | Generated | Error)
 _enc = msgspec.msgpack.Encoder()
-_dec = msgspec.msgpack.Decoder(Message)
 
 
 def encode(msg: Message) -> bytes:
     return _enc.encode(msg)
 
 
-def decode(data: bytes) -> Message:
-    """bytes -> a typed message; ProtocolError (with the reason) for anything else."""
-    if len(data) > MAX_MESSAGE_BYTES:
-        raise ProtocolError("too-large", f"message of {len(data)} bytes exceeds the limit of {MAX_MESSAGE_BYTES}")
-    try:
-        return _dec.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise ProtocolError("bad-message", f"malformed message ({len(data)} bytes): {e}") from None
+class Decoder:
+    """bytes -> one of `types` (the messages one role takes); anything else is a ProtocolError, never another
+    exception: too large, malformed, a message this role does not take, or nested too deeply. No message a worker
+    takes holds containers a peer chooses, so there a deep frame is refused at its first level; a Generated record
+    (read by controllers) is free-form, and its depth is bounded by Python's recursion limit (RecursionError, caught)."""
+
+    def __init__(self, who: str, types: tuple):
+        self.who, self.types = who, types
+        self.names = ", ".join(t.__name__ for t in types)
+        self._dec = msgspec.msgpack.Decoder(typing.Union[types] if len(types) > 1 else types[0])
+
+    def __call__(self, data: bytes) -> Message:
+        if len(data) > MAX_MESSAGE_BYTES:
+            raise ProtocolError("too-large", f"message of {len(data)} bytes exceeds the limit of {MAX_MESSAGE_BYTES}")
+        try:
+            return self._dec.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            why = str(e)
+        except RecursionError:
+            why = "containers nested too deeply"
+        except Exception as e:    # a decoder fault must never take a worker down
+            why = f"{type(e).__name__}: {e}"
+        raise ProtocolError("bad-message", f"malformed message ({len(data)} bytes) for {self.who} (it takes "
+                                           f"{self.names}): {why}") from None
+
+
+DRAFT_TAKES = (Hello, Start, Propose, Commit, End, Ping)          # what a draft worker serves
+DRAFT_SENDS = (Welcome, Started, Proposal, Drafted, Ended, Pong, Error)
+TARGET_TAKES = (Generate, Ping)                                   # what a target worker serves
+TARGET_SENDS = (Generated, Pong, Error)
+decode = Decoder("a peer", typing.get_args(Message))              # any message of the protocol
 
 
 def check_hello(h: Hello, mine: Welcome) -> Error | None:

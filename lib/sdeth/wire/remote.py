@@ -14,7 +14,12 @@ from ..runtime.loop import DraftUnavailable
 from ..runtime.pipeline import StreamView
 from ..runtime.verify import Sampling
 from . import protocol
-from .transport import Client
+from .transport import Client, PeerGone
+
+HEALTH_SLICE_S = 0.1     # a reply is awaited in slices this long, the heartbeat's view read between them
+
+
+DECODE = protocol.Decoder("a draft worker's client", protocol.DRAFT_SENDS)
 
 
 class RemoteDrafter:
@@ -23,8 +28,11 @@ class RemoteDrafter:
     starts_async = True         # start() sends Start and returns; the Started reply is taken at the first propose
 
     def __init__(self, addr: str, hello: protocol.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0,
-                 device="cpu", spin_s: float = 0.0):
-        self.client = Client(addr, timeout_s, spin_s)
+                 device="cpu", spin_s: float = 0.0, health=None, keys=None):
+        self.client = Client(addr, timeout_s, spin_s, decode=DECODE, gone_fast=True, keys=keys)
+        self.health = health      # wire.health.DraftHealth or None: a draft it marks down is not waited for
+        self.lost = ""            # why the draft was lost in the current request ("" while it serves)
+        self.lost_answered = False   # ... and whether the draft worker said so itself (it is alive)
         self.s, self.q_top, self.seq = s, q_top, 0
         self.device = torch.device(device)        # the target's: q is rebuilt where the target verifies
         reply = self._call(hello)
@@ -43,24 +51,57 @@ class RemoteDrafter:
             try:
                 if isinstance(self.client.call(protocol.Ping(time.time()), timeout_s=1.0), protocol.Pong):
                     rtts.append((time.perf_counter() - t0) * 1e3)
-            except TimeoutError:       # a draft gone quiet: the first Propose will say so (DraftUnavailable)
+            except (TimeoutError, PeerGone):       # a draft gone quiet: the first Propose will say so (DraftUnavailable)
                 break
         return sorted(rtts)[len(rtts) // 2] if rtts else float("nan")
 
+    def unavailable(self, why: str, answered: bool = False) -> DraftUnavailable:
+        """The error that ends drafting for this request; its reason is kept for the request's record. answered:
+        the draft worker itself said no (an Error reply), so it is alive."""
+        if not self.lost:
+            self.lost, self.lost_answered = why, answered
+        return DraftUnavailable(why)
+
+    def _down(self) -> str:
+        """Why the heartbeat says the draft is away, or '' while it is up (or there is no heartbeat)."""
+        if self.health is None or self.health.up:
+            return ""
+        return f"the heartbeat marked the draft worker at {self.client.addr} down ({self.health.why})"
+
+    def _recv(self, timeout_s: float):
+        """The next message within timeout_s, or None; waits in slices and stops early (DraftUnavailable)
+        when the connection closes or the heartbeat marks the draft down."""
+        t_end = time.perf_counter() + timeout_s
+        try:
+            while True:
+                msg = self.client.recv(min(HEALTH_SLICE_S, max(t_end - time.perf_counter(), 0)))
+                if msg is not None:
+                    return msg
+                if why := self._down():        # also for the pipelined loop's short waits and polls
+                    raise self.unavailable(why)
+                if time.perf_counter() >= t_end:
+                    return None
+        except (PeerGone, protocol.ProtocolError) as e:
+            raise self.unavailable(str(e)) from None
+
     def _call(self, msg):
         """Send msg and take the reply (msg None: only take the next message)."""
-        try:
-            reply = self.client.call(msg) if msg is not None else self.client.call_reply()
-        except TimeoutError as e:
-            raise DraftUnavailable(str(e)) from None
+        if msg is not None:
+            self.client.forget_gone()
+            self.client.send(msg)
+        reply = self._recv(self.client.timeout_s)
+        if reply is None:
+            self.client.reopen()          # a late reply must not be taken for the next one
+            raise self.unavailable(f"no answer from {self.client.addr} within {self.client.timeout_s:.1f} s")
         if isinstance(reply, protocol.Error) and not isinstance(msg, protocol.Hello):
-            raise DraftUnavailable(f"draft worker error ({reply.code}): {reply.message}")
+            raise self.unavailable(f"draft worker error ({reply.code}): {reply.message}", answered=True)
         return reply
 
     def _begin(self, seed: int | None) -> int:
         """A new request: its id, zeroed counters, and the draft's sampling seed (None: a fresh one)."""
         self.seq += 1
         self.req = f"{os.getpid()}-{self.seq}-{uuid.uuid4().hex[:6]}"
+        self.lost, self.lost_answered = "", False
         self.compute_s = self.held_s = self.started_wait_s = 0.0
         return int.from_bytes(os.urandom(7), "little") if seed is None else seed
 
@@ -69,6 +110,7 @@ class RemoteDrafter:
         taken in before the first proposal; an error there makes that proposal fail: decode alone)."""
         seed = self._begin(seed)
         s = s or self.s
+        self.client.forget_gone()
         self.client.send(protocol.Start(self.req, list(prompt_ids), size, q_top=self.q_top, seed=seed,
                                         **protocol.sampling_fields(s)))
         self.starting = True
@@ -80,7 +122,7 @@ class RemoteDrafter:
             reply = self._call(None)
             self.started_wait_s = time.perf_counter() - t0
             if not isinstance(reply, protocol.Started) or reply.req != self.req:
-                raise DraftUnavailable(f"draft worker answered Start with {type(reply).__name__}")
+                raise self.unavailable(f"draft worker answered Start with {type(reply).__name__}")
 
     def propose(self, n_prev: int, nxt: int, k: int):
         self._started()
@@ -104,7 +146,7 @@ class RemoteDrafter:
                 self.starting = False
                 self.client.call_reply(timeout_s=1.0)
             self.client.call(protocol.End(self.req), timeout_s=1.0)
-        except (TimeoutError, protocol.ProtocolError):
+        except (TimeoutError, PeerGone, protocol.ProtocolError):
             pass
 
 
@@ -114,8 +156,8 @@ class RemoteStream(RemoteDrafter):
     streamed: int = 0           # tokens the draft streamed in this request
 
     def __init__(self, addr: str, hello: protocol.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0,
-                 device="cpu", spin_s: float = 0.0, window: int = 16):
-        super().__init__(addr, hello, s, q_top, timeout_s, device, spin_s)
+                 device="cpu", spin_s: float = 0.0, window: int = 16, health=None, keys=None):
+        super().__init__(addr, hello, s, q_top, timeout_s, device, spin_s, health, keys)
         self.window, self.view, self.est, self.by_commit = window, StreamView(), None, False
         self.cache = (0, 4, 1)                          # the outcome cache: (fanout, depth, ranks); 0: off
         self.watch = 0                                  # cache off: ask for the draft's next choices (Start.watch)
@@ -128,12 +170,12 @@ class RemoteStream(RemoteDrafter):
         self.client.send(msg)
         t_end = time.perf_counter() + timeout_s
         while (left := t_end - time.perf_counter()) > 0:
-            reply = self.client.recv(left)
+            reply = self._recv(left)
             if isinstance(reply, protocol.Error):
-                raise DraftUnavailable(f"draft worker error ({reply.code}): {reply.message}")
+                raise self.unavailable(f"draft worker error ({reply.code}): {reply.message}", answered=True)
             if isinstance(reply, kind) and reply.req == self.req:
                 return reply
-        raise DraftUnavailable(f"no {kind.__name__} from {self.client.addr} within {timeout_s:.1f} s")
+        raise self.unavailable(f"no {kind.__name__} from {self.client.addr} within {timeout_s:.1f} s")
 
     def start(self, prompt_ids, size, first, s=None, seed=None):
         seed = self._begin(seed)
@@ -143,6 +185,7 @@ class RemoteStream(RemoteDrafter):
         self.periods_ms: list[float] = []      # the draft's step to step, where it timed one (Drafted.period_ms)
         self.by_commit = False
         self.view.reset()
+        self.client.forget_gone()
         # not waiting for Started: the draft's prefill overlaps the target's first steps
         self.client.send(protocol.Start(self.req, list(prompt_ids), size, q_top=self.q_top, seed=seed, stream=True,
                                         first=first, window=self.window, fanout=self.cache[0], depth=self.cache[1],
@@ -158,7 +201,7 @@ class RemoteStream(RemoteDrafter):
 
     def _take(self, msg) -> None:
         if isinstance(msg, protocol.Error):
-            raise DraftUnavailable(f"draft worker error ({msg.code}): {msg.message}")
+            raise self.unavailable(f"draft worker error ({msg.code}): {msg.message}", answered=True)
         if not isinstance(msg, protocol.Drafted) or msg.req != self.req:
             return
         q = self._q(msg.q_idx, msg.q_val)
@@ -206,11 +249,11 @@ class RemoteStream(RemoteDrafter):
         return msg.restart_ms + self.link_ms
 
     def poll(self) -> None:
-        while (msg := self.client.recv(0)) is not None:
+        while (msg := self._recv(0)) is not None:
             self._take(msg)
 
     def wait(self, timeout_s: float) -> bool:
-        msg = self.client.recv(timeout_s)
+        msg = self._recv(timeout_s)
         if msg is None:
             return False
         self._take(msg)
@@ -220,5 +263,5 @@ class RemoteStream(RemoteDrafter):
     def end(self):
         try:
             self._expect(protocol.End(self.req), protocol.Ended, 1.0)
-        except (DraftUnavailable, protocol.ProtocolError):
+        except (DraftUnavailable, PeerGone, protocol.ProtocolError):
             pass

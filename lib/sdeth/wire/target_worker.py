@@ -1,5 +1,9 @@
 """The target worker: decodes requests from a controller, with SD against a remote draft worker when
 one answers, alone otherwise. `python -m sdeth worker --role target --bind ... --draft-addr ...`.
+
+Each Generate is served in three steps: connect (a handle on the draft worker, re-made after a loss, none
+while the heartbeat says the draft is away), decode (the request's mode), record (the request's figures,
+its bytes on the link, and why it lost its draft if it did).
 """
 from __future__ import annotations
 
@@ -17,91 +21,135 @@ from . import protocol
 from .draft_worker import MAX_K, WARM_WIDTHS
 from .health import DraftHealth
 from .remote import RemoteDrafter, RemoteStream
-from .transport import reply, serve_requests
+from .transport import Log, reply, serve_requests
+
+DECODE = protocol.Decoder("a target worker", protocol.TARGET_TAKES)
+DRAFT_SEED_OFFSET = 1_000_003      # the draft's own draws: seeded from the request's, reproducible
+
+
+class TargetWorker:
+    """One target engine for the worker's life, a heartbeat on the draft worker, a handler per message."""
+
+    def __init__(self, pair, draft_addr: str | None, draft_timeout_s: float = 5.0,
+                 engine_opts: dict | None = None, spin_s: float = 0.0, keys=None):
+        self.pair, self.draft_addr, self.draft_timeout_s, self.spin_s = pair, draft_addr, draft_timeout_s, spin_s
+        self.keys = keys                     # wire.auth.Keys: CURVE both ways (its clients, and to the draft)
+        self.target = make_engine(pair.target, "target", "target", vocab=pair.vocab_size, **(engine_opts or {}))
+        self.target.warm(WARM_WIDTHS)
+        self.eos = pair.tokenizer.eos_token_id
+        self.hello = protocol.Hello(protocol.PROTOCOL_VERSION, "target", pair.config.target, pair.vocab_size,
+                                    tokenizer_hash(pair.tokenizer), pair.config.dtype)
+        self.drafter = None                  # RemoteDrafter | RemoteStream while connected
+        self.why_not = ""                    # why the last request had no draft
+        self.health = DraftHealth(draft_addr, keys=keys) if draft_addr else None
+        if self.health is not None:
+            self.health.wait_first()
+        self.estimators: dict[str, AdaptivePolicy] = {}   # per mode; they carry what they learnt onwards
+        self.log = Log("target worker")
+        self.handlers = {protocol.Ping: self.handle_ping, protocol.Generate: self.handle_generate}
+
+    def serve(self, bind: str, max_seconds: float = 0) -> None:
+        self.log.line(f"{self.pair.config.target} on {bind}, draft at {self.draft_addr}")
+        for sock, ident, msg, t1, peer in serve_requests(bind, DECODE, self.log, max_seconds, keys=self.keys):
+            try:
+                out = self.handlers[type(msg)](msg, t1)
+            except Exception as e:
+                out = protocol.Error("internal", f"{type(msg).__name__} failed: {type(e).__name__}: {e}")
+                self.drop_drafter()          # its socket may hold replies of the failed request
+            if isinstance(out, protocol.Error):
+                self.log.refused(peer, out.code, f"{type(msg).__name__} {getattr(msg, 'req', '')!r}: {out.message}")
+            reply(sock, ident, out)
+
+    def drop_drafter(self) -> None:
+        if self.drafter is not None:
+            self.drafter.client.close()
+            self.drafter = None
+
+    def handle_ping(self, msg: protocol.Ping, t1: float):
+        return protocol.Pong(msg.t0, t1, time.time())
+
+    def handle_generate(self, msg: protocol.Generate, t1: float):
+        bad = protocol.check_generate(msg, self.pair.vocab_size, self.target.capacity, MAX_K)
+        if bad is not None:
+            return bad
+        s = Sampling(*protocol.sampling_args(msg))
+        gen = torch.Generator(device=self.target.device).manual_seed(msg.seed)   # where the draws happen
+        if msg.mode == "target-only":
+            r = generate_target_only(self.target, msg.prompt_ids, msg.max_tokens, s, self.eos, gen, msg.req)
+            return protocol.Generated(msg.req, {**r.__dict__, "bytes_sent": 0, "bytes_received": 0})
+        t_req = time.time()
+        drafter = self.connect(RemoteStream if msg.mode == "pipelined" else RemoteDrafter, s)
+        b0 = (drafter.client.sent, drafter.client.received) if drafter else (0, 0)
+        r, cache_used, cache_why = self.decode(msg, drafter, s, gen)
+        b1 = (drafter.client.sent, drafter.client.received) if drafter else b0
+        self.after(msg, r, drafter)
+        return protocol.Generated(msg.req, {**r.__dict__, "bytes_sent": b1[0] - b0[0], "bytes_received": b1[1] - b0[1],
+                                            **self.draft_record(r, t_req), "cache": cache_used,
+                                            "cache_choice": cache_why})
+
+    def connect(self, kind, s: Sampling):
+        """The handle on the draft worker for this request (kind: RemoteDrafter or RemoteStream), or None
+        (why_not says why): dropped while the heartbeat says the draft is away, re-made when it is back."""
+        if self.drafter is not None and (type(self.drafter) is not kind or (self.health and not self.health.up)):
+            self.drop_drafter()
+        if self.health is not None and not self.health.up:
+            since = time.strftime('%H:%M:%SZ', time.gmtime(self.health.since))
+            self.why_not = f"draft worker at {self.draft_addr} down since {since} ({self.health.why})"
+        elif self.drafter is None and self.draft_addr:
+            try:
+                self.drafter = kind(self.draft_addr, self.hello, s, timeout_s=self.draft_timeout_s,
+                                    device=self.target.device, spin_s=self.spin_s, health=self.health,
+                                    keys=self.keys)
+            except (DraftUnavailable, ConnectionRefusedError) as e:
+                self.why_not = str(e)
+                if self.health is not None and isinstance(e, DraftUnavailable):
+                    self.health.mark_down(self.why_not)
+        return self.drafter
+
+    def decode(self, msg: protocol.Generate, drafter, s: Sampling, gen):
+        """Decode one SD request (sync or pipelined); (record, the outcome cache used, why)."""
+        est = self.estimators.setdefault(f"{msg.mode}-{msg.k}-{msg.adaptive}",
+                                         AdaptivePolicy() if msg.adaptive or msg.mode != "pipelined" else FixedPolicy())
+        source = drafter or _NoDraft(self.why_not)
+        draft_seed = msg.seed + DRAFT_SEED_OFFSET
+        if msg.mode != "pipelined":
+            return generate_sd(self.target, source, msg.prompt_ids, msg.max_tokens, msg.k, s, self.eos, gen, msg.req,
+                               est if msg.adaptive else None, draft_seed), "off", ""
+        cache_used, cache_why = "off", ""
+        if drafter is not None:
+            drafter.window, drafter.est = 2 * msg.k + 2, est
+            drafter.cache, drafter.watch, cache_why = outcome_cache(msg.cache, msg.k, drafter.peer, est)
+            cache_used = "x".join(map(str, drafter.cache)) if drafter.cache[0] else "off"
+        r = generate_pipelined(self.target, source, msg.prompt_ids, msg.max_tokens, msg.k, s, self.eos, gen, msg.req,
+                               est, self.draft_timeout_s, draft_seed)
+        return r, cache_used, cache_why
+
+    def after(self, msg: protocol.Generate, r, drafter) -> None:
+        """A request that lost its draft drops the handle (re-made, with a new handshake, next time) and
+        tells the heartbeat; a sync request that kept it ends its draft-side state."""
+        if drafter is None:
+            return
+        if r.tokens_without_draft:
+            self.why_not = drafter.lost or f"lost in request {msg.req!r}"
+            self.drop_drafter()
+            if self.health is not None and not drafter.lost_answered:   # (a draft that answered is alive)
+                self.health.mark_down(self.why_not)
+        elif msg.mode != "pipelined":
+            drafter.end()          # (generate_pipelined ends its stream itself)
+
+    def draft_record(self, r, t_req: float) -> dict:
+        """Why this request decoded without its draft (empty when it did not), and the faults met on the way."""
+        events = self.health.events_since(t_req) if self.health is not None else []
+        if r.tokens_without_draft and not events:
+            events = [{"event": "draft unavailable", "at": time.time(), "why": self.why_not}]
+        return {"draft_unavailable": self.why_not if r.tokens_without_draft else "", "fault_events": events}
 
 
 def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float = 5.0,
-                 max_seconds: float = 0, engine_opts: dict | None = None, spin_s: float = 0.0) -> None:
-    """Decode requests from a controller; SD with the remote draft when it answers."""
-    target = make_engine(pair.target, "target", "target", vocab=pair.vocab_size, **(engine_opts or {}))
-    target.warm(WARM_WIDTHS)
-    eos = pair.tokenizer.eos_token_id
-    hello = protocol.Hello(protocol.PROTOCOL_VERSION, "target", pair.config.target, pair.vocab_size,
-                    tokenizer_hash(pair.tokenizer), pair.config.dtype)
-    drafter, why_not = None, ""
-    health = DraftHealth(draft_addr) if draft_addr else None
-    if health is not None:
-        health.wait_first()
-    estimators: dict[str, AdaptivePolicy] = {}      # per mode; they carry what they learnt to the next request
-    print(f"sdeth target worker: {pair.config.target} on {bind}, draft at {draft_addr}", flush=True)
-    for sock, ident, msg, t1 in serve_requests(bind, max_seconds):
-        if isinstance(msg, protocol.Ping):
-            reply(sock, ident, protocol.Pong(msg.t0, t1, time.time()))
-            continue
-        if not isinstance(msg, protocol.Generate):
-            reply(sock, ident, protocol.Error("bad-message", f"a target worker takes Generate, not {type(msg).__name__}"))
-            continue
-        bad = protocol.check_generate(msg, pair.vocab_size, target.capacity, MAX_K)
-        if bad is not None:
-            print(f"sdeth target worker: refused: {bad.message}", flush=True)
-            reply(sock, ident, bad)
-            continue
-        try:
-            s = Sampling(*protocol.sampling_args(msg))
-            gen = torch.Generator(device=target.device).manual_seed(msg.seed)   # where the draws happen
-            draft_seed = msg.seed + 1_000_003           # the draft's own draws: fresh per request, reproducible
-            if msg.mode == "target-only":
-                r = generate_target_only(target, msg.prompt_ids, msg.max_tokens, s, eos, gen, msg.req)
-                rec = {**r.__dict__, "bytes_sent": 0, "bytes_received": 0}
-            else:
-                kind = RemoteStream if msg.mode == "pipelined" else RemoteDrafter
-                if drafter is not None and type(drafter) is not kind:
-                    drafter.client.close()
-                    drafter = None
-                t_req = time.time()
-                if health is not None and not health.up:
-                    if drafter is not None:            # away: decode alone now, reconnect when it is back
-                        drafter.client.close()
-                        drafter = None
-                    why_not = f"draft worker at {draft_addr} down since {time.strftime('%H:%M:%S', time.localtime(health.since))}"
-                elif drafter is None and draft_addr:
-                    try:
-                        drafter = kind(draft_addr, hello, s, timeout_s=draft_timeout_s, device=target.device, spin_s=spin_s)
-                    except (DraftUnavailable, ConnectionRefusedError) as e:
-                        why_not = str(e)
-                        if health is not None and isinstance(e, DraftUnavailable):
-                            health.mark_down(why_not)
-                b0 = (drafter.client.sent, drafter.client.received) if drafter else (0, 0)
-                est = estimators.setdefault(f"{msg.mode}-{msg.k}-{msg.adaptive}",
-                                            AdaptivePolicy() if msg.adaptive or msg.mode != "pipelined" else FixedPolicy())
-                cache_used, cache_why = "off", ""
-                if msg.mode == "pipelined":
-                    if drafter is not None:
-                        drafter.window, drafter.est = 2 * msg.k + 2, est
-                        drafter.cache, drafter.watch, cache_why = outcome_cache(msg.cache, msg.k, drafter.peer, est)
-                        cache_used = "x".join(map(str, drafter.cache)) if drafter.cache[0] else "off"
-                    r = generate_pipelined(target, drafter or _NoDraft(why_not), msg.prompt_ids, msg.max_tokens,
-                                           msg.k, s, eos, gen, msg.req, est, draft_timeout_s, draft_seed)
-                else:
-                    r = generate_sd(target, drafter or _NoDraft(why_not), msg.prompt_ids, msg.max_tokens, msg.k, s,
-                                    eos, gen, msg.req, est if msg.adaptive else None, draft_seed)
-                if drafter is not None and r.tokens_without_draft:
-                    drafter.client.close()
-                    drafter = None           # reconnect (and re-handshake) for the next request
-                    if health is not None:
-                        health.mark_down(f"lost in request {msg.req!r}")
-                elif drafter is not None and msg.mode != "pipelined":
-                    drafter.end()          # (generate_pipelined ends its stream itself)
-                b1 = (drafter.client.sent, drafter.client.received) if drafter else b0
-                events = health.events_since(t_req) if health is not None else []
-                if r.tokens_without_draft and not events:
-                    events = [{"event": "draft unavailable", "at": time.time(), "why": why_not}]
-                rec = {**r.__dict__, "bytes_sent": b1[0] - b0[0], "bytes_received": b1[1] - b0[1],
-                       "draft_unavailable": why_not if r.tokens_without_draft else "", "fault_events": events,
-                       "cache": cache_used, "cache_choice": cache_why}
-            reply(sock, ident, protocol.Generated(msg.req, rec))
-        except Exception as e:
-            reply(sock, ident, protocol.Error("internal", f"{type(e).__name__}: {e}"))
+                 max_seconds: float = 0, engine_opts: dict | None = None, spin_s: float = 0.0, keys=None) -> None:
+    """Decode requests from a controller; SD with the remote draft when it answers. keys: CURVE on both
+    links (wire.auth.Keys); None: plain TCP."""
+    TargetWorker(pair, draft_addr, draft_timeout_s, engine_opts, spin_s, keys).serve(bind, max_seconds)
 
 
 def outcome_cache(spec: str, k_max: int, peer: protocol.Welcome, est) -> tuple[tuple, int, str]:

@@ -4,12 +4,15 @@ every interface by default.
 """
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 
 import zmq
+import zmq.utils.monitor
 
 from . import protocol
+from .auth import Keys, plain_tcp_warning, secure_client, secure_server
 
 
 def reply(sock, ident: bytes, msg) -> None:
@@ -23,46 +26,196 @@ def reply(sock, ident: bytes, msg) -> None:
 # where the cores do the decoding, it must not (spin_s = 0 there).
 
 
-def serve_requests(bind: str, max_seconds: float = 0, idle=None, spin_s: float = 0.0):
+class Log:
+    """A server's log lines: time, peer, what happened. Refusals are rate-limited per (peer, code): at most
+    `burst` lines in `per_s` seconds, then one line saying how many were left out."""
+
+    def __init__(self, who: str, burst: int = 5, per_s: float = 10.0):
+        self.who, self.burst, self.per_s = who, burst, per_s
+        self._seen: dict[tuple, list] = {}      # (peer, code) -> [window start, lines in it, left out]
+        self._lock = threading.Lock()           # the CURVE authenticator's thread logs too
+
+    def line(self, text: str, peer: str = "") -> None:
+        now = time.time()
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1e3) % 1000:03d}Z"
+        print(f"{stamp} sdeth {self.who}{f' peer={peer}' if peer else ''}: {text}", flush=True)
+
+    def refused(self, peer: str, code: str, text: str) -> None:
+        with self._lock:
+            self._refused(peer, code, text)
+
+    def _refused(self, peer: str, code: str, text: str) -> None:
+        now = time.time()
+        w = self._seen.setdefault((peer, code), [now, 0, 0])
+        if now - w[0] > self.per_s:
+            if w[2]:
+                self.line(f"{w[2]} more refusals ({code}) left out of the log in {self.per_s:.0f} s", peer)
+            w[:] = [now, 0, 0]
+        w[1] += 1
+        if w[1] <= self.burst:
+            self.line(f"refused ({code}): {text}", peer)
+        else:
+            w[2] += 1
+        if len(self._seen) > 4096:              # a flood of peers: forget the oldest windows
+            for key in list(self._seen)[:2048]:
+                del self._seen[key]
+
+
+MAX_FRAME_BYTES = 2 * protocol.MAX_MESSAGE_BYTES   # zmq drops a connection that sends a larger frame
+
+
+class PeerLimits:
+    """What one peer may send a server in one second: messages and bytes. Over either, its messages in the rest
+    of that second are refused (one Error `limit` a second tells it, naming the limit)."""
+
+    def __init__(self, messages_per_s: int = 4000, bytes_per_s: int = 64 << 20):
+        self.messages_per_s, self.bytes_per_s = messages_per_s, bytes_per_s
+        self._used: dict = {}        # peer (its address, or its routing id) -> [second, messages, bytes, told]
+
+    def check(self, ident, nbytes: int, now: float) -> tuple[str | None, bool]:
+        """(why the message is refused or None, whether to tell the peer now)."""
+        second = int(now)
+        u = self._used.get(ident)
+        if u is None or u[0] != second:
+            if len(self._used) > 4096:             # many peers: forget those quiet for a second
+                self._used = {k: v for k, v in self._used.items() if v[0] >= second - 1}
+            u = self._used[ident] = [second, 0, 0, False]
+        u[1] += 1
+        u[2] += nbytes
+        if u[1] <= self.messages_per_s and u[2] <= self.bytes_per_s:
+            return None, False
+        why = (f"more than {self.messages_per_s} messages or {self.bytes_per_s >> 20} MiB in one second from this "
+               f"peer (the server's per-peer limit): messages refused for the rest of the second")
+        tell, u[3] = not u[3], True
+        return why, tell
+
+
+def peer_of(frame) -> str:
+    """The peer as zmq saw it: its address, and under CURVE the start of its public key (its identity)."""
+    try:
+        addr = frame.get("Peer-Address") or ""
+    except Exception:
+        addr = ""
+    try:
+        key = frame.get("User-Id") or ""
+    except Exception:
+        key = ""
+    return f"{addr} key={key[:12]}" if key and key != "anonymous" else addr
+
+
+def serve_requests(bind: str, decode: protocol.Decoder, log: Log, max_seconds: float = 0, idle=None,
+                   spin_s: float = 0.0, keys: Keys | None = None, limits: PeerLimits | None = None):
     """The server loop both workers share: bind a ROUTER to exactly `bind`, yield (sock, ident, message,
-    receive time) for each well-formed message; malformed or oversized ones get an Error reply here.
-    idle(sock) -> bool: background work (the pipelined draft's run-ahead), one step per call, done
-    only when no message is waiting; True while there is more. spin_s: busy-poll for this long after
-    each message before sleeping in a blocking poll (see above)."""
-    sock = zmq.Context.instance().socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.bind(bind)
+    receive time, peer) for each well-formed message of the types `decode` takes; anything else gets an
+    Error reply here, and a log line. idle(sock) -> bool: background work (the pipelined draft's run-ahead),
+    one step per call, done only when no message is waiting; True while there is more. spin_s: busy-poll
+    for this long after each message before sleeping in a blocking poll (see above). keys: serve only the
+    clients whose CURVE keys they authorize (wire.auth); None: plain TCP, said in the log. limits: what each
+    peer may send in a second (PeerLimits' defaults when None)."""
+    limits = limits or PeerLimits()
+    server = None
     t_end = time.time() + max_seconds if max_seconds else float("inf")
     busy, t_last = False, 0.0
     try:
+        server = _Server(bind, keys, log)
         while time.time() < t_end:
             spinning = spin_s and time.perf_counter() - t_last < spin_s
-            if not sock.poll(0 if busy or spinning else 500):
-                busy = bool(idle and idle(sock))
+            if not server.sock.poll(0 if busy or spinning else 500):
+                busy = bool(idle and idle(server.sock))
+                server.log_failed_handshakes()
                 continue
             busy = idle is not None
-            frames = sock.recv_multipart()
+            frames = server.sock.recv_multipart(copy=False)
             t_recv, t_last = time.time(), time.perf_counter()
-            if len(frames) != 2:           # not a DEALER peer speaking our framing: nothing to answer
-                print(f"sdeth: dropped a message of {len(frames)} frames (expected an identity and one frame)", flush=True)
-                continue
-            ident, data = frames
-            try:
-                msg = protocol.decode(data)
-            except protocol.ProtocolError as e:
-                reply(sock, ident, protocol.Error(e.code, str(e)))
-                continue
-            yield sock, ident, msg, t_recv
+            got = screen(server.sock, frames, decode, log, limits, t_recv)
+            if got is not None:
+                yield server.sock, got[0], got[1], t_recv, got[2]
     finally:
-        sock.close()
+        if server is not None:
+            server.close()
+
+
+class _Server:
+    """A ROUTER bound to exactly one address; under CURVE, with its authenticator (in a zmq context of its own:
+    the ZAP endpoint is one per context) and a monitor of failed handshakes."""
+
+    def __init__(self, bind: str, keys: Keys | None, log: Log):
+        self.ctx = zmq.Context() if keys else zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)   # larger frames: the connection is dropped
+        self.log, self.auth, self.failed = log, None, None
+        try:
+            if keys is None:
+                log.line(plain_tcp_warning(bind))
+            else:
+                self.auth = secure_server(self.sock, keys, log)
+                # keys refused are logged by the authenticator, with the peer's address; these are handshakes that
+                # never reach it (no key, another deployment's server key); zmq names the server's own endpoint
+                self.failed = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+            self.sock.bind(bind)
+        except Exception:
+            self.close()
+            raise
+
+    def log_failed_handshakes(self) -> None:
+        while self.failed is not None and self.failed.poll(0):
+            event = zmq.utils.monitor.recv_monitor_message(self.failed)
+            self.log.refused(f"on {event['endpoint'].decode('utf-8', 'replace')}", "auth",
+                             "a peer failed the CURVE handshake (no key, or keys of another deployment)")
+
+    def close(self) -> None:
+        if self.failed is not None:
+            self.sock.disable_monitor()
+            self.failed.close()
+        self.sock.close()
+        if self.auth is not None:
+            self.auth.stop()
+        if self.ctx is not zmq.Context.instance():
+            self.ctx.term()
+
+
+def screen(sock, frames, decode: protocol.Decoder, log: Log, limits: PeerLimits, now: float):
+    """(ident, message, peer) for a well-formed message within its peer's limits; None after answering
+    anything else with an Error (and a log line)."""
+    ident, peer = frames[0].bytes, peer_of(frames[-1])
+    over, tell = limits.check(peer or ident, sum(len(f) for f in frames[1:]), now)   # (a reconnect keeps its peer)
+    if over:
+        if tell:
+            log.refused(peer, "limit", over)
+            reply(sock, ident, protocol.Error("limit", over))
+        return None
+    if len(frames) != 2:           # not one frame per message (a REQ envelope, a multipart send)
+        why = (f"{len(frames) - 1} frames in one message: send each message as exactly one frame "
+               f"(a DEALER socket's send(); a REQ socket's empty envelope frame is not taken)")
+        log.refused(peer, "bad-message", why)
+        envelope = [b""] if len(frames) > 2 and not len(frames[1]) else []     # so that a REQ socket sees it
+        sock.send_multipart([ident, *envelope, protocol.encode(protocol.Error("bad-message", why))])
+        return None
+    try:
+        return ident, decode(frames[1].bytes), peer
+    except protocol.ProtocolError as e:
+        log.refused(peer, e.code, str(e)[:300])
+        reply(sock, ident, protocol.Error(e.code, str(e)))
+        return None
+
+
+class PeerGone(ConnectionError):
+    """The server's connection closed while a reply was awaited (its process ended, or the link dropped)."""
 
 
 class Client:
     """A DEALER socket with request/reply, a timeout, and byte counters. After a timeout the socket is
-    replaced (a late reply must not be taken for the next one)."""
+    replaced (a late reply must not be taken for the next one). decode: the replies this client takes
+    (protocol.DRAFT_SENDS for a draft worker's, TARGET_SENDS for a target's). gone_fast: while a reply is
+    awaited, a closed connection raises PeerGone at once instead of waiting out the timeout (zmq heartbeats
+    close a connection whose peer stopped answering within HEARTBEAT_S)."""
+    HEARTBEAT_S = 2.0
 
-    def __init__(self, addr: str, timeout_s: float = 5.0, spin_s: float = 0.0):
+    def __init__(self, addr: str, timeout_s: float = 5.0, spin_s: float = 0.0,
+                 decode: protocol.Decoder = protocol.decode, gone_fast: bool = False, keys: Keys | None = None):
         self.addr, self.timeout_s, self.spin_s = addr, timeout_s, spin_s   # spin_s: busy-poll a reply this long
+        self.decode, self.gone_fast, self.keys = decode, gone_fast, keys     # keys: CURVE (wire.auth)
         self.sent = self.received = 0
         self._open()
 
@@ -72,20 +225,41 @@ class Client:
         # a fixed routing id per socket: after a dropped TCP connection (a relay restarted) zmq
         # reconnects and the server still knows this peer's handshake
         self.sock.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
+        if self.keys is not None:
+            secure_client(self.sock, self.keys)
+        self.monitor = None
+        if self.gone_fast:
+            ms = int(self.HEARTBEAT_S * 1000)
+            self.sock.setsockopt(zmq.HEARTBEAT_IVL, ms // 2)
+            self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ms)
+            self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            self.poller = zmq.Poller()
+            self.poller.register(self.sock, zmq.POLLIN)
+            self.poller.register(self.monitor, zmq.POLLIN)
         self.sock.connect(self.addr)
 
     def call(self, msg, timeout_s: float | None = None):
+        self.forget_gone()
         self.send(msg)
         return self.call_reply(timeout_s)
+
+    def forget_gone(self) -> None:
+        """Drop disconnects seen before now (zmq has reconnected since): they concern no reply awaited now."""
+        while self.monitor is not None and self.monitor.poll(0):
+            self.monitor.recv_multipart()
 
     def call_reply(self, timeout_s: float | None = None):
         """The reply to a message already sent (see call)."""
         reply = self.recv(timeout_s or self.timeout_s)
         if reply is None:
-            self.sock.close()
-            self._open()
+            self.reopen()
             raise TimeoutError(f"no answer from {self.addr} within {timeout_s or self.timeout_s:.1f} s")
         return reply
+
+    def reopen(self):
+        """A fresh socket (and routing id): what the old one still receives is never taken."""
+        self._close()
+        self._open()
 
     def send(self, msg) -> None:
         data = protocol.encode(msg)
@@ -97,12 +271,33 @@ class Client:
         t_spin = time.perf_counter() + min(self.spin_s, timeout_s)
         while not self.sock.poll(0):
             if time.perf_counter() >= t_spin:
-                if not self.sock.poll(int(max(timeout_s - self.spin_s, 0) * 1000)):
+                if not self._wait(max(timeout_s - self.spin_s, 0)):
                     return None
                 break
         data = self.sock.recv()
         self.received += len(data)
-        return protocol.decode(data)
+        return self.decode(data)
+
+    def _wait(self, timeout_s: float) -> bool:
+        """Block until a message is waiting (True) or timeout_s passes (False); PeerGone when gone_fast
+        and the connection closes first."""
+        if self.monitor is None:
+            return bool(self.sock.poll(int(timeout_s * 1000)))
+        ready = dict(self.poller.poll(int(timeout_s * 1000)))
+        if self.sock in ready:
+            return True
+        if self.monitor in ready:
+            self.monitor.recv_multipart()
+            self.reopen()
+            raise PeerGone(f"{self.addr} closed the connection while a reply was awaited (its process ended "
+                           f"or the link dropped)")
+        return False
+
+    def _close(self):
+        if self.monitor is not None:
+            self.sock.disable_monitor()
+            self.monitor.close()
+        self.sock.close()
 
     def close(self):
-        self.sock.close()
+        self._close()

@@ -1,0 +1,105 @@
+"""The run configuration: each small language a typed value with its own error, the whole configuration
+serialized for a worker and read back, and the summary's named steps, each alone. No models."""
+import json
+
+import pytest
+
+from sdeth import cli
+from sdeth.models.prompts import PromptError
+from sdeth.runtime import EngineConfig
+from sdeth.runtime.emulated import Emulation
+from sdeth.runtime.pipeline import CACHE_DEFAULT, CacheSpec
+from sdeth.study import summary
+from sdeth.study.config import ConfigError, PromptSpec, RunConfig, parse_rtts
+
+
+def test_each_small_language_parses_to_a_typed_value():
+    assert CacheSpec.parse("2x4") == CacheSpec(2, 4, 1) and CacheSpec.parse("off") == CacheSpec()
+    assert CacheSpec.parse("on") == CacheSpec.parse(CACHE_DEFAULT) and not CacheSpec.parse("0").on
+    assert PromptSpec.parse("sharegpt:8") == PromptSpec("sharegpt", 8, 0)
+    assert PromptSpec.parse("random:16:512:3") == PromptSpec("random", 16, 3, 512)
+    assert str(PromptSpec.parse("random:16:512")) == "random:16:512:0"
+    assert Emulation.parse("corsair:Qwen3-1.7B:fp8").bytes_per_param == 1.0
+    assert parse_rtts("0, 0.2,5") == [0.0, 0.2, 5.0]
+
+
+@pytest.mark.parametrize("parse, bad, error, says", [
+    (CacheSpec.parse, "2x", ValueError, "FANOUT"), (CacheSpec.parse, "0x4", ValueError, "each >= 1"),
+    (PromptSpec.parse, "random:16", PromptError, "random:N:LEN"), (PromptSpec.parse, "wiki:3", PromptError, "sharegpt"),
+    (Emulation.parse, "corsair", ValueError, "PROFILE:SHAPE"), (Emulation.parse, "a:b:int4", ValueError, "bf16 or fp8"),
+    (parse_rtts, "1,x", ConfigError, "in ms"), (parse_rtts, "-1", ConfigError, ">= 0")])
+def test_each_small_language_names_the_bad_value(parse, bad, error, says):
+    with pytest.raises(error, match=says) as e:
+        parse(bad)
+    assert repr(bad) in str(e.value)
+
+
+def test_the_configuration_checks_its_values_once():
+    with pytest.raises(ConfigError, match="'2x'"):
+        RunConfig(mode="pipelined", placement="ethernet", impl="fast", cache="2x").check()
+    with pytest.raises(ConfigError, match="draft emulation"):
+        RunConfig(draft_emulate="corsair").check()
+    with pytest.raises(ConfigError, match="draft_fast"):
+        RunConfig(impl="fast", draft_fast="scope=nowhere").check()
+    c = RunConfig(mode="pipelined", placement="ethernet", impl="fast", cache="on", prompts="random:2:8").check()
+    assert c.cache_spec == CacheSpec.parse(CACHE_DEFAULT) and c.prompt_spec.length == 8 and c.emulation is None
+
+
+def test_a_worker_gets_the_configuration_whole(tmp_path):
+    trace = tmp_path / "trace.json"
+    trace.write_text("{}")
+    c = RunConfig(pair="random-tiny", device="cpu", draft_device="cuda:1", impl="fast", capacity=256,
+                  synthetic_alpha=0.6, synthetic_trace=str(trace), draft_fast="weights=fp8")
+    sent = c.worker_config()
+    assert sent["synthetic_trace"] == str(trace.resolve()) and RunConfig.from_dict(sent) == c
+    a = cli.worker_parser().parse_args(["--role", "draft", "--bind", "tcp://127.0.0.1:1", "--config", json.dumps(sent)])
+    got = cli.worker_config(a)
+    assert got == c and got.engine_config() == EngineConfig(impl="fast", capacity=256, synthetic_alpha=0.6,
+                                                             synthetic_trace=str(trace), draft_fast="weights=fp8")
+    by_hand = cli.worker_config(cli.worker_parser().parse_args(
+        ["--role", "target", "--bind", "tcp://127.0.0.1:1", "--pair", "random-tiny", "--device", "cpu"]))
+    assert (by_hand.pair, by_hand.device, by_hand.impl) == ("random-tiny", "cpu", "hf")
+    with pytest.raises(ConfigError, match="unknown field"):
+        RunConfig.from_dict({**sent, "k_max": 8})
+    assert cli.main(["worker", "--role", "draft", "--bind", "tcp://127.0.0.1:1", "--config", "{no json"]) == 2
+
+
+def _req(**kw):
+    r = {"output_ids": [1, 2, 3, 4, 5], "e2e_s": 1.0, "ttft_ms": 200.0, "tpot_ms": 200.0, "verify_s": 0.5,
+         "wire_s": 0.1, "draft_s": 0.2, "draft_prefill_s": 0.05, "drafts": 2, "draft_tokens": 6,
+         "accepted_tokens": 3, "accepted_per_pos": [2, 1, 0], "rounds": 2, "verify_widths": {"4": [2, 0.5]},
+         "bytes_sent": 100, "bytes_received": 60}
+    return {**r, **kw}
+
+
+def test_summary_steps_each_alone():
+    reqs = [_req(), _req(e2e_s=2.0)]
+    t = summary.Seconds.of(reqs)
+    assert t.decode == pytest.approx(0.8 + 1.8) and t.prefill == pytest.approx(0.4)
+    assert t.draft_total == pytest.approx(0.5) and summary.rounds(reqs) == 4
+    assert summary.rounds([_req(k_trace=[3, 3, 1])]) == 3          # a varying k: one round per entry
+    sync = summary.time_breakdown(t, "sd")["time_breakdown_s"]
+    assert sync["other"] == pytest.approx(t.decode - 0.5 - 1.0 - 0.2) and "draft_compute_overlapped_s" not in sync
+    piped = summary.time_breakdown(t, "pipelined")
+    assert "wait for drafts" in piped["time_breakdown_s"] and piped["draft_compute_overlapped_s"] == pytest.approx(0.5)
+    cfg = RunConfig(mode="sd", k=3, placement="ethernet")
+    c, rate, figures = summary.sync_model(reqs, cfg, t, 0.5, [])
+    assert c.draft_step == pytest.approx(0.4 / 12) and c.rtt == pytest.approx(0.2 / 4) and rate > 0
+    assert figures["wire_ms_per_round"] == pytest.approx(50.0) and "link_ms_per_round" in figures
+    head = summary.timing_and_acceptance(reqs, cfg)
+    assert head["mode"] == "sd" and head["k"] == 3 and head["draft_acceptance_rate"] == pytest.approx(0.5)
+    comp = summary.components(reqs, cfg, t)
+    assert comp["bytes_per_round"] == pytest.approx(80.0)
+    assert comp["components_ms_per_round"]["wire"] == pytest.approx(50.0)
+
+
+def test_summary_cache_step_models_the_commonest_choice():
+    cfg = RunConfig(mode="pipelined", placement="ethernet", impl="fast", cache="auto")
+    reqs = [_req(cache="2x4", stream_restarts=4, cache_hits=1, alt_judged=10, alt_among=4),
+            _req(cache="2x4", stream_restarts=4, cache_hits=3), _req(cache="off")]
+    figures, terms = summary.cache_model(reqs, cfg)
+    assert figures["cache_auto"] == {"2x4": 2, "off": 1} and figures["cache"] == "2x4"
+    assert figures["cache_hit_rate"] == pytest.approx(0.5) and figures["corrections_among_next_choices"] == 0.4
+    assert terms.forks == 2 and terms.depth == 4 and terms.hit == pytest.approx(0.4)
+    off, none = summary.cache_model([_req(cache="off")], cfg)
+    assert none is None and "cache" not in off
