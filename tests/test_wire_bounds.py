@@ -79,8 +79,9 @@ def test_the_log_says_when_and_who_and_is_rate_limited(capsys):
 
 
 @contextlib.contextmanager
-def _server(decode, replies: bool = True):
-    """serve_requests in a thread, answering every message with Pong; yields (address, its log lines)."""
+def _server(decode, keys=None):
+    """serve_requests in a thread (under CURVE with keys), answering every message with Pong; yields (address, its
+    log lines, and a line "served PEER" per message served)."""
     addr = f"tcp://127.0.0.1:{free_port()}"
     lines: list[str] = []
 
@@ -88,17 +89,13 @@ def _server(decode, replies: bool = True):
         def line(self, text, peer=""):
             lines.append(f"{peer} {text}")
 
-    stop = time.time() + 20
-
     def run():
-        for sock, ident, msg, t1, peer in serve_requests(addr, decode, Quiet("test"), max_seconds=20):
-            if replies:
-                sock.send_multipart([ident, W.encode(W.Pong(0.0, t1, time.time()))])
-            if time.time() > stop:
-                break
+        for sock, ident, msg, t1, peer in serve_requests(addr, decode, Quiet("test"), max_seconds=20, keys=keys):
+            lines.append(f"served {peer}")
+            sock.send_multipart([ident, W.encode(W.Pong(0.0, t1, time.time()))])
 
     threading.Thread(target=run, daemon=True).start()
-    time.sleep(0.2)
+    time.sleep(0.3)
     yield addr, lines
 
 
@@ -151,32 +148,12 @@ def test_a_client_learns_at_once_that_its_server_is_gone():
         client.close()
 
 
-@contextlib.contextmanager
-def _secure_server(keys):
-    """serve_requests under CURVE in a thread, answering Pong; yields (address, its log lines)."""
-    addr = f"tcp://127.0.0.1:{free_port()}"
-    lines: list[str] = []
-
-    class Quiet(Log):
-        def line(self, text, peer=""):
-            lines.append(f"{peer} {text}")
-
-    def run():
-        for sock, ident, msg, t1, peer in serve_requests(addr, DRAFT_DECODE, Quiet("test"), max_seconds=15, keys=keys):
-            lines.append(f"served {peer}")
-            sock.send_multipart([ident, W.encode(W.Pong(0.0, t1, time.time()))])
-
-    threading.Thread(target=run, daemon=True).start()
-    time.sleep(0.3)
-    yield addr, lines
-
-
 def test_curve_serves_only_authorized_keys_and_logs_the_refusals(tmp_path):
     from sdeth.wire.auth import Keys, make_keys
     keys = Keys.load(make_keys(tmp_path / "deploy"))
     other = Keys.load(make_keys(tmp_path / "other"))
     stranger = dataclasses.replace(keys, client_public=other.client_public, client_secret=other.client_secret)
-    with _secure_server(keys) as (addr, lines):
+    with _server(DRAFT_DECODE, keys) as (addr, lines):
         good = Client(addr, timeout_s=5, keys=keys)
         assert isinstance(good.call(W.Ping(0.0)), W.Pong)
         good.close()
