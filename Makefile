@@ -40,7 +40,7 @@ test: prepare
 	SDETH_REPORTS=$(VENV)/test-reports $(PY) -m pytest -q --nbval-lax $(VENV)/nbtest
 
 soak: prepare
-	$(PY) -m sdeth soak --requests 2000 --json $(VENV)/soak.json
+	$(PY) -m sdeth soak --requests 2000 --clients 4 --json $(VENV)/soak.json
 
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow" tests

@@ -1,5 +1,5 @@
 """`python -m sdeth status` and reports/index.html: every figure comes from a committed results JSON, the answer
-comes in its three labelled parts, and missing results read as pending."""
+comes in its labelled parts, and missing results read as pending."""
 import json
 import re
 import shutil
@@ -7,7 +7,7 @@ import shutil
 from sdeth.paths import REPO
 from sdeth.study import status
 
-PARTS = ("Single-stream latency", "The round trip it survives", "Cost per GPU")
+PARTS = ("Single-stream latency", "The round trip it survives", "Cost per GPU", "A draft shared by many targets")
 
 
 def read_back(f: status.Figure) -> float:
@@ -31,10 +31,10 @@ def test_every_figure_is_read_from_its_results_json_and_printed_as_read():
     assert set(bold) - {"The answer so far."} <= {f.shown for f in figures}
 
 
-def test_the_answer_has_three_labelled_parts_each_with_its_conditions():
+def test_the_answer_has_its_labelled_parts_each_with_its_conditions():
     parts = status.answer()
     assert [p.title for p in parts] == list(PARTS)
-    latency, rtt, cost = parts
+    latency, rtt, cost, shared = parts
     head = latency.figures[0]
     assert head.source == status.HEADLINE and "TCP on loopback" in latency.plain() and "random" in latency.plain()
     assert "one request at a time" in latency.plain() and head.kind in latency.plain()
@@ -46,6 +46,9 @@ def test_the_answer_has_three_labelled_parts_each_with_its_conditions():
     # per GPU is the headline over two GPUs, and the published figure sits beside it, labelled so
     assert cost.figures[0].value == head.value / 2 and cost.figures[0].kind == "arithmetic"
     assert "published" in cost.plain() and status.PUBLISHED[0]["source"] in cost.plain()
+    # the shared draft: emulated targets, its TPOT budget, and the ratio over colocated SD from the same results
+    assert {f.source for f in shared.figures} == {status.SHARED}
+    assert "emulated" in shared.plain() and "synthetic" in shared.plain()
     md = status.markdown()
     assert all(f"*{t}.*" in md for t in PARTS)
 

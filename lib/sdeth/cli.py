@@ -69,11 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     rd.add_argument("--image", help="the sdeth worker image (registry/name:tag)")
     rd.add_argument("--namespace", default="sdeth")
     b = sub.add_parser("bench", help="compare decoding modes on the same requests, with 95%% intervals (JSON)")
-    b.add_argument("what", choices=["sd", "step", "rtt", "draft-loop", "targets", "wire"], help="sd: target-only, "
+    b.add_argument("what", choices=["sd", "step", "rtt", "draft-loop", "targets", "wire", "streams"], help="sd: target-only, "
                    "colocated, sync, adaptive, pipelined SD; step: the decode step, lever by lever (sdeth.study."
                    "stepbench); rtt: the link modes at each added round trip (--rtts); draft-loop: the pipelined "
                    "draft's loop, phase by phase (sdeth.study.draftloop); targets: bigger targets' steps and "
-                   "colocated SD on one GPU (`bench targets -h`); wire: round trips plain against CURVE (`bench wire -h`)")
+                   "colocated SD on one GPU (`bench targets -h`); wire: round trips plain against CURVE (`bench wire -h`); "
+                   "streams: many streams, colocated and over a draft server (`bench streams -h`)")
     b.add_argument("--rtts", default="0,0.2,0.5,1,2,5", help="rtt: added round trips (ms)")
     b.add_argument("--pair", default="random-qwen3-8b/1.7b")
     b.add_argument("--synthetic-alpha", type=float, default=None,
@@ -105,10 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
     ky = sub.add_parser("keys", help="make a CURVE key directory for the link (copy it to both nodes, or make it the "
                         "Secret of the ethernet-curve placement)")
     ky.add_argument("dir", help="the directory to create (it must not hold keys already)")
+    ky.add_argument("--clients", default="client", help="one key pair per named client (comma list, e.g. "
+                    "target-0,target-1): each authorized, each in DIR/clients/NAME for its node alone; a draft server "
+                    "keeps each client's sequences under its key (default: one pair, `client`, shared by the nodes)")
     sub.add_parser("prepare", help="prepare the embedded pair (dequantize the target, assemble the draft)")
     sk = sub.add_parser("soak", help="many short requests over the testbed with random faults; checks for leaks")
     sk.add_argument("--requests", type=int, default=2000), sk.add_argument("--seed", type=int, default=0)
     sk.add_argument("--json", default="", help="also write the figures here")
+    sk.add_argument("--clients", type=int, default=1, help="1: a draft worker and a target worker; N > 1: N target "
+                    "workers drafting through one draft server, each with its own controller, all at once (mode sd)")
     st = sub.add_parser("status", help="the milestones M0-M4 from the committed results, as Markdown (a milestone comment)")
     st.add_argument("--milestone", help="one milestone (M0 ... M4)")
     st.add_argument("--cluster", action="store_true", help="instead: what of ours is up on the cluster, and since when")
@@ -172,9 +178,9 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["worker"]:
         return worker_main(argv[1:])
-    if argv[:2] in (["bench", "targets"], ["bench", "wire"]):    # benchmarks with parsers of their own
-        from .study import bigtargets, wirebench
-        return ({"targets": bigtargets, "wire": wirebench}[argv[1]].main(argv[2:]) or 0)
+    if argv[:2] in (["bench", "targets"], ["bench", "wire"], ["bench", "streams"]):    # parsers of their own
+        from .study import bigtargets, streambench, wirebench
+        return ({"targets": bigtargets, "wire": wirebench, "streams": streambench}[argv[1]].main(argv[2:]) or 0)
     a = build_parser().parse_args(argv)
     from .models.embedded import ModelError
     from .models.prompts import PromptError
@@ -196,14 +202,24 @@ def _command(a):
 
 def _keys(a) -> int:
     from pathlib import Path
-    from .wire.auth import make_keys
+    from .wire.auth import DEFAULT_CLIENTS, KeysError, check_clients, make_keys
     if (Path(a.dir) / "server.key_secret").exists():
         print(f"sdeth: error: {a.dir} already holds keys: choose a new directory (or delete it to replace them, "
               f"then copy the new one to every node)", file=sys.stderr)
         return 2
-    d = make_keys(a.dir)
-    print(f"keys in {d}: server.key(_secret), client.key(_secret), authorized/client.key; copy the directory to both "
-          f"nodes and pass --keys {d} (or set SDETH_KEYS)")
+    try:
+        names = check_clients(a.clients)
+    except KeysError as e:
+        print(f"sdeth: error: {e}", file=sys.stderr)
+        return 2
+    d = make_keys(a.dir, names)
+    if names == DEFAULT_CLIENTS:
+        print(f"keys in {d}: server.key(_secret), client.key(_secret), authorized/client.key; copy the directory to "
+              f"both nodes and pass --keys {d} (or set SDETH_KEYS)")
+    else:
+        print(f"keys in {d}: server.key(_secret) and authorized/ ({', '.join(n + '.key' for n in names)}) for the "
+              f"draft server's node (--keys {d}); {d}/clients/NAME for client NAME's node alone (--keys "
+              f"{d}/clients/NAME): it holds no other client's secret")
     return 0
 
 
@@ -228,7 +244,10 @@ def _prepare(a) -> int:
 def _soak(a) -> int:
     from .study.config import save
     from .study.soak import soak
-    res = soak(a.requests, seed=a.seed)
+    if a.clients < 1:
+        print(f"sdeth: error: --clients {a.clients}: give 1 or more", file=sys.stderr)
+        return 2
+    res = soak(a.requests, seed=a.seed, clients=a.clients)
     print(json.dumps(res, indent=1))
     if a.json:
         print("wrote", save(res, a.json))
@@ -383,7 +402,9 @@ def worker_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m sdeth worker", description="a draft or target worker process: "
                                  "the run configuration comes whole in --config (what a testbed passes); --pair, "
                                  "--target, --draft and --device alone make one for a worker started by hand")
-    ap.add_argument("--role", required=True, choices=["draft", "target"])
+    ap.add_argument("--role", required=True, choices=["draft", "draft-server", "target"],
+                    help="draft: one sequence at a time, sync or pipelined; draft-server: many sequences of many "
+                         "targets at once, batched (sync rounds); target: decodes, with its draft at --draft-addr")
     ap.add_argument("--bind", required=True, help="tcp://ADDR:PORT to listen on (only that address)")
     ap.add_argument("--config", default="{}", help="the run configuration as JSON (study.config.RunConfig."
                     "worker_config(): pair, devices, engine options); the draft role runs on draft_device if set")
@@ -391,6 +412,12 @@ def worker_parser() -> argparse.ArgumentParser:
     ap.add_argument("--target"), ap.add_argument("--draft")
     ap.add_argument("--device", help="this worker's device (overrides --config's device and draft_device)")
     ap.add_argument("--draft-addr", help="target role: tcp://ADDR:PORT of the draft worker")
+    ap.add_argument("--draft-server", action="store_true", help="target role: the draft at --draft-addr is a "
+                    "draft server (started with --role draft-server)")
+    ap.add_argument("--rows", type=int, default=32, help="draft-server role: sequences drafted at once (cache rows; "
+                    "at most 128)")
+    ap.add_argument("--ttl", type=float, default=30.0, help="draft-server role: seconds of silence after which a "
+                    "client's sequences are freed")
     ap.add_argument("--draft-timeout", type=float, default=5.0, help="seconds before the target stops waiting for a proposal")
     ap.add_argument("--die-after", type=int, default=0, help="fault injection: exit after N proposals")
     ap.add_argument("--max-seconds", type=float, default=0, help="exit after this long (0: run until killed)")
@@ -427,7 +454,7 @@ def worker_main(argv=None) -> int:
     except (ConfigError, PromptError) as e:
         print(f"sdeth worker: error: {e}", file=sys.stderr)
         return 2
-    device = (cfg.draft_device or cfg.device) if a.role == "draft" else cfg.device
+    device = (cfg.draft_device or cfg.device) if a.role != "target" else cfg.device
     if a.bind.startswith("tcp://*") or a.bind.startswith("tcp://0.0.0.0"):
         print("sdeth worker: binding every interface; pass the node's own address unless you mean it", file=sys.stderr)
     try:
@@ -449,13 +476,17 @@ def worker_main(argv=None) -> int:
     torch.set_num_threads(max(1, int(os.environ.get("SDETH_THREADS", torch.get_num_threads()))))
     if device.startswith("cuda"):
         torch.cuda.set_device(device)      # streams, graphs and syncs on this worker's GPU
-    pair = load_pair(cfg.pair, cfg.target, cfg.draft, device=device, roles=(a.role,))
+    pair = load_pair(cfg.pair, cfg.target, cfg.draft, device=device, roles=("target" if a.role == "target" else "draft",))
     opts = asdict(cfg.engine_config())
     spin_s = (a.spin_ms if a.spin_ms is not None else (20.0 if device.startswith("cuda") else 0.0)) / 1e3
     if a.role == "draft":
         serve_draft(a.bind, pair, a.die_after, a.max_seconds, opts, spin_s, keys=keys)
+    elif a.role == "draft-server":
+        from .wire.draft_server import serve_draft_server
+        serve_draft_server(a.bind, pair, a.rows, cfg.capacity, a.max_seconds, cfg.draft_fast, spin_s, a.ttl, keys)
     else:
-        serve_target(a.bind, pair, a.draft_addr, a.draft_timeout, a.max_seconds, opts, spin_s, keys=keys)
+        serve_target(a.bind, pair, a.draft_addr, a.draft_timeout, a.max_seconds, opts, spin_s, keys=keys,
+                     draft_server=a.draft_server)
     return 0
 
 

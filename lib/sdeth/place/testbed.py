@@ -55,8 +55,10 @@ class Testbed:
                  netns: bool | None = None, device: str = "cpu", draft_timeout_s: float = 5.0,
                  draft_die_after: int = 0, threads: int = 1, start_workers: bool = True,
                  target: str | None = None, draft: str | None = None, relay: bool = False,
-                 draft_device: str | None = None, worker_config: dict | None = None, ready_timeout_s: float = 180.0):
+                 draft_device: str | None = None, worker_config: dict | None = None, ready_timeout_s: float = 180.0,
+                 targets: int = 1, draft_server: bool = False):
         self.pair, self.up_ms, self.down_ms, self.rate_mbit = pair, up_ms, down_ms, rate_mbit
+        self.draft_server = draft_server       # the draft node runs a draft server (many targets) instead of a draft worker
         self.netns = can_use_netns() if netns is None else netns
         if self.netns and not can_use_netns():
             raise TestbedError("network namespaces need root and iproute2 (`ip`); run as root or pass netns=False "
@@ -77,7 +79,10 @@ class Testbed:
         self.ip_draft, self.ip_target = f"10.77.{octet}.1", f"10.77.{octet}.2"
         self.procs: dict[str, subprocess.Popen] = {}
         self.tmp = tempfile.mkdtemp(prefix="sdeth-")
-        self.target_addr = f"ipc://{self.tmp}/target.sock"
+        # target workers on the target node: "target" (at target_addr), then "target1", ... (one request at a time each)
+        self.target_names = ["target"] + [f"target{i}" for i in range(1, targets)]
+        self.target_addrs = [f"ipc://{self.tmp}/{name}.sock" for name in self.target_names]
+        self.target_addr = self.target_addrs[0]
         self._namespaces: list[str] = []
 
     # ------------------------------------------------------------ description
@@ -90,6 +95,7 @@ class Testbed:
                 "delay": "user-space TCP relay (sdeth.place.testbed.DelayProxy)",
                 "rate_mbit": self.rate_mbit or None, "torch_threads_per_worker": self.threads,
                 "devices": {"target": self.device, "draft": self.draft_device}, "worker_config": self.worker_config,
+                "target_workers": len(self.target_names), "draft_role": self._draft_role,
                 "shared_cpu": "both nodes share this machine's cores"}
 
     # ------------------------------------------------------------ set-up / tear-down
@@ -148,9 +154,11 @@ class Testbed:
             self._relay_port = free_port()
             self._start_relay()
             self._relay_addr = f"tcp://127.0.0.1:{self._relay_port}"
-        self.run_in("target", ["-m", "sdeth", "worker", "--role", "target", "--bind", self.target_addr,
-                               "--config", json.dumps(self.worker_config), "--draft-addr", self.draft_addr_for_target(),
-                               "--draft-timeout", str(self.draft_timeout_s)], "target")
+        for name, addr in zip(self.target_names, self.target_addrs):
+            self.run_in("target", ["-m", "sdeth", "worker", "--role", "target", "--bind", addr,
+                                   "--config", json.dumps(self.worker_config), "--draft-addr", self.draft_addr_for_target(),
+                                   "--draft-timeout", str(self.draft_timeout_s),
+                                   *(["--draft-server"] if self.draft_server else [])], name)
         self.wait_ready(self.ready_timeout_s)
 
     def _start_relay(self) -> None:
@@ -189,19 +197,28 @@ class Testbed:
         self._start_relay()
 
     def wait_ready(self, timeout_s: float = 180.0) -> None:
-        """Until both workers print their banner (they load the pair first) and the target's heartbeat has
+        """Until the workers print their banners (they load the pair first) and each target's heartbeat has
         found the draft (a request sent before that would decode alone)."""
-        for name in ("draft", "target"):
-            _wait_for(self, name, f"sdeth {name} worker:", timeout_s)
-        _wait_for(self, "target", " up (heartbeat answered)", 30)
+        _wait_for(self, "draft", self._draft_banner, timeout_s)
+        for name in self.target_names:
+            _wait_for(self, name, "sdeth target worker:", timeout_s)
+            _wait_for(self, name, " up (heartbeat answered)", 30)
 
     def start_draft(self) -> None:
         """(Re)start the draft worker on its node and port (after kill('draft')); returns once it serves."""
         self._launch_draft()
-        _wait_for(self, "draft", "sdeth draft worker:", self.ready_timeout_s)
+        _wait_for(self, "draft", self._draft_banner, self.ready_timeout_s)
+
+    @property
+    def _draft_role(self) -> str:
+        return "draft-server" if self.draft_server else "draft"
+
+    @property
+    def _draft_banner(self) -> str:
+        return "sdeth draft server:" if self.draft_server else "sdeth draft worker:"
 
     def _launch_draft(self) -> None:
-        self.run_in("draft", ["-m", "sdeth", "worker", "--role", "draft", "--bind", self.draft_bind(),
+        self.run_in("draft", ["-m", "sdeth", "worker", "--role", self._draft_role, "--bind", self.draft_bind(),
                               "--config", json.dumps(self.worker_config),
                               *(["--die-after", str(self.die_after)] if self.die_after else [])], "draft")
 

@@ -11,6 +11,8 @@ from .results import REPORTS, results_path
 # what kind of figures each report holds (the index says so beside each)
 KINDS = {"00_provision": "measured", "10_colocated": "measured", "15_acceptance": "measured and modelled",
          "20_ethernet": "measured on the CPU testbed; recorded two-GPU runs with synthetic or trace-driven acceptance",
+         "25_draft_server": "measured on the CPU testbed; one H200 with emulated targets against the real draft server; "
+                            "EAGLE-3 modelled",
          "30_writeup": "reads the results of the others", "40_heterogeneous": "measured, emulated and modelled"}
 
 

@@ -1,4 +1,4 @@
-"""Where the study stands, read from committed results only (nothing is re-run): the answer in three labelled
+"""Where the study stands, read from committed results only (nothing is re-run): the answer in labelled
 parts, the milestones M0-M4 with their status and key figures. `python -m sdeth status [--milestone M2]` prints it
 as Markdown short enough for a milestone comment; notebooks/30_writeup and reports/index.html show the same.
 
@@ -225,14 +225,68 @@ def _per_gpu(root: Path) -> Part | None:
         "would give (the single-stream speedup over two GPUs, batch 1). Published beside it, colocated on one GPU: "
         f"{eagle['what']}, {eagle['target-only tok/s']:.0f} -> {eagle['with SD tok/s']:.0f} tok/s, {sp:.2f}x per GPU "
         f"(published, not measured here: {eagle['source']}). A draft shared by several targets changes this "
-        "arithmetic: not measured yet."])
+        "arithmetic (next part)."])
+
+
+SHARED = "reports/25_draft_server.json"
+
+
+def _shared(root: Path) -> Part | None:
+    """Part 4: a draft GPU shared by many targets (25_draft_server: the H200 calls whose models ran compiled)."""
+    doc = _load(root, SHARED)
+    ans = (doc or {}).get("answer") or {}
+    calls = sorted(n for n, a in ans.items() if not str(a.get("compile", "")).startswith("none"))
+    if not calls:
+        return None
+    hw = ans[calls[0]].get("hardware") or "one H200"
+
+    def figs(key: tuple, label: str, fmt: str, kind: str = "emulated") -> list:
+        out = [_fig(root, SHARED, ("answer", c, *key), f"{label} ({c})", fmt, kind, hw) for c in calls]
+        return [f for f in out if f]
+    offered = figs(("pipelined_offered_per_step",), "drafts on offer per target step, pipelined", "{:.2f}")
+    pipe = figs(("replicas_win_above_ms", "pipelined", "tpot_ms"), "replicas win above, pipelined", "{:.2f} ms")
+    col = figs(("replicas_win_above_ms", "colocated", "tpot_ms"), "replicas win above, colocated", "{:.2f} ms",
+               "measured")
+    if not (offered and pipe and col):
+        return None
+
+    def joined(fs: list) -> list:
+        return [x for i, f in enumerate(fs) for x in ([" / "] if i else []) + [f]]
+    return Part("A draft shared by many targets", [
+        f"One draft GPU for N targets ({len(calls)} calls on {hw}, compiled kernels, random weights, synthetic alpha "
+        "0.71; emulated targets against the real draft server over loopback): at a TPOT of 0.9 t(1), which a replica "
+        f"cannot reach, {_shared_verdict([ans[c] for c in calls])} Pipelined streams found ", *joined(offered),
+        " drafts on offer per target step. Target-only replicas give more tokens/s per GPU above a TPOT of ",
+        *joined(pipe), " (remote pipelined) and ", *joined(col), " (colocated SD)"
+        + ("; EAGLE-3, modelled from its published acceptance length, is ahead of all of them at t(1)."
+           if all(_eagle_ahead(ans[c]) for c in calls) else ".")])
+
+
+def _shared_verdict(calls: list[dict]) -> str:
+    """The draft server's verdict at 0.9 t(1) across calls, in words (no figures: those are the part's)."""
+    ratios = [a.get("pipelined_over_colocated") for a in calls]
+    if all(r is not None and r >= 1.5 for r in ratios):
+        return "remote pipelined SD gives at least 1.5x the tokens/s per GPU of colocated SD in every call (the goal)."
+    reach = [(a["tok_s_per_gpu"].get("pipelined") is not None, a["tok_s_per_gpu"].get("colocated") is not None)
+             for a in calls]
+    if len(set(reach)) > 1:
+        return ("neither sync rounds nor pipelined streams give a reliable gain over colocated SD with the same draft "
+                "(the calls swap which of them reaches it): the goal of 1.5x is missed.")
+    return ("remote pipelined SD against colocated SD: " + ", ".join("n/a" if r is None else f"{r:.2f}x" for r in ratios)
+            + " (the goal is 1.5x).")
+
+
+def _eagle_ahead(a: dict) -> bool:
+    at = a.get("at_t1") or {}
+    others = [v for k, v in at.items() if k != "eagle3" and v is not None]
+    return at.get("eagle3") is not None and all(at["eagle3"] > v for v in others)
 
 
 def answer(root: Path = REPO) -> list[Part]:
     """The answer the study is for, in labelled parts: single-stream latency, the round trip it survives, its
-    cost per GPU. Parts whose results are missing are left out."""
+    cost per GPU, and a draft shared by many targets. Parts whose results are missing are left out."""
     root = Path(root)
-    return [p for p in (_latency(root), _round_trip(root), _per_gpu(root)) if p]
+    return [p for p in (_latency(root), _round_trip(root), _per_gpu(root), _shared(root)) if p]
 
 
 def decision(ms: list[Milestone], root: Path = REPO) -> str:

@@ -15,6 +15,12 @@ mode the draft's distributions as q_top (index, prob) pairs per token.
     Commit(req, pos, token)            ->    (no reply)
                                              <- Drafted(epoch, pos, token, q)  (unasked, one per token)
     Ping(t0)                           ->    <- Pong(t0, t1, t2)   (link probe: four timestamps)
+  a draft server (many sequences of many clients; wire.draft_server has the rules):
+    Open(seq, gen, prompt ids, sampling) ->  (no reply)
+    Rounds([Row(seq, gen, have, accepted, tokens, k), ...]) -> <- Drafts([RowDraft(seq, gen, tokens, q), ...])
+    Open(seq, gen, context, stream=True) ... Commits([CommitRow(seq, gen, pos, token)]) -> (no reply)
+                                             <- Streamed([StreamRow(seq, gen, epoch, pos, token, q)]) (unasked)
+    End(seq)                           ->    <- Ended
 
 and controller -> target worker: Generate(req, prompt ids, mode, k, sampling) -> Generated(record).
 """
@@ -28,10 +34,12 @@ PROTOCOL_VERSION = 3
 MAX_MESSAGE_BYTES = 8 << 20     # a prompt of 2048 ids is ~10 KB; anything near this is an error
 MAX_REQ_ID = 128                # characters in a request id
 SEED_MAX = 1 << 62              # seeds are in [0, SEED_MAX] (the draft's own seed is derived by adding to it)
+GEN_MAX = 1 << 31               # a sequence's generations (re-opens after a desync)
 
 ReqId = typing.Annotated[str, msgspec.Meta(max_length=MAX_REQ_ID)]
 Seed = typing.Annotated[int, msgspec.Meta(ge=0, le=SEED_MAX)]
 DraftSeed = typing.Annotated[int, msgspec.Meta(ge=0, le=SEED_MAX + (1 << 32))]   # a Start's: a request's plus an offset
+GenNo = typing.Annotated[int, msgspec.Meta(ge=0, le=GEN_MAX)]
 
 
 class ProtocolError(ValueError):
@@ -56,6 +64,7 @@ class Welcome(msgspec.Struct, tag="welcome"):
     tokenizer_sha: str
     dtype: str
     rows: bool = False       # a draft: it can draft the outcome cache's branches (rows of the fast decoder)
+    sequences: int = 1       # a draft server: the sequences it drafts for at once (0: a draft worker of one)
 
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "draft_sampled")   # Start's and Generate's, in Sampling's order
@@ -157,6 +166,90 @@ class Pong(msgspec.Struct, tag="pong"):
     t2: float        # server clock at send
 
 
+class Open(msgspec.Struct, tag="open"):
+    """Draft server: a sequence (or the same one again, under a new generation after a desync) and its
+    context so far. No reply: the first Rounds row for it is answered once its prompt is fed."""
+    seq: ReqId
+    gen: GenNo
+    prompt_ids: list[int]
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    draft_sampled: bool = False
+    q_top: int = 64
+    seed: DraftSeed = 0
+    stream: bool = False     # pipelined: the server drafts ahead (up to `window` past what the client settled)
+    window: int = 8          # and streams each token in Streamed; the client sends Commits, not Rounds
+
+
+class Row(msgspec.Struct, array_like=True):
+    """One sequence's round: the client believes the draft holds `have` tokens of it; of the last proposal it
+    accepted `accepted`, then its target chose `tokens`; draft k more."""
+    seq: ReqId
+    gen: GenNo
+    have: int
+    accepted: int
+    tokens: list[int]
+    k: int
+
+
+class Rounds(msgspec.Struct, tag="rounds"):
+    """Draft server: the rounds of one client's sequences (a target's batch), answered by Drafts."""
+    rows: list[Row]
+
+
+class RowDraft(msgspec.Struct, array_like=True):
+    seq: ReqId
+    gen: GenNo
+    tokens: list[int]
+    q_idx: list[list[int]] | None = None
+    q_val: list[list[float]] | None = None
+    error: str = ""          # a row refused: desync (open the sequence again) | limit | bad-message | internal
+    message: str = ""
+
+
+class CommitRow(msgspec.Struct, array_like=True):
+    """A stream's position settled by the client's target (pos 0: its first token after the prompt); the rules
+    are runtime.pipeline's (StreamDrafter.commit)."""
+    seq: ReqId
+    gen: GenNo
+    pos: int
+    token: int
+
+
+class Commits(msgspec.Struct, tag="commits"):
+    """Draft server, pipelined: one client's commits (no reply; drafts stream back in Streamed)."""
+    rows: list[CommitRow]
+
+
+class StreamRow(msgspec.Struct, array_like=True):
+    seq: ReqId
+    gen: GenNo
+    epoch: int
+    pos: int
+    token: int
+    q_idx: list[int] | None = None
+    q_val: list[float] | None = None
+
+
+class Streamed(msgspec.Struct, tag="streamed"):
+    """Draft server -> one client: the tokens its streams drafted in one batched step."""
+    rows: list[StreamRow]
+    batch: int = 0
+    draft_ms: float = 0.0
+
+
+class Drafts(msgspec.Struct, tag="drafts"):
+    """Draft server -> one client: its rows drafted in one batched step (or refused), with the step's costs
+    on the server's clock: draft compute (device), queueing (arrival to the step's start), host work."""
+    rows: list[RowDraft]
+    batch: int = 0           # sequences in the step (all clients')
+    draft_ms: float = 0.0
+    queued_ms: float = 0.0
+    held_ms: float = 0.0     # arrival of the Rounds to this send
+    host_ms: float = 0.0     # the step's host work: held - queued - draft
+
+
 class Generate(msgspec.Struct, tag="generate"):
     """controller -> target worker: decode one request."""
     req: ReqId
@@ -185,7 +278,7 @@ class Error(msgspec.Struct, tag="error"):
 
 
 Message = (Hello | Welcome | Start | Started | Propose | Proposal | Commit | Drafted | End | Ended | Ping | Pong
-           | Generate | Generated | Error)
+           | Open | Rounds | Drafts | Commits | Streamed | Generate | Generated | Error)
 _enc = msgspec.msgpack.Encoder()
 
 
@@ -221,6 +314,8 @@ class Decoder:
 
 DRAFT_TAKES = (Hello, Start, Propose, Commit, End, Ping)          # what a draft worker serves
 DRAFT_SENDS = (Welcome, Started, Proposal, Drafted, Ended, Pong, Error)
+SERVER_TAKES = (Hello, Open, Rounds, Commits, End, Ping)          # what a draft server serves
+SERVER_SENDS = (Welcome, Drafts, Streamed, Ended, Pong, Error)
 TARGET_TAKES = (Generate, Ping)                                   # what a target worker serves
 TARGET_SENDS = (Generated, Pong, Error)
 decode = Decoder("a peer", typing.get_args(Message))              # any message of the protocol
@@ -274,6 +369,18 @@ def check_start(m: Start, vocab: int, max_len: int) -> Error | None:
                                                         and 1 <= m.ranks <= 16) else None)
            or (f"watch {m.watch}: use 0 (off) to 16" if not 0 <= m.watch <= 16 else None))
     return Error("bad-message", f"Start {m.req!r}: {why}") if why else None
+
+
+def check_open(m: Open, vocab: int) -> tuple[str, str] | None:
+    """A draft server's check of an Open: (field, why) when it cannot be served, else None (its limits on
+    length and counts are the server's)."""
+    for name, why in (("prompt_ids", _ids_error(m.prompt_ids, vocab, "context")), ("sampling", _sampling_error(m)),
+                      ("q_top", f"q_top {m.q_top}: use 0 (the whole vocabulary) to {vocab}"
+                                if not 0 <= m.q_top <= vocab else None),
+                      ("window", f"window {m.window}: use 1 to 64" if m.stream and not 1 <= m.window <= 64 else None)):
+        if why:
+            return name, f"Open {m.seq!r}: {why}"
+    return None
 
 
 def check_generate(m: Generate, vocab: int, max_len: int, k_max: int) -> Error | None:

@@ -20,6 +20,7 @@ from ..runtime.verify import Sampling
 from . import protocol
 from .draft_worker import MAX_K, WARM_WIDTHS
 from .health import DraftHealth
+from .draft_client import ServerDrafter, ServerStreamer
 from .remote import RemoteDrafter, RemoteStream
 from .transport import Log, reply, serve_requests
 
@@ -31,8 +32,9 @@ class TargetWorker:
     """One target engine for the worker's life, a heartbeat on the draft worker, a handler per message."""
 
     def __init__(self, pair, draft_addr: str | None, draft_timeout_s: float = 5.0,
-                 engine_opts: dict | None = None, spin_s: float = 0.0, keys=None):
+                 engine_opts: dict | None = None, spin_s: float = 0.0, keys=None, draft_server: bool = False):
         self.pair, self.draft_addr, self.draft_timeout_s, self.spin_s = pair, draft_addr, draft_timeout_s, spin_s
+        self.draft_server = draft_server     # the draft at draft_addr is a draft server (sync rounds, many targets)
         self.keys = keys                     # wire.auth.Keys: CURVE both ways (its clients, and to the draft)
         self.target = make_engine(pair.target, "target", "target", vocab=pair.vocab_size, **(engine_opts or {}))
         self.target.warm(WARM_WIDTHS)
@@ -78,7 +80,7 @@ class TargetWorker:
             r = generate_target_only(self.target, msg.prompt_ids, msg.max_tokens, s, self.eos, gen, msg.req)
             return protocol.Generated(msg.req, {**r.__dict__, "bytes_sent": 0, "bytes_received": 0})
         t_req = time.time()
-        drafter = self.connect(RemoteStream if msg.mode == "pipelined" else RemoteDrafter, s)
+        drafter = self.connect(self.handle_kind(msg.mode), s)
         b0 = (drafter.client.sent, drafter.client.received) if drafter else (0, 0)
         r, cache_used, cache_why = self.decode(msg, drafter, s, gen)
         b1 = (drafter.client.sent, drafter.client.received) if drafter else b0
@@ -87,11 +89,19 @@ class TargetWorker:
                                             **self.draft_record(r, t_req), "cache": cache_used,
                                             "cache_choice": cache_why})
 
+    def handle_kind(self, mode: str):
+        """The handle a request of `mode` needs on the draft: None when this draft cannot serve it."""
+        if not self.draft_server:
+            return RemoteStream if mode == "pipelined" else RemoteDrafter
+        return ServerStreamer if mode == "pipelined" else ServerDrafter
+
     def connect(self, kind, s: Sampling):
         """The handle on the draft worker for this request (kind: RemoteDrafter or RemoteStream), or None
         (why_not says why): dropped while the heartbeat says the draft is away, re-made when it is back."""
         if self.drafter is not None and (type(self.drafter) is not kind or (self.health and not self.health.up)):
             self.drop_drafter()
+        if kind is None:
+            return None
         if self.health is not None and not self.health.up:
             since = time.strftime('%H:%M:%SZ', time.gmtime(self.health.since))
             self.why_not = f"draft worker at {self.draft_addr} down since {since} ({self.health.why})"
@@ -119,6 +129,9 @@ class TargetWorker:
         if drafter is not None:
             drafter.window, drafter.est = 2 * msg.k + 2, est
             drafter.cache, drafter.watch, cache_why = outcome_cache(msg.cache, msg.k, drafter.peer, est)
+            if isinstance(drafter, ServerStreamer) and (drafter.cache[0] or drafter.watch):
+                drafter.cache, drafter.watch = (0, *drafter.cache[1:]), 0
+                cache_why = "off: a draft server drafts no outcome cache (its branch rows need a draft worker)"
             cache_used = "x".join(map(str, drafter.cache)) if drafter.cache[0] else "off"
         r = generate_pipelined(self.target, source, msg.prompt_ids, msg.max_tokens, msg.k, s, self.eos, gen, msg.req,
                                est, self.draft_timeout_s, draft_seed)
@@ -146,10 +159,11 @@ class TargetWorker:
 
 
 def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float = 5.0,
-                 max_seconds: float = 0, engine_opts: dict | None = None, spin_s: float = 0.0, keys=None) -> None:
+                 max_seconds: float = 0, engine_opts: dict | None = None, spin_s: float = 0.0, keys=None,
+                 draft_server: bool = False) -> None:
     """Decode requests from a controller; SD with the remote draft when it answers. keys: CURVE on both
-    links (wire.auth.Keys); None: plain TCP."""
-    TargetWorker(pair, draft_addr, draft_timeout_s, engine_opts, spin_s, keys).serve(bind, max_seconds)
+    links (wire.auth.Keys); None: plain TCP. draft_server: the draft at draft_addr is a draft server."""
+    TargetWorker(pair, draft_addr, draft_timeout_s, engine_opts, spin_s, keys, draft_server).serve(bind, max_seconds)
 
 
 def outcome_cache(spec: str, k_max: int, peer: protocol.Welcome, est) -> tuple[tuple, int, str]:

@@ -91,7 +91,7 @@ class PeerLimits:
 
 
 def peer_of(frame) -> str:
-    """The peer as zmq saw it: its address, and under CURVE the start of its public key (its identity)."""
+    """The peer as zmq saw it: its address, and under CURVE `key=NAME`, its key's name (wire.auth: its identity)."""
     try:
         addr = frame.get("Peer-Address") or ""
     except Exception:
@@ -100,30 +100,42 @@ def peer_of(frame) -> str:
         key = frame.get("User-Id") or ""
     except Exception:
         key = ""
-    return f"{addr} key={key[:12]}" if key and key != "anonymous" else addr
+    return f"{addr} key={key}" if key and key != "anonymous" else addr
+
+
+def key_of(peer: str) -> str:
+    """The CURVE key's name in a peer_of string ('' on plain TCP): the client's identity."""
+    return peer.partition(" key=")[2]
+
+
+IDLE_EVERY_S = 0.001     # while messages keep arriving, background work still runs this often (see serve_requests)
 
 
 def serve_requests(bind: str, decode: protocol.Decoder, log: Log, max_seconds: float = 0, idle=None,
-                   spin_s: float = 0.0, keys: Keys | None = None, limits: PeerLimits | None = None):
+                   spin_s: float = 0.0, keys: Keys | None = None, limits: PeerLimits | None = None,
+                   idle_every_s: float = IDLE_EVERY_S):
     """The server loop both workers share: bind a ROUTER to exactly `bind`, yield (sock, ident, message,
     receive time, peer) for each well-formed message of the types `decode` takes; anything else gets an
-    Error reply here, and a log line. idle(sock) -> bool: background work (the pipelined draft's run-ahead),
-    one step per call, done only when no message is waiting; True while there is more. spin_s: busy-poll
-    for this long after each message before sleeping in a blocking poll (see above). keys: serve only the
-    clients whose CURVE keys they authorize (wire.auth); None: plain TCP, said in the log. limits: what each
-    peer may send in a second (PeerLimits' defaults when None)."""
+    Error reply here, and a log line. idle(sock) -> bool: background work (the pipelined draft's run-ahead,
+    the draft server's steps), one step per call, done when no message is waiting and, while messages keep
+    arriving, at least every idle_every_s (so that a peer flooding the socket cannot starve it); True while
+    there is more. spin_s: busy-poll for this long after each message before sleeping in a blocking poll (see
+    above). keys: serve only the clients whose CURVE keys they authorize (wire.auth); None: plain TCP, said in
+    the log. limits: what each peer may send in a second (PeerLimits' defaults when None)."""
     limits = limits or PeerLimits()
     server = None
     t_end = time.time() + max_seconds if max_seconds else float("inf")
-    busy, t_last = False, 0.0
+    busy, t_last, t_idle = False, 0.0, time.perf_counter()
     try:
         server = _Server(bind, keys, log)
         while time.time() < t_end:
             spinning = spin_s and time.perf_counter() - t_last < spin_s
-            if not server.sock.poll(0 if busy or spinning else 500):
-                busy = bool(idle and idle(server.sock))
+            waiting = server.sock.poll(0 if busy or spinning else 500)
+            if not waiting or time.perf_counter() - t_idle >= idle_every_s:
+                busy, t_idle = bool(idle and idle(server.sock)), time.perf_counter()
                 server.log_failed_handshakes()
-                continue
+                if not waiting:
+                    continue
             busy = idle is not None
             frames = server.sock.recv_multipart(copy=False)
             t_recv, t_last = time.time(), time.perf_counter()

@@ -1,0 +1,258 @@
+"""Drafting for many independent sequences at once: a table of sequences over one BatchDecoder.
+
+    d = BatchDrafter(decoder, vocab)
+    seq = d.open(key, gen, prompt_ids, sampling, seed, q_top)     # a cache row; the prompt waits to be fed
+    d.prefill(budget)                                           # feed waiting prompts, a chunk at a time
+    d.apply(seq, have, accepted, tokens)                         # the client's verdict on the last proposal
+    out = d.draft([(seq, k), ...])                               # one batched proposal per sequence
+
+A sequence's context is what its client has settled: `n` tokens, of which `fed` are in its cache row and
+`pending` wait to be fed; past the context the row holds the first `ahead` tokens of the last proposal
+(`prev`). A round's verdict (apply) says how many of `prev` the client accepted and which tokens follow;
+the client also says how many tokens it believes the draft holds (`have`): any disagreement is a Desync
+(the client then opens the sequence again, under the next generation), never a wrong draft.
+
+draft() feeds every row's pending tokens (one or two: the target's token, after the last draft token when
+all were accepted) in one step of width 2 (a row with one token repeats it at its own position), then
+drafts k tokens, each step's tokens feeding the next on the device; the tokens of all rows reach the host
+in one read at the end. Rows with a smaller k draft along (their extra tokens are dropped; the cache
+entries past a row's context are stale and masked by position).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .batchmodel import BatchDecoder
+from .engine import HostCopy
+from .loop import draft_token, q_support
+from .verify import Sampling
+
+MAX_CATCH_UP = 2        # pending tokens a draft step feeds; more (a prompt) are prefilled first
+
+
+class Desync(ValueError):
+    """A round that does not fit the sequence the draft holds: the client re-opens it."""
+
+
+class Full(ValueError):
+    """No cache row is free."""
+
+
+@dataclass(eq=False)
+class Sequence:
+    key: tuple                     # (client, sequence id)
+    gen: int                       # the client's generation of this sequence (a re-open is a new one)
+    row: int                       # its cache row
+    s: Sampling
+    rng: torch.Generator
+    q_top: int
+    n: int = 0                     # context tokens the client has settled
+    fed: int = 0                   # ... of which in the cache row
+    pending: list[int] = field(default_factory=list)   # ... and waiting to be fed (n = fed + len(pending))
+    prev: list[int] = field(default_factory=list)      # the last proposal
+    ahead: int = 0                 # prev's first tokens in the cache, past the context
+    stream: bool = False           # pipelined: drafted ahead, a token a step (see open_stream)
+    window: int = 0
+    base: int = 0                  # stream: the prompt's length (stream positions count from it)
+    chain: list[int] = field(default_factory=list)     # stream: tokens at positions 0.. (drafted or committed)
+    acked: int = 0                 # stream: positions < acked are final (the client said so)
+    epoch: int = 0                 # stream: restarts so far
+    opened: float = field(default_factory=time.perf_counter)
+    prefill_s: float = 0.0         # the prompt's forwards
+    drafted: int = 0               # proposals made
+
+    @property
+    def ready(self) -> bool:
+        """Whether a draft step can take it (its prompt is fed)."""
+        return 1 <= len(self.pending) <= MAX_CATCH_UP
+
+    @property
+    def room(self) -> bool:
+        """A stream that may draft its next token (within its window past what the client settled)."""
+        return self.stream and self.ready and len(self.chain) - self.acked < self.window
+
+
+@dataclass
+class Drafted:
+    """One sequence's proposal from a batched step."""
+    tokens: list[int]
+    q_idx: list[list[int]] | None = None
+    q_val: list[list[float]] | None = None
+
+
+class BatchDrafter:
+    def __init__(self, decoder: BatchDecoder, vocab: int, chunk: int = 256):
+        self.dec, self.vocab, self.chunk = decoder, vocab, chunk
+        self.free_rows = list(range(decoder.rows))
+        self.seqs: dict[tuple, Sequence] = {}
+        self.last_batch = 0            # rows in the newest draft step
+
+    @property
+    def device(self):
+        return self.dec.device
+
+    def capacity_for(self, k: int) -> int:
+        """The longest context a sequence may reach and still draft k tokens."""
+        return self.dec.capacity - k - 1
+
+    def open(self, key: tuple, gen: int, prompt_ids: list[int], s: Sampling, seed: int, q_top: int) -> Sequence:
+        """A new sequence (an old one under the same key is replaced). Its prompt is fed by prefill()."""
+        old = self.seqs.pop(key, None)
+        if old is not None:
+            self.free_rows.append(old.row)
+        if not self.free_rows:
+            raise Full(f"all {self.dec.rows} cache rows hold sequences")
+        self.free_rows.sort()
+        rng = torch.Generator(device=self.device).manual_seed(seed)
+        seq = Sequence(key, gen, self.free_rows.pop(0), s, rng, q_top, n=len(prompt_ids), pending=list(prompt_ids))
+        self.seqs[key] = seq
+        return seq
+
+    def open_stream(self, key: tuple, gen: int, prompt_ids: list[int], s: Sampling, seed: int, q_top: int,
+                    window: int) -> Sequence:
+        """A pipelined sequence: drafted a token a step (stream_step), up to `window` tokens past the last
+        position its client settled; the client's commits follow runtime.pipeline's rules (commit)."""
+        seq = self.open(key, gen, prompt_ids, s, seed, q_top)
+        seq.stream, seq.window, seq.base = True, window, len(prompt_ids)
+        return seq
+
+    def commit(self, seq: Sequence, pos: int, token: int) -> bool:
+        """The client's token at stream position pos (earlier positions settled as drafted, or as earlier commits
+        said): a token that differs from the draft's restarts the stream there (True: a new epoch, drafts past
+        pos dropped); pos just past the chain extends it. Desync past that."""
+        if pos > len(seq.chain) or pos < 0:
+            raise Desync(f"commit at stream position {pos}, but the draft's chain ends at {len(seq.chain) - 1}")
+        restart = pos < len(seq.chain) and seq.chain[pos] != token
+        if pos == len(seq.chain):
+            seq.chain.append(token)
+            seq.pending.append(token)
+            seq.n += 1
+        elif restart:
+            p = seq.base + pos
+            keep = seq.pending[:p - seq.fed] if p > seq.fed else []
+            seq.fed = min(seq.fed, p)
+            seq.pending, seq.n = keep + [token], p + 1
+            seq.chain = seq.chain[:pos] + [token]
+            seq.epoch += 1
+        seq.acked = max(seq.acked, pos + 1)
+        return restart
+
+    def stream_step(self, seqs: list[Sequence]) -> list[Drafted]:
+        """One batched step over streams with room: each drafts its next token (its position: len(chain) before
+        the step), which becomes part of its chain."""
+        out = self.draft([(seq, 1) for seq in seqs])
+        for seq, d in zip(seqs, out):
+            seq.chain.append(d.tokens[0])
+            seq.pending, seq.n, seq.prev = [d.tokens[0]], seq.n + 1, []
+        return out
+
+    def free(self, key: tuple) -> Sequence | None:
+        seq = self.seqs.pop(key, None)
+        if seq is not None:
+            self.free_rows.append(seq.row)
+        return seq
+
+    def apply(self, seq: Sequence, have: int, accepted: int, tokens: list[int]) -> None:
+        """The client's verdict: `accepted` of the last proposal, then `tokens` (the target's); `have`: the
+        context length the client believes this draft holds. Desync when it does not."""
+        if have != seq.n or not 0 <= accepted <= len(seq.prev):
+            raise Desync(f"the client says the draft holds {have} tokens and accepted {accepted} of a "
+                         f"{len(seq.prev)}-token proposal; the draft holds {seq.n} tokens of generation {seq.gen}")
+        kept = min(accepted, seq.ahead)
+        seq.fed += kept
+        seq.pending += seq.prev[kept:accepted] + list(tokens)
+        seq.n += accepted + len(tokens)
+        seq.prev, seq.ahead = [], 0
+
+    def prefill(self, budget: int | None = None) -> int:
+        """Feed waiting prompts (all but their last token), shortest first (a new short sequence is not held
+        behind a long one), in chunks of at most `chunk` tokens, until `budget` tokens are fed; returns the
+        tokens fed (0: nothing waits)."""
+        budget = budget or self.chunk
+        done = 0
+        for seq in sorted((s for s in self.seqs.values() if len(s.pending) > MAX_CATCH_UP), key=lambda s: len(s.pending)):
+            while len(seq.pending) > MAX_CATCH_UP and done < budget:
+                take = min(len(seq.pending) - 1, self.chunk, budget - done)
+                self._feed(seq, seq.pending[:take])
+                seq.pending = seq.pending[take:]
+                done += take
+        return done
+
+    def _feed(self, seq: Sequence, ids: list[int]) -> None:
+        t0 = time.perf_counter()
+        dev = self.device
+        pos = torch.arange(seq.fed, seq.fed + len(ids), device=dev)[None]
+        self.dec.forward(torch.tensor([ids], device=dev), pos, pos, row0=seq.row)
+        seq.fed += len(ids)
+        seq.prefill_s += time.perf_counter() - t0
+
+    def waiting(self) -> bool:
+        """Whether a prompt waits to be prefilled."""
+        return any(len(s.pending) > MAX_CATCH_UP for s in self.seqs.values())
+
+    def draft(self, batch: list[tuple[Sequence, int]]) -> list[Drafted]:
+        """One proposal of k tokens for each (sequence, k), all rows in the same steps; each sequence must be
+        ready. Returns the proposals in batch order."""
+        if not batch:
+            return []
+        R = max(s.row for s, _ in batch) + 1
+        K = max(k for _, k in batch)
+        W = max(len(s.pending) for s, _ in batch)
+        ids, pos, slots, base = self._inputs(batch, R, W)
+        top = max(s.n for s, _ in batch)
+        logits = self.dec.step(ids, pos, slots, top)
+        active = slots[:, -1] < self.dec.capacity
+        toks, qs = [], []
+        for i in range(K):
+            t, q = self._choose(logits, batch, i)
+            toks.append(t)
+            qs.append(q)
+            if i < K - 1:
+                p = base + i
+                logits = self.dec.step(t[:, None], p[:, None], torch.where(active, p, self.dec.capacity)[:, None],
+                                       top + i + 1)
+        host = HostCopy(torch.stack(toks, 1)).value()
+        self.last_batch = len(batch)
+        return [self._settle(seq, k, host[seq.row], qs) for seq, k in batch]
+
+    def _inputs(self, batch, R: int, W: int):
+        """The first step's ids, positions and slots [R, W] (rows not in the batch write to the scratch
+        slot), and each row's first drafted position [R], on the device in one copy."""
+        cap = self.dec.capacity
+        t = torch.zeros((4, R, W), dtype=torch.long)
+        t[2].fill_(cap)
+        for seq, _ in batch:
+            pad = W - len(seq.pending)          # a row with fewer tokens repeats its first at its own position
+            t[0, seq.row] = torch.tensor(seq.pending[:1] * pad + seq.pending)
+            t[1, seq.row] = torch.tensor([seq.fed] * pad + list(range(seq.fed, seq.n)))
+            t[2, seq.row] = t[1, seq.row]
+            t[3, seq.row] = seq.n
+        if self.device.type == "cuda":
+            t = t.pin_memory()
+        t = t.to(self.device, non_blocking=True)
+        return t[0], t[1], t[2], t[3][:, 0]
+
+    def _choose(self, logits, batch, i: int):
+        """Step i's token per row: argmax for greedy rows, a draw from q for sampled ones (their q kept)."""
+        logits = logits[:, :self.vocab]         # the pair's shared tokenizer (padded rows are never proposed)
+        t = logits.argmax(-1)
+        qs = {}
+        for seq, k in batch:
+            if i < k and not seq.s.greedy and seq.s.draft_sampled:
+                tok, q = draft_token(logits[seq.row], seq.s, seq.rng, seq.q_top)
+                t[seq.row] = tok
+                qs[seq.row] = q
+        return t, qs
+
+    def _settle(self, seq: Sequence, k: int, row_tokens: list[int], qs: list[dict]) -> Drafted:
+        seq.fed, seq.pending = seq.n, []
+        seq.prev, seq.ahead = row_tokens[:k], min(k, len(row_tokens) - 1)
+        seq.drafted += 1
+        out = Drafted(seq.prev)
+        if seq.row in qs[0]:
+            top = q_support(torch.stack([qs[i][seq.row] for i in range(k)]), seq.q_top)
+            out.q_idx, out.q_val = top.indices.tolist(), top.values.tolist()
+        return out

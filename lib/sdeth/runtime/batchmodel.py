@@ -1,0 +1,207 @@
+"""Batched decoding of independent sequences: the fast decoder's weights over a cache of rows.
+
+    dec = BatchDecoder(fast, rows=32, capacity=4096)     # fast: a fastmodel.FastDecoder (its weights)
+    logits = dec.step(ids, positions, slots)            # [R, W] each -> the last column's logits [R, V]
+    logits = dec.forward(ids, positions, slots, row0=r)  # any shape, eager (a prompt's chunk into row r)
+
+Each sequence owns one cache row (per layer [rows, kv heads, capacity + 1, head dim]) and its own length:
+token (r, w) sits at positions[r, w], its keys go to slots[r, w] of row row0 + r, and it attends to the
+slots of its own row up to its position (a row sees no other row). The slot past capacity is scratch:
+a row of a step that carries no sequence writes there, at position 0, and nothing ever reads it.
+
+step() runs rows 0..R-1 padded to a bucket (1, 2, 4, ..., 128 rows) and the attention over the first
+`span` slots (a power of two from 256 up to capacity, the smallest that holds every row's position); on
+CUDA each (bucket, width, span) is captured as a CUDA graph on first use (nano-vllm's model runner keeps
+one graph per batch size) and replayed after. Widths are 1 (a draft step) and 2 (a round's catch-up: a
+row with one new token repeats it at its own position, which writes the same keys twice and reads them
+once). The block is fastmodel's maths with a batch dimension; tests/test_batchmodel.py checks a row of
+a batch against the same row decoded alone and against the fast decoder's chain.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .engine import ForwardClock
+from .fastmodel import FastDecoder, _norm, _rope, linear
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+MIN_SPAN = 256
+
+
+def bucket(n: int) -> int:
+    """The smallest batch bucket that holds n rows."""
+    for b in BUCKETS:
+        if n <= b:
+            return b
+    raise ValueError(f"{n} rows exceed the largest batch bucket {BUCKETS[-1]}")
+
+
+def batch_block(x, carry, L: dict, kc, vc, rows, slots, cos, sin, visible, shape: tuple):
+    """One decoder layer over R rows of W tokens (fastmodel.block with a batch dimension). x, carry: [R, W, H];
+    kc, vc: this layer's cache rows [R, kv heads, span-or-more, hd] (a view of the whole cache's rows); rows,
+    slots: [R, W] where each token's keys go; visible: [R, W, span]."""
+    nq, nkv, hd, eps, scale = shape
+    R, W, H = x.shape
+    g = nq // nkv
+    x = x + carry
+    h = _norm(x, L["in_norm"], eps).view(R * W, H)
+    qkv = linear(h, L["wqkv"], L["bqkv"])
+    q = qkv[:, :nq * hd].view(R, W, nq, hd)
+    k = qkv[:, nq * hd:(nq + nkv) * hd].view(R, W, nkv, hd)
+    v = qkv[:, (nq + nkv) * hd:].view(R, W, nkv, hd)
+    if L["q_norm"] is not None:
+        q, k = _norm(q, L["q_norm"], eps), _norm(k, L["k_norm"], eps)
+    q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+    kc[rows, :, slots] = k                                            # [R, W] index pairs -> [R, W, nkv, hd]
+    vc[rows, :, slots] = v
+    span = visible.shape[-1]
+    K, V = kc[:R, :, :span], vc[:R, :, :span]                         # [R, nkv, span, hd], views
+    qg = q.view(R, W, nkv, g, hd).permute(0, 2, 3, 1, 4).reshape(R, nkv, g * W, hd)
+    scores = torch.matmul(qg, K.transpose(-1, -2)).float() * scale    # [R, nkv, g*W, span]
+    scores = scores.masked_fill(~visible.repeat(1, g, 1)[:, None], float("-inf"))
+    o = torch.matmul(torch.softmax(scores, dim=-1).to(q.dtype), V)    # [R, nkv, g*W, hd]
+    o = o.view(R, nkv, g, W, hd).permute(0, 3, 1, 2, 4).reshape(R * W, nq * hd)
+    x = x + linear(o, L["wo"]).view(R, W, H)
+    h = _norm(x, L["post_norm"], eps).view(R * W, H)
+    gate, up = linear(h, L["w_gate_up"]).chunk(2, dim=-1)
+    return x, linear(F.silu(gate) * up, L["w_down"]).view(R, W, H)
+
+
+class BatchDecoder:
+    """A cache of `rows` sequences of up to `capacity` tokens each, over a FastDecoder's weights."""
+
+    def __init__(self, fast: FastDecoder, rows: int, capacity: int, graphs: bool | None = None,
+                 columns: str = "last", compile_mode: str | None = None):
+        """columns: 'last' (a draft: the next token after each row) or 'all' (a target's verify: logits for
+        every column, [R, W, V]). compile_mode: torch.compile the block (shapes symbolic, so that the buckets,
+        widths and spans share a few compiled variants), run inside the graphs; None: eager kernels."""
+        if rows > BUCKETS[-1]:
+            raise ValueError(f"rows={rows}: at most {BUCKETS[-1]} sequences in one cache")
+        self.fast, self.rows, self.capacity = fast, rows, capacity
+        self.device, self.dtype, self.vocab = fast.device, fast.dtype, fast.vocab
+        self.graphs_on = self.device.type == "cuda" if graphs is None else graphs
+        if columns not in ("last", "all"):
+            raise ValueError(f"columns={columns!r}: use 'last' or 'all'")
+        self.last_only = columns == "last"
+        shape = (rows, fast.n_kv, capacity + 1, fast.head_dim)
+        self.k_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(fast.n_layers)]
+        self.v_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(fast.n_layers)]
+        freqs = torch.outer(torch.arange(capacity, device=self.device, dtype=torch.float32), fast._inv_freq)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.cos = (emb.cos() * fast._rope_scaling).to(self.dtype)
+        self.sin = (emb.sin() * fast._rope_scaling).to(self.dtype)
+        if compile_mode:
+            import torch._dynamo.config as dc
+            for limit in ("recompile_limit", "cache_size_limit"):      # a variant per size-1 specialisation of
+                if hasattr(dc, limit):                                 # rows and width, and per model shape
+                    setattr(dc, limit, max(getattr(dc, limit), 64))
+        self.block = (torch.compile(batch_block, mode=compile_mode, fullgraph=True, dynamic=True)
+                      if compile_mode else batch_block)
+        self.graphs: dict = {}       # (bucket, width, span) -> (graph, static inputs, static logits)
+        self.pool = None
+        self.clock = ForwardClock(self.device.type == "cuda")
+        self.steps = 0
+
+    def span_for(self, top: int) -> int:
+        """The attention span (slots read) for rows whose highest position is top - 1."""
+        s = MIN_SPAN
+        while s < top:
+            s *= 2
+        return min(s, self.capacity)
+
+    def cache_bytes_per_token(self) -> int:
+        f = self.fast
+        return 2 * f.n_layers * f.n_kv * f.head_dim * self.k_cache[0].element_size()
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, row0: int = 0,
+                span: int | None = None) -> torch.Tensor:
+        """Eager: ids, positions, slots [R, W] (long, on the device) into cache rows row0..row0+R-1; the
+        last column's next-token logits [R, V] (float32; [R, W, V] with columns='all'). span: slots attended (None: up to the highest
+        position)."""
+        R, W = ids.shape
+        if row0 < 0 or row0 + R > self.rows:
+            raise ValueError(f"cache rows {row0}..{row0 + R - 1}: this cache has rows 0..{self.rows - 1}")
+        span = span or self.span_for(int(positions.max()) + 1)
+        return self._forward(ids, positions, slots, row0, span)
+
+    def _forward(self, ids, positions, slots, row0: int, span: int) -> torch.Tensor:
+        f = self.fast
+        R, W = ids.shape
+        rows = torch.arange(R, device=self.device)[:, None].expand(R, W)
+        visible = torch.arange(span, device=self.device)[None, None, :] <= positions[:, :, None]
+        cos, sin = self.cos[positions][:, :, None, :], self.sin[positions][:, :, None, :]   # [R, W, 1, hd]
+        x = F.embedding(ids, f.embed)                                                      # [R, W, H]
+        carry = torch.zeros_like(x)
+        for i, L in enumerate(f.layers):
+            kc, vc = self.k_cache[i][row0:row0 + R], self.v_cache[i][row0:row0 + R]
+            x, carry = self.block(x, carry, L, kc, vc, rows, slots, cos, sin, visible, f.shape)
+        h = _norm((x + carry)[:, -1] if self.last_only else (x + carry).view(R * W, -1), f.final_norm, f.eps)
+        logits = linear(h, f.lm_head).float()
+        if f.keep is not None:
+            logits = torch.full((logits.shape[0], f.vocab), float("-inf"), device=self.device).index_copy_(
+                1, f.keep, logits)
+        return logits if self.last_only else logits.view(R, W, -1)
+
+    @torch.inference_mode()
+    def step(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, top: int) -> torch.Tensor:
+        """Rows 0..R-1 of the cache (R = ids.shape[0]), padded to a bucket with rows that write to the scratch
+        slot; top: the highest position among them + 1 (a number the caller keeps on the host, so that choosing
+        the span never reads the device). A CUDA graph per (bucket, width, span) on CUDA. Returns [R, V];
+        nothing here waits for the device."""
+        R, W = ids.shape
+        if top > self.capacity:
+            raise ValueError(f"position {top - 1} is past this cache's {self.capacity} slots")
+        b = min(bucket(R), self.rows)
+        if R < b:
+            pad = lambda t, v: torch.cat([t, torch.full((b - R, W), v, dtype=t.dtype, device=t.device)])  # noqa: E731
+            ids, positions, slots = pad(ids, 0), pad(positions, 0), pad(slots, self.capacity)
+        key = (b, W, self.span_for(top))
+        t0 = self.clock.begin()
+        if self.graphs_on:
+            out = self._replay(key, ids, positions, slots)
+        else:
+            out = self._forward(ids, positions, slots, 0, key[2])
+        self.clock.end(t0)
+        self.steps += 1
+        return out[:R]
+
+    def _replay(self, key, ids, positions, slots) -> torch.Tensor:
+        if key not in self.graphs:
+            self._capture(key, (ids, positions, slots))
+        graph, static, out = self.graphs[key]
+        for s, x in zip(static, (ids, positions, slots)):
+            s.copy_(x)
+        graph.replay()
+        return out
+
+    def _capture(self, key, inputs) -> None:
+        """Warm on a side stream, then capture one step of this (bucket, width, span). The scratch slot takes
+        the writes (each row's slots are pointed at it), so capture changes no sequence's cache."""
+        b, w, span = key
+        static = tuple(x.clone() for x in inputs)
+        static[2].fill_(self.capacity)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._forward(*static, 0, span)
+        torch.cuda.current_stream().wait_stream(stream)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = self._forward(*static, 0, span)
+        self.graphs[key] = (graph, static, out)
+
+    def warm(self, buckets=BUCKETS, widths=(1, 2), spans=None) -> None:
+        """Capture the graphs a server will use now, so that no request pays for it."""
+        if not self.graphs_on:
+            return
+        spans = spans or sorted({self.span_for(s) for s in (MIN_SPAN, 512, 1024, 2048, 4096, self.capacity)})
+        for b in (x for x in buckets if x <= self.rows):
+            for w in widths:
+                for s in spans:
+                    z = torch.zeros((b, w), dtype=torch.long, device=self.device)
+                    self.step(z, z, z + self.capacity, s)

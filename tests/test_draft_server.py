@@ -1,0 +1,401 @@
+"""The draft server: batched rows compute what one row alone computes; many clients interleave through one
+draft and each output is the target's own (greedy and sampled); desync, TTL, limits, turns, heartbeats."""
+import threading
+import time
+
+import pytest
+import torch
+
+from doubles import tiny_qwen3, two_token_chi2
+from sdeth.place.testbed import free_port
+from sdeth.runtime.batchdraft import BatchDrafter, Desync
+from sdeth.runtime.batchmodel import BatchDecoder
+from sdeth.runtime.engine import Engine
+from sdeth.runtime.fastmodel import FastDecoder
+from sdeth.runtime.loop import Drafter, generate_sd, generate_target_only
+from sdeth.runtime.verify import Sampling
+from sdeth.wire import protocol as W
+from sdeth.wire.draft_client import DraftServerClient, ServerDraft
+from sdeth.wire.draft_server import DraftServer, ServerLimits
+
+VOCAB = 300
+HELLO = W.Hello(W.PROTOCOL_VERSION, "target", "tiny", VOCAB, "sha", "float32")
+
+
+def tiny_pair():
+    target, draft = tiny_qwen3(0), tiny_qwen3(0)
+    torch.manual_seed(5)
+    for p in draft.parameters():        # a related but different draft
+        p.data += 0.02 * torch.randn_like(p)
+    return target, draft
+
+
+def tiny_server(draft, rows=8, capacity=256, **kw) -> DraftServer:
+    me = W.Welcome(W.PROTOCOL_VERSION, "tiny", VOCAB, "sha", "float32", sequences=rows)
+    return DraftServer(BatchDrafter(BatchDecoder(FastDecoder(draft, 8), rows, capacity), VOCAB, chunk=16), me, **kw)
+
+
+def serving(server: DraftServer, seconds: float = 120) -> str:
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    threading.Thread(target=server.serve, args=(addr,), kwargs={"max_seconds": seconds}, daemon=True).start()
+    time.sleep(0.3)
+    return addr
+
+
+# ------------------------------------------------------------------ batched rows
+
+def test_a_batched_row_equals_the_row_decoded_alone():
+    """Three sequences of different lengths in one step (one row with a single new token, repeated at its
+    own position) give each row's logits as the transformers model alone and as a batch of one."""
+    model = tiny_qwen3(0)
+    fast = FastDecoder(model, 8)
+    many, one = BatchDecoder(fast, rows=4, capacity=64), BatchDecoder(fast, rows=1, capacity=64)
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (9, 5, 13)]
+    for r, s in enumerate(seqs):
+        pos = torch.arange(len(s) - 2)[None]
+        many.forward(torch.tensor([s[:-2]]), pos, pos, row0=r)
+    last = [s[-2:] if r != 1 else [s[-2], s[-2]] for r, s in enumerate(seqs)]    # row 1: one new token
+    pos = torch.tensor([[len(s) - 2, len(s) - 1] if r != 1 else [len(s) - 2] * 2 for r, s in enumerate(seqs)])
+    out = many.step(torch.tensor(last), pos, pos, top=int(pos.max()) + 1)
+    ref = Engine(model, "ref")
+    for r, s in enumerate(seqs):
+        upto = s if r != 1 else s[:-1]
+        ref.start(64)
+        want = ref.forward(upto)[-1]
+        p = torch.arange(len(upto) - 1)[None]
+        one.forward(torch.tensor([upto[:-1]]), p, p)
+        alone = one.step(torch.tensor([[upto[-1]]]), torch.tensor([[len(upto) - 1]]),
+                         torch.tensor([[len(upto) - 1]]), top=len(upto))[0]
+        assert torch.allclose(out[r], alone, atol=1e-5), r
+        assert ((out[r] - want).norm() / want.norm()) < 1e-5, r
+
+
+def test_the_batch_drafter_proposes_what_the_one_sequence_drafter_does():
+    """Rounds with random verdicts and a k per row: every proposal equals loop.Drafter's."""
+    import random
+    model = tiny_qwen3(0)
+    bd = BatchDrafter(BatchDecoder(FastDecoder(model, 8), rows=4, capacity=128), VOCAB, chunk=4)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (9, 5, 13)]
+    ref = [Drafter(Engine(model, f"r{i}")) for i in range(3)]
+    seqs = []
+    for i, p in enumerate(prompts):
+        ref[i].start(p, 128)
+        seqs.append(bd.open(("c", str(i)), 0, p, Sampling(), 0, 0))
+    state = [(0, rng.randrange(VOCAB)) for _ in prompts]
+    for _ in range(8):
+        ks = [rng.randint(1, 5) for _ in prompts]
+        for s, (n_prev, nxt) in zip(seqs, state):
+            bd.apply(s, s.n, n_prev, [nxt])
+        while bd.prefill():
+            pass
+        out = bd.draft(list(zip(seqs, ks)))
+        for i in range(3):
+            assert ref[i].propose(*state[i], ks[i])[0] == out[i].tokens
+            state[i] = (rng.randint(0, ks[i]), rng.randrange(VOCAB))
+    with pytest.raises(Desync):
+        bd.apply(seqs[0], seqs[0].n + 1, 0, [1])
+
+
+# ------------------------------------------------------------------ many clients through one draft
+
+def _client_runs(addr, target, prompts, s: Sampling, max_tokens: int, k: int, seeds=None):
+    c = DraftServerClient(addr, HELLO)
+    eng, sd, out = Engine(target, "t"), ServerDraft(c, s), []
+    for i, p in enumerate(prompts):
+        gen = torch.Generator().manual_seed(seeds[i]) if seeds else None
+        out.append(generate_sd(eng, sd, p, max_tokens, k, s, None, gen=gen))
+        sd.end()
+    c.close()
+    return out
+
+
+def _in_threads(n, fn):
+    res, errs = {}, []
+
+    def run(i):
+        try:
+            res[i] = fn(i)
+        except Exception as e:       # surfaced below
+            errs.append(e)
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errs, errs
+    return [res[i] for i in range(n)]
+
+
+def test_four_clients_interleaved_through_one_draft_each_get_the_target_output(pair, target_only_ref):
+    """The embedded pair: four target clients, two prompts each, through one draft server at once."""
+    from conftest import REF
+    from sdeth.study import experiment
+    from sdeth.wire.draft_server import build_drafter, welcome
+    me = welcome(pair, pair.config.draft)
+    server = DraftServer(build_drafter(pair, rows=8, capacity=1024), me)
+    addr = serving(server)
+    cfg = experiment.RunConfig(mode="sd", **REF)
+    prompts = experiment.encode_prompts(cfg, pair.tokenizer)
+    hello = W.Hello(W.PROTOCOL_VERSION, "target", "t", pair.vocab_size, me.tokenizer_sha, me.dtype)
+    from sdeth.runtime import make_engine
+
+    def client(i):
+        c = DraftServerClient(addr, hello)
+        eng = make_engine(pair.target, "target", "target", vocab=pair.vocab_size)
+        sd, out = ServerDraft(c), []
+        for _, ids in prompts[2 * i:2 * i + 2]:
+            out.append(generate_sd(eng, sd, ids, REF["max_tokens"], 3, Sampling(), pair.tokenizer.eos_token_id))
+            sd.end()
+        c.close()
+        return out
+    runs = [r for rs in _in_threads(4, client) for r in rs]
+    want = [r["output_ids"] for r in target_only_ref["requests"]]
+    assert [r.output_ids for r in runs] == want
+    assert sum(r.accepted_tokens for r in runs) > 0 and server.steps > 0
+    assert max(server.batches) > 1          # rows of several clients shared a step
+    assert not server.d.seqs                # every sequence ended
+
+
+def test_four_clients_sampled_reproduce_the_target_distribution():
+    """Speculative sampling through the shared draft (sampled draft, q on the wire): the first two tokens'
+    joint distribution is the target's (chi-square), four clients interleaved."""
+    target, draft = tiny_pair()
+    addr = serving(tiny_server(draft))
+    s, prompt, n = Sampling(1.0, top_k=3, draft_sampled=True), [3, 1, 4, 1, 5], 100
+    runs = _in_threads(4, lambda i: _client_runs(addr, target, [prompt] * n, s, 3, 2,
+                                                 seeds=list(range(i * n, (i + 1) * n))))
+    counts = {}
+    for r in (r for rs in runs for r in rs):
+        key = tuple(r.output_ids[:2])
+        counts[key] = counts.get(key, 0) + 1
+    assert sum(r.rounds for rs in runs for r in rs) > 2 * n       # the draft took part
+    assert two_token_chi2(Engine(target, "ref"), prompt, s, counts) > 1e-3
+
+
+def test_a_forced_desync_recovers_with_identical_output():
+    """A client that loses count of what the draft holds is answered `desync`, opens the sequence again under
+    the next generation, and decodes on: the same output as target-only, the draft still used."""
+    target, draft = tiny_pair()
+    server = tiny_server(draft)
+    addr = serving(server)
+    c = DraftServerClient(addr, HELLO)
+    sd = ServerDraft(c)
+    propose = sd.propose
+    calls = []
+
+    def lying_propose(n_prev, nxt, k):
+        calls.append(1)
+        if len(calls) == 3:
+            sd.track.have += 1              # the client's count goes wrong once
+        return propose(n_prev, nxt, k)
+    sd.propose = lying_propose
+    eng = Engine(target, "t")
+    prompt = [5, 6, 7, 8, 9]
+    got = generate_sd(eng, sd, prompt, 40, 4, Sampling(), None)
+    want = generate_target_only(eng, prompt, 40, Sampling(), None)
+    assert got.output_ids == want.output_ids
+    assert sd.track.reopened == 1 and sd.track.gen == 1
+    assert got.rounds > 3 and got.tokens_without_draft == 0
+    c.close()
+
+
+def test_a_killed_clients_sequences_are_freed_within_the_ttl(capsys):
+    target, draft = tiny_pair()
+    server = tiny_server(draft, ttl_s=1.0)
+    addr = serving(server)
+    c = DraftServerClient(addr, HELLO)
+    tracks = [c.open(f"s{i}", [1, 2, 3, 4]) for i in range(3)]
+    c.rounds([(t, 0, [5], 3) for t in tracks])
+    assert len(server.d.seqs) == 3
+    c.close()                               # gone without End
+    t0 = time.time()
+    while server.d.seqs and time.time() - t0 < 5:
+        time.sleep(0.05)
+    assert not server.d.seqs and time.time() - t0 < 3.0
+    assert sorted(server.d.free_rows) == list(range(8))
+    assert "freed 3 sequences: no word from the client for 1 s" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ limits, turns, liveness (no socket)
+
+def _welcomed(server, ident=b"a", peer="10.0.0.1"):
+    assert isinstance(server.dispatch(ident, HELLO, time.time(), peer)[0], W.Welcome)
+    return ident
+
+
+def _rows(out):
+    return [r for m in out if isinstance(m, W.Drafts) for r in m.rows]
+
+
+@pytest.mark.parametrize("field,limits,send", [
+    ("k", {}, lambda s: [W.Rounds([W.Row("s0", 0, 4, 0, [1], 17)])]),
+    ("tokens", {}, lambda s: [W.Rounds([W.Row("s0", 0, 4, 0, list(range(17)), 2)])]),
+    ("context", {}, lambda s: [W.Open("s1", 0, [1] * 260)]),
+    ("context", {"context": 12}, lambda s: [W.Rounds([W.Row("s0", 0, 4, 0, [1, 2, 3], 5)])]),
+    ("sequences_per_client", {"sequences_per_client": 1}, lambda s: [W.Open("s1", 0, [1, 2])]),
+    ("sequences", {"sequences": 1}, lambda s: [W.Open("s1", 0, [1, 2])]),
+    ("rows_per_message", {"rows_per_message": 2}, lambda s: [W.Rounds([W.Row("s0", 0, 4, 0, [1], 2)] * 3)]),
+])
+def test_each_limit_is_refused_naming_it_and_logged_with_the_peer(field, limits, send, capsys):
+    server = tiny_server(tiny_qwen3(0), limits=ServerLimits(**limits))
+    ident = _welcomed(server)
+    server.dispatch(ident, W.Open("s0", 0, [1, 2, 3, 4]), time.time(), "10.0.0.1")
+    out = [m for msg in send(server) for m in server.dispatch(ident, msg, time.time(), "10.0.0.1")]
+    errors = [(m.code, m.message) for m in out if isinstance(m, W.Error)] + [(r.error, r.message)
+                                                                             for r in _rows(out) if r.error]
+    assert errors and errors[0][0] == "limit" and errors[0][1].startswith(field + ":"), errors
+    log = capsys.readouterr().out
+    assert "peer=10.0.0.1" in log and "refused (limit)" in log and f"{field}:" in log
+    assert isinstance(server.dispatch(ident, W.Ping(1.0), time.time(), "10.0.0.1")[0], W.Pong)
+
+
+def test_rows_of_an_unknown_or_old_generation_are_desync_and_never_drafted():
+    server = tiny_server(tiny_qwen3(0))
+    ident = _welcomed(server)
+    server.dispatch(ident, W.Open("s0", 3, [1, 2, 3, 4]), time.time(), "p")
+    out = server.dispatch(ident, W.Rounds([W.Row("s0", 2, 4, 0, [1], 2), W.Row("zz", 0, 4, 0, [1], 2)]),
+                          time.time(), "p")
+    assert [r.error for r in _rows(out)] == ["desync", "desync"]
+    assert not server.clients[ident].waiting
+
+
+def test_clients_take_turns_when_a_step_is_capped():
+    server = tiny_server(tiny_qwen3(0), limits=ServerLimits(batch=2))
+    for c in (b"a", b"b", b"c"):
+        _welcomed(server, c)
+        for i in range(2):
+            server.dispatch(c, W.Open(f"s{i}", 0, [1, 2]), time.time(), "p")
+        server.dispatch(c, W.Rounds([W.Row(f"s{i}", 0, 2, 0, [3], 2) for i in range(2)]), time.time(), "p")
+    while server.d.prefill():
+        pass
+    steps = [server.step() for _ in range(3)]
+    assert [[ident for ident, _ in st] for st in steps] == [[b"a"], [b"b"], [b"c"]]
+    assert all(len(m.rows) == 2 and m.batch == 2 for st in steps for _, m in st)
+    assert server.step() == []
+
+
+def test_a_long_prompt_is_fed_in_chunks_and_pings_are_answered_between():
+    """Liveness off the compute path: a step of the serving loop feeds one chunk of a long prompt; the loop
+    answers a Ping before the prompt is done, and a short sequence's round is drafted meanwhile."""
+    server = tiny_server(tiny_qwen3(0), capacity=256)
+    ident = _welcomed(server)
+    server.dispatch(ident, W.Open("long", 0, list(range(200))), time.time(), "p")
+    server.dispatch(ident, W.Open("short", 0, [1, 2]), time.time(), "p")
+    server.dispatch(ident, W.Rounds([W.Row("long", 0, 200, 0, [7], 2), W.Row("short", 0, 2, 0, [3], 2)]),
+                    time.time(), "p")
+    sent = []
+
+    class Sock:
+        def send_multipart(self, frames):
+            sent.append(W.decode(frames[-1]))
+    server.idle(Sock())                     # feeds the short prompt first, then a chunk of the long one
+    server.idle(Sock())
+    assert [r.seq for m in sent for r in m.rows] == ["short"]       # drafted while the long prompt waits
+    assert server.d.seqs[(ident, "long")].fed < 200
+    assert isinstance(server.dispatch(ident, W.Ping(1.0), time.time(), "p")[0], W.Pong)
+    while not any(r.seq == "long" for m in sent for r in m.rows):
+        server.idle(Sock())
+    assert server.d.seqs[(ident, "long")].n == 201
+
+
+def test_target_workers_share_a_draft_server_over_the_wire(pair, target_only_ref):
+    """`worker --role target --draft-server`: two target workers, one draft server, Generate from a controller
+    each, sync and pipelined: the target's own output, the draft used."""
+    from conftest import REF
+    from sdeth.study import experiment
+    from sdeth.wire.draft_server import serve_draft_server
+    from sdeth.wire.target_worker import TargetWorker
+    from sdeth.wire.transport import Client
+    draft_addr = f"tcp://127.0.0.1:{free_port()}"
+    threading.Thread(target=serve_draft_server, args=(draft_addr, pair), kwargs=dict(rows=4, capacity=1024,
+                     max_seconds=300), daemon=True).start()
+    addrs = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+    for a in addrs:
+        w = TargetWorker(pair, draft_addr, draft_server=True)
+        threading.Thread(target=w.serve, args=(a,), kwargs={"max_seconds": 300}, daemon=True).start()
+    time.sleep(0.5)
+    prompts = experiment.encode_prompts(experiment.RunConfig(**REF), pair.tokenizer)
+
+    def controller(i):
+        c, out = Client(addrs[i], timeout_s=120), []
+        for j, (_, ids) in enumerate(prompts[i::2][:2]):
+            out.append(c.call(W.Generate(f"r{i}{j}", ids, REF["max_tokens"], "sd", 3)))
+        out.append(c.call(W.Generate(f"p{i}", prompts[i][1], REF["max_tokens"], "pipelined", 3)))
+        c.close()
+        return out
+    runs = _in_threads(2, controller)
+    want = [r["output_ids"] for r in target_only_ref["requests"]]
+    for i, out in enumerate(runs):
+        assert [g.record["output_ids"] for g in out[:2]] == want[i::2][:2]
+        assert all(g.record["rounds"] > 0 and not g.record["draft_unavailable"] for g in out[:2])
+        assert out[2].record["output_ids"] == want[i]
+        assert out[2].record["rounds"] > 0 and not out[2].record["draft_unavailable"], out[2].record
+
+
+# ------------------------------------------------------------------ pipelined streams
+
+def test_a_stream_row_drafts_what_the_stream_drafter_does():
+    """Stream rows follow runtime.pipeline's commit rules: the same tokens, epochs and restarts as StreamDrafter
+    under a scripted run of hits, rejections and extensions, two streams batched together."""
+    from sdeth.runtime.pipeline import StreamDrafter
+    model = tiny_qwen3(0)
+    bd = BatchDrafter(BatchDecoder(FastDecoder(model, 8), rows=4, capacity=128), VOCAB, chunk=4)
+    prompts = [[5, 6, 7, 8, 9, 10], [3, 1, 4]]
+    refs, seqs = [], []
+    for i, p in enumerate(prompts):
+        ref = StreamDrafter(Engine(model, f"r{i}"), window=6)
+        ref.start(p, 128, 42, Sampling(), 0)
+        refs.append(ref)
+        seqs.append(bd.open_stream(("c", str(i)), 0, p, Sampling(), 0, 0, window=6))
+        bd.commit(seqs[-1], 0, 42)
+    script = [("step", 3), ("commit", 1, None), ("commit", 2, 7), ("step", 4), ("commit", 3, None),
+              ("commit", 4, None), ("commit", 5, 11), ("step", 6), ("commit", 6, None), ("commit", 7, None),
+              ("commit", 8, None), ("commit", 9, None), ("commit", 10, None), ("commit", 11, None), ("step", 2)]
+    for op in script:
+        if op[0] == "step":
+            for _ in range(op[1]):
+                while bd.prefill():
+                    pass
+                bd.stream_step([s for s in seqs if s.room])
+                for r in refs:
+                    while r.can_step():
+                        r.step()
+                        break
+        else:
+            for s, r in zip(seqs, refs):
+                pos = op[1]
+                if pos > len(s.chain):
+                    continue
+                tok = s.chain[pos] if op[2] is None and pos < len(s.chain) else (op[2] if op[2] is not None else 0)
+                bd.commit(s, pos, tok)
+                r.commit(pos, tok)
+        for s, r in zip(seqs, refs):
+            assert s.chain == r.chain + [st.token for st in r.flight] or s.chain == r.chain, (op, s.chain, r.chain)
+            assert s.epoch == r.epoch
+
+
+def test_four_pipelined_clients_through_one_draft_each_get_the_target_output():
+    """Pipelined streams from four clients drafted in shared steps; every output the target's own."""
+    from sdeth.runtime.pipeline import generate_pipelined
+    from sdeth.wire.draft_client import ServerStream
+    target, draft = tiny_pair()
+    server = tiny_server(draft)
+    addr = serving(server)
+
+    def client(i):
+        c, eng, out = DraftServerClient(addr, HELLO), Engine(target, f"t{i}"), []
+        for j in range(2):
+            prompt = [(i * 7 + j * 3 + q) % VOCAB for q in range(5 + j)]
+            st = ServerStream(c, window=8)
+            r = generate_pipelined(eng, st, prompt, 32, 4, Sampling(), None)
+            st.end()
+            out.append((r, generate_target_only(eng, prompt, 32, Sampling(), None), st.streamed))
+        c.close()
+        return out
+    runs = [r for rs in _in_threads(4, client) for r in rs]
+    assert all(r.output_ids == ref.output_ids for r, ref, _ in runs)
+    assert all(r.tokens_without_draft == 0 and streamed > 0 for r, _, streamed in runs)
+    assert sum(r.accepted_tokens for r, _, _ in runs) > 0 and max(server.batches) > 1
+    assert not server.d.seqs

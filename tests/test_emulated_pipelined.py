@@ -1,0 +1,34 @@
+"""Pipelined streams of emulated targets against a real draft server (a thread; the targets in processes): every
+stream makes progress, drafts are on offer, the commit rules agree on both sides (no desync)."""
+import threading
+
+from doubles import tiny_qwen3
+
+from sdeth.place.testbed import free_port
+from sdeth.runtime.batchdraft import BatchDrafter
+from sdeth.runtime.batchmodel import BatchDecoder
+from sdeth.runtime.fastmodel import FastDecoder
+from sdeth.study import streambench as sb
+from sdeth.wire.draft_server import DraftServer
+
+
+def test_pipelined_points_against_a_real_draft_server():
+    drafter = BatchDrafter(BatchDecoder(FastDecoder(tiny_qwen3(0), 8), 8, 256), 300, chunk=64)
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    server = DraftServer(drafter, sb.welcome("tiny", 300, 8), ttl_s=30)
+    threading.Thread(target=server.serve, args=(addr,), kwargs={"max_seconds": 40}, daemon=True).start()
+    tv = {(2, m): 8.0 + m for m in range(sb.PIPELINED_K + 1)}
+    res, g = {}, {"remote_s": 1.5, "pipelined_grid": [(2, 1), (2, 2)], "prompt": 16, "context": 120}
+    with sb.Targets(2) as pool:
+        import time
+        sb.pipelined_part(res, "Qwen3-1.7B", addr, pool, tv, 300, g, time.time() + 60, lambda line: None, lambda: None)
+    pts = res["remote_pipelined"]["points"]
+    assert [(p["B"], p["N"]) for p in pts] == [(2, 1), (2, 2)]
+    for p in pts:
+        assert "error" not in p, p
+        assert p["label"] == sb.PIPELINED_LABEL and p["gpus"] == p["N"] + 1
+        assert p["steps"] > 20 and p["tokens"] >= 2 * p["steps"]          # each stream a token a step at least
+        assert p["offered_mean"] > 0 and p["accepted_mean"] > 0           # drafts arrived and some were accepted
+        assert p["tpot_ms"]["mean"] < 8.0 + sb.PIPELINED_K                # faster than one token a target step
+        assert p["server_batch"]["max"] >= 1
+    assert not drafter.seqs or all(s.stream for s in drafter.seqs.values())

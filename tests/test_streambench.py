@@ -1,0 +1,80 @@
+"""bench streams on a CPU with the tiny model: each part's record, a real draft server (a thread) serving two
+emulated targets (processes) of two streams each."""
+import threading
+import time
+
+import pytest
+from doubles import tiny_qwen3
+
+from sdeth.place.testbed import free_port
+from sdeth.runtime.batchdraft import BatchDrafter
+from sdeth.runtime.batchmodel import BatchDecoder
+from sdeth.runtime.fastmodel import FastDecoder
+from sdeth.study import streambench as sb
+from sdeth.wire.draft_server import DraftServer
+
+PROMPT, CONTEXT = 16, 40          # short sequences, so that some end and new ones open within a second
+
+
+@pytest.fixture(scope="module")
+def fast():
+    return FastDecoder(tiny_qwen3(0), 8)
+
+
+def test_coins_stop_at_the_first_tails():
+    class Seq:
+        def __init__(self, xs):
+            self.xs = iter(xs)
+
+        def random(self):
+            return next(self.xs)
+    assert sb.coins(Seq([0.1, 0.2, 0.9, 0.1]), 4, 0.5) == 2
+    assert sb.coins(Seq([0.1, 0.1, 0.1]), 3, 0.5) == 3
+    assert sb.coins(Seq([0.7]), 3, 0.5) == 0
+    assert sb.pct([3, 1, 2, 4], 50) == 2 and sb.pct([3, 1, 2, 4], 100) == 4 and sb.pct([], 50) is None
+
+
+def test_draft_step_target_and_colocated_records(fast):
+    part = sb.draft_step(fast, 300, "tiny", batches=(1, 2), contexts=(64,), k=3, reps=2)
+    assert [(p["B"], p["context"]) for p in part["points"]] == [(1, 64), (2, 64)]
+    for p in part["points"]:
+        assert p["step_ms"] > 0 and p["draft_wall_ms"] > 0 and p["host_ms_per_step"] >= 0
+    tdec, pts = sb.target_points(fast, batches=(1, 2), ks=(1, 3), context=CONTEXT)
+    assert [(p["B"], p["k"], p["width"]) for p in pts] == [(1, None, 1), (1, 1, 2), (1, 3, 4), (2, None, 1),
+                                                            (2, 1, 2), (2, 3, 4)]
+    tv = sb.tv_table(pts)
+    assert tv[(2, 3)] == pts[-1]["wall_ms"]          # no graphs on a CPU: the wall is what a target waits
+    drafter = BatchDrafter(BatchDecoder(fast, 2, CONTEXT + sb.SLACK), 300)
+    p = sb.colocated_point(drafter, tdec, 2, 3, 0.7, 0.2, prompt=PROMPT, context=24, min_rounds=8)
+    assert p["rounds"] > 0 and p["tokens"] >= 2 * p["rounds"] and p["new_sequences"] > 0
+    assert p["tpot_ms"]["p50"] <= p["tpot_ms"]["p99"]
+    assert not drafter.seqs and sorted(drafter.free_rows) == [0, 1]      # every sequence freed at the end
+    assert sb.best_k([p])[0]["k"] == 3
+
+
+def test_remote_point_against_a_real_draft_server(fast):
+    drafter = BatchDrafter(BatchDecoder(fast, 8, 64), 300)
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    server = DraftServer(drafter, sb.welcome("tiny", 300, 8), ttl_s=30)
+    threading.Thread(target=server.serve, args=(addr,), kwargs={"max_seconds": 40}, daemon=True).start()
+    grid = sb.remote_grid(batches=(2,), ns=(2,), ks=(3,), rows=8)
+    assert grid == [(2, 2, 3)] and sb.remote_grid(batches=(8,), ns=(1, 2), ks=(3,), rows=8) == [(8, 1, 3)]
+    saved = []
+    t0 = time.time()
+    with sb.Targets(2) as pool:
+        out = sb.remote_points(addr, pool, grid, {(2, 3): 10.0}, 0.7, 1.0, 300, prompt=PROMPT, context=CONTEXT,
+                               progress=lambda line: None, save=lambda: saved.append(1))
+    assert time.time() - t0 < 30 and saved
+    p = out[0]
+    assert "error" not in p, p.get("trace")
+    assert p["label"] == sb.REMOTE_LABEL and (p["B"], p["N"], p["k"], p["gpus"]) == (2, 2, 3, 3)
+    assert p["stream_tokens_min"] > 0 and len(p["tokens_per_s_per_target"]) == 2
+    assert p["rounds"] > 4 and p["tokens"] >= 2 * p["rounds"]
+    assert p["tpot_ms"]["p50"] > 0 and p["round_ms"]["p50"] >= 10.0      # a round holds at least the verify wait
+    split = p["split_ms_mean"]
+    assert split["client_wait"] >= split["server_held"] >= 0 and split["draft_compute"] > 0
+    assert 1 <= p["server_batch"]["min"] <= p["server_batch"]["max"] <= 4
+    assert p["new_sequence"]["count"] > 0 and p["new_sequence"]["open_to_first_draft_ms_p50"] > 0
+    em = p["emulation"]
+    assert 0 <= em["t_v_over_intended_mean"] < 1.0          # loose: a shared CPU oversleeps, never undersleeps
+    assert not drafter.seqs                                 # each target ended its sequences (End, Ended)
