@@ -399,3 +399,21 @@ def test_four_pipelined_clients_through_one_draft_each_get_the_target_output():
     assert all(r.tokens_without_draft == 0 and streamed > 0 for r, _, streamed in runs)
     assert sum(r.accepted_tokens for r, _, _ in runs) > 0 and max(server.batches) > 1
     assert not server.d.seqs
+
+
+def test_a_client_forgotten_past_the_ttl_says_hello_again_and_drafts_on():
+    """A target silent longer than the server's TTL is forgotten; its next round is refused 'send Hello first',
+    and the client says Hello again and re-opens its sequence under the next generation: no round is lost."""
+    target, draft = tiny_pair()
+    server = tiny_server(draft, ttl_s=1.0)
+    addr = serving(server)
+    c = DraftServerClient(addr, HELLO)
+    t = c.open("s", [1, 2, 3, 4])
+    first = c.rounds([(t, 0, [5], 3)])[0]
+    assert not first.error and len(first.tokens) == 3
+    time.sleep(2.5)                         # past the TTL and a sweep
+    assert not server.d.seqs
+    again = c.rounds([(t, 1, [7], 3)])[0]
+    assert not again.error and len(again.tokens) == 3
+    assert t.reopened == 1 and t.gen == 1 and len(server.d.seqs) == 1
+    c.close()

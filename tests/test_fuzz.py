@@ -46,7 +46,16 @@ def _values(tp, vocab: int):
         return st.lists(_values(args[0], vocab), max_size=40)
     if origin is dict or tp is dict:
         return st.dictionaries(st.text(max_size=4), _nested_values(), max_size=3)
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):      # a struct inside a message (a Rounds' Row)
+        return _struct(tp, vocab)
     raise TypeError(f"no strategy for {tp!r}: add one here")
+
+
+def _struct(cls, vocab: int):
+    """A msgspec struct with each field drawn by _values."""
+    hints = typing.get_type_hints(cls)
+    return st.fixed_dictionaries({f.name: _values(hints[f.name], vocab) for f in msgspec.structs.fields(cls)}
+                                 ).map(lambda kw: cls(**kw))
 
 
 def _nested_values():
@@ -73,11 +82,7 @@ def deep_frames():
 
 def messages(vocab: int):
     """Every message type of the protocol with random field values."""
-    def one(cls):
-        hints = typing.get_type_hints(cls)
-        return st.fixed_dictionaries({f.name: _values(hints[f.name], vocab) for f in msgspec.structs.fields(cls)}
-                                     ).map(lambda kw: cls(**kw))
-    return st.one_of([one(c) for c in MESSAGES])
+    return st.one_of([_struct(c, vocab) for c in MESSAGES])
 
 
 def frames(vocab: int):

@@ -48,13 +48,17 @@ class Costs:
 class DraftServerClient:
     def __init__(self, addr: str, hello: protocol.Hello, timeout_s: float = 5.0, spin_s: float = 0.0, keys=None):
         self.client = Client(addr, timeout_s, spin_s, decode=DECODE, gone_fast=True, keys=keys)
-        reply = self.client.call(hello)
-        if not isinstance(reply, protocol.Welcome):
-            raise ConnectionRefusedError(f"draft server at {addr} refused the handshake: "
-                                         f"{getattr(reply, 'message', reply)}")
-        self.peer, self.addr = reply, addr
+        self.hello, self.addr = hello, addr
+        self._handshake()
         self.last = Costs()
         self.n = 0
+
+    def _handshake(self) -> None:
+        reply = self.client.call(self.hello)
+        if not isinstance(reply, protocol.Welcome):
+            raise ConnectionRefusedError(f"draft server at {self.addr} refused the handshake: "
+                                         f"{getattr(reply, 'message', reply)}")
+        self.peer = reply
 
     def open(self, seq: str, prompt_ids: list[int], s: Sampling = Sampling(), seed: int | None = None,
              q_top: int = 64) -> Track:
@@ -111,12 +115,26 @@ class DraftServerClient:
             if m is None:
                 self.client.reopen()
                 raise DraftUnavailable(f"no Drafts from {self.addr} within {self.client.timeout_s:.1f} s")
+            if isinstance(m, protocol.Error) and m.code == "version":
+                return self._forgotten(rows, got)
             if isinstance(m, protocol.Error):
                 raise DraftUnavailable(f"draft server error ({m.code}): {m.message}")
             if isinstance(m, protocol.Drafts):
                 self._note(m, t0)
                 got.update({(r.seq, r.gen): r for r in m.rows if (r.seq, r.gen) in want})
         return [got[(r.seq, r.gen)] for r in rows]
+
+    def _forgotten(self, rows: list[protocol.Row], got: dict) -> list[protocol.RowDraft]:
+        """The server no longer knows this client (it restarted, or this client was silent past its TTL): say Hello
+        again; the rows not answered come back as desync, so that rounds() opens them again."""
+        try:
+            self.client.reopen()
+            self._handshake()
+        except (TimeoutError, PeerGone, ConnectionRefusedError) as e:
+            raise DraftUnavailable(f"draft server at {self.addr} forgot this client and refused it again: {e}") from None
+        return [got.get((r.seq, r.gen)) or protocol.RowDraft(r.seq, r.gen, [], error="desync",
+                                                              message="the server forgot this client")
+                for r in rows]
 
     def _note(self, m: protocol.Drafts, t0: float) -> None:
         if m.batch:

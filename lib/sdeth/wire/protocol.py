@@ -273,7 +273,7 @@ class Generated(msgspec.Struct, tag="generated"):
 
 
 class Error(msgspec.Struct, tag="error"):
-    code: str        # bad-message | too-large | version | mismatch | unknown-request | busy | limit | internal
+    code: str        # bad-message | too-large | version | mismatch | unknown-request | busy | limit | auth | internal
     message: str
 
 
