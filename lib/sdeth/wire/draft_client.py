@@ -15,6 +15,7 @@ import torch
 from ..runtime.loop import DraftUnavailable
 from ..runtime.verify import Sampling
 from . import protocol
+from .remote import q_from_pairs
 from .transport import Client, PeerGone
 
 DECODE = protocol.Decoder("a draft server's client", protocol.SERVER_SENDS)
@@ -143,12 +144,16 @@ class DraftServerClient:
             self.n += 1
 
     def end(self, t: Track) -> None:
+        self.end_seq(t.seq)
+
+    def end_seq(self, seq: str) -> None:
+        """End a sequence (or stream) and take its Ended, waiting at most a second."""
         try:
-            self.client.send(protocol.End(t.seq))
+            self.client.send(protocol.End(seq))
             deadline = time.perf_counter() + 1.0
             while (left := deadline - time.perf_counter()) > 0:
                 m = self.client.recv(left)
-                if m is None or isinstance(m, protocol.Ended) and m.req == t.seq:
+                if m is None or isinstance(m, protocol.Ended) and m.req == seq:
                     return
         except (PeerGone, protocol.ProtocolError):
             pass
@@ -180,13 +185,7 @@ class ServerDraft:
         if r.error:
             raise DraftUnavailable(f"draft server refused the round ({r.error}): {r.message}")
         self.compute_s += self.c.last.draft_ms / 1e3
-        return list(r.tokens), self._q(r.q_idx, r.q_val, len(r.tokens))
-
-    def _q(self, idx, val, rows: int):
-        if idx is None:
-            return None
-        return torch.zeros((rows, self.c.peer.vocab_size), device=self.device).scatter_(
-            -1, torch.tensor(idx, device=self.device), torch.tensor(val, device=self.device))
+        return list(r.tokens), q_from_pairs(r.q_idx, r.q_val, self.c.peer.vocab_size, self.device, len(r.tokens))
 
     def end(self):
         if self.track is not None:
@@ -261,9 +260,8 @@ class ServerStream:
                 continue
             self.streamed += 1
             self.compute_s += m.draft_ms / 1e3 / max(len(m.rows), 1)
-            q = None if r.q_idx is None else torch.zeros(self.c.peer.vocab_size, device=self.device).scatter_(
-                0, torch.tensor(r.q_idx, device=self.device), torch.tensor(r.q_val, device=self.device))
-            self.view.on_drafted(r.epoch, r.pos, r.token, q)
+            self.view.on_drafted(r.epoch, r.pos, r.token,
+                                 q_from_pairs(r.q_idx, r.q_val, self.c.peer.vocab_size, self.device))
 
     def poll(self) -> None:
         try:
@@ -285,15 +283,7 @@ class ServerStream:
 
     def end(self) -> None:
         if self.seq:
-            self.c.client.send(protocol.End(self.seq))
-            deadline = time.perf_counter() + 1.0
-            try:
-                while (left := deadline - time.perf_counter()) > 0:
-                    m = self.c.client.recv(left)
-                    if m is None or isinstance(m, protocol.Ended) and m.req == self.seq:
-                        break
-            except (PeerGone, protocol.ProtocolError):
-                pass
+            self.c.end_seq(self.seq)
             self.seq = ""
 
 

@@ -56,6 +56,20 @@ class Client:
     refused: list = field(default_factory=list)     # RowDrafts refused since its last Drafts
 
 
+def in_turn(groups: list, turn: int, cap: int) -> list:
+    """Round-robin: the (client, rows) groups from position `turn` on (wrapping), each taken whole while the rows
+    taken fit in `cap` (the first non-empty one always); empty groups are left out."""
+    if not groups:
+        return []
+    start = turn % len(groups)
+    taken, n = [], 0
+    for key, rows in groups[start:] + groups[:start]:
+        if rows and (not taken or n + len(rows) <= cap):
+            taken.append((key, rows))
+            n += len(rows)
+    return taken
+
+
 def refusal(seq: str, gen: int, code: str, message: str) -> protocol.RowDraft:
     return protocol.RowDraft(seq, gen, [], error=code, message=message)
 
@@ -254,14 +268,8 @@ class DraftServer:
         for seq in self.d.seqs.values():
             if seq.room:
                 by_client.setdefault(seq.key[0], []).append(seq)
-        order = sorted(by_client)
-        order = order[self.stream_turn % len(order):] + order[:self.stream_turn % len(order)] if order else []
+        rows = [seq for _, seqs in in_turn(sorted(by_client.items()), self.stream_turn, cap) for seq in seqs]
         self.stream_turn += 1
-        rows, picked = [], []
-        for ident in order:
-            if not rows or len(rows) + len(by_client[ident]) <= cap:
-                rows += by_client[ident]
-                picked.append(ident)
         if not rows:
             return []
         c0 = self.d.dec.clock.seconds
@@ -280,15 +288,8 @@ class DraftServer:
     def pick(self) -> list[tuple[Client, list]]:
         """The rows of the next step: every waiting row whose prompt is fed, clients in turn from `turn`, whole
         clients until limits.batch rows (at least one client)."""
-        order = list(self.clients.values())
-        order = order[self.turn % len(order):] + order[:self.turn % len(order)] if order else []
-        cap = self.limits.batch or self.d.dec.rows
-        picked, n = [], 0
-        for c in order:
-            ready = [w for w in c.waiting if w[0].ready]
-            if ready and (not picked or n + len(ready) <= cap):
-                picked.append((c, ready))
-                n += len(ready)
+        groups = [(c, [w for w in c.waiting if w[0].ready]) for c in self.clients.values()]
+        picked = in_turn(groups, self.turn, self.limits.batch or self.d.dec.rows)
         self.turn += 1
         return picked
 

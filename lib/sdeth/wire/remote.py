@@ -22,6 +22,16 @@ HEALTH_SLICE_S = 0.1     # a reply is awaited in slices this long, the heartbeat
 DECODE = protocol.Decoder("a draft worker's client", protocol.DRAFT_SENDS)
 
 
+def q_from_pairs(idx, val, vocab: int, device, rows: int | None = None):
+    """A sampled draft's q from its wire pairs: [rows, V] (or [V] for rows=None) on the target's device, V the
+    pair's shared tokenizer size (the logits are cut to it on both sides); None for a greedy draft (idx None)."""
+    if idx is None:
+        return None
+    shape = (vocab,) if rows is None else (rows, vocab)
+    return torch.zeros(shape, device=device).scatter_(-1, torch.tensor(idx, device=device),
+                                                      torch.tensor(val, device=device))
+
+
 class RemoteDrafter:
     """The target's handle on a draft worker: a draft source (runtime.roles.DraftSource) over the wire."""
     compute_s: float = 0.0      # the draft's model time since start(), as the draft worker reports it
@@ -132,13 +142,7 @@ class RemoteDrafter:
         return p.tokens, self._q(p.q_idx, p.q_val, len(p.tokens))
 
     def _q(self, idx, val, rows: int | None = None):
-        """A sampled draft's q from its wire pairs: [rows, V] (or [V] for rows=None) on the target's
-        device, V the pair's shared tokenizer size (the logits are cut to it on both sides)."""
-        if idx is None:
-            return None
-        shape = (self.peer.vocab_size,) if rows is None else (rows, self.peer.vocab_size)
-        return torch.zeros(shape, device=self.device).scatter_(
-            -1, torch.tensor(idx, device=self.device), torch.tensor(val, device=self.device))
+        return q_from_pairs(idx, val, self.peer.vocab_size, self.device, rows)
 
     def end(self):
         try:
