@@ -417,3 +417,53 @@ def test_a_client_forgotten_past_the_ttl_says_hello_again_and_drafts_on():
     assert not again.error and len(again.tokens) == 3
     assert t.reopened == 1 and t.gen == 1 and len(server.d.seqs) == 1
     c.close()
+
+
+# ------------------------------------------------------------------ owners: connections, keys, quotas across sockets
+
+def test_the_welcome_carries_the_limits_each_client_is_held_to():
+    server = tiny_server(tiny_qwen3(0), limits=ServerLimits(sequences_per_client=3, k=5))
+    me = server.dispatch(b"a", HELLO, time.time(), "p")[0]
+    assert me.limits["sequences_per_client"] == 3 and me.limits["k"] == 5
+    assert me.limits["sequences"] == me.sequences == server.d.dec.rows and me.limits["context"] == server.d.dec.capacity
+    assert W.decode(W.encode(me)).limits == me.limits          # it survives the wire
+
+
+def test_connections_are_bounded_and_a_silent_one_is_forgotten(capsys, monkeypatch):
+    """Nothing is kept for a peer before its Hello; after it, one Client per connection, at most limits.clients of
+    them, and a connection that said Hello and nothing more is forgotten after the TTL like any other."""
+    import sdeth.wire.draft_server as ds
+    monkeypatch.setattr(ds, "SWEEP_S", 0.0)
+    server = tiny_server(tiny_qwen3(0), limits=ServerLimits(clients=2), ttl_s=0.2)
+    for i in range(50):                                     # unwelcomed peers: refused, nothing stored
+        assert server.dispatch(b"x%d" % i, W.Open("s", 0, [1]), time.time(), "p")[0].code == "version"
+    assert not server.clients
+    _welcomed(server, b"a"), _welcomed(server, b"b")
+    third = server.dispatch(b"c", HELLO, time.time(), "10.0.0.3")[0]
+    assert third.code == "limit" and third.message.startswith("clients:")
+    assert "peer=10.0.0.3: refused (limit): Hello: clients:" in capsys.readouterr().out
+    assert isinstance(server.dispatch(b"a", HELLO, time.time(), "p")[0], W.Welcome)    # a known one says it again
+    time.sleep(0.3)
+    server.expire()
+    assert not server.clients
+    _welcomed(server, b"c")
+
+
+def test_a_keys_quotas_count_across_its_connections():
+    """Under CURVE the key is the owner: its connections share sequences_per_client, and it may hold at most
+    clients_per_key connections; another key is counted apart."""
+    server = tiny_server(tiny_qwen3(0), limits=ServerLimits(sequences_per_client=2, clients_per_key=2))
+    a1, a2, b1 = "10.0.0.1 key=a", "10.0.0.9 key=a", "10.0.0.2 key=b"
+    for ident, peer in ((b"1", a1), (b"2", a2), (b"3", b1)):
+        assert isinstance(server.dispatch(ident, HELLO, time.time(), peer)[0], W.Welcome)
+    third = server.dispatch(b"4", HELLO, time.time(), a1)[0]
+    assert third.code == "limit" and third.message.startswith("clients_per_key: key a holds 2")
+    server.dispatch(b"1", W.Open("s0", 0, [1, 2]), time.time(), a1)
+    server.dispatch(b"2", W.Open("s1", 0, [1, 2]), time.time(), a2)
+    out = server.dispatch(b"1", W.Open("s2", 0, [1, 2]), time.time(), a1)
+    assert _rows(out)[0].error == "limit" and "sequences_per_client: this client key holds 2" in _rows(out)[0].message
+    server.dispatch(b"1", W.Open("s0", 1, [1, 2, 3]), time.time(), a1)          # re-opening its own: no new one
+    assert (b"1", "s0") in server.d.seqs and server.d.seqs[(b"1", "s0")].gen == 1
+    for i in range(2):                                                          # b is counted apart
+        assert not _rows(server.dispatch(b"3", W.Open(f"t{i}", 0, [1, 2]), time.time(), b1))
+    assert sum(1 for ident, _ in server.d.seqs if ident == b"3") == 2

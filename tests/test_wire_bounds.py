@@ -192,6 +192,38 @@ def test_a_flooding_peer_is_limited_and_told_once_a_second():
     assert lim.check(b"big", 2 << 20, 1001.0)[0]                            # bytes count too
 
 
+def test_a_keys_connections_share_one_budget():
+    """screen() counts a CURVE key's messages across its connections (another routing id, another address), and
+    another key apart; on plain TCP the address is the peer."""
+    from sdeth.wire.transport import Log, PeerLimits, screen
+
+    class Frame:
+        def __init__(self, data: bytes, peer: str = "", key: str = ""):
+            self.bytes, self._props = data, {"Peer-Address": peer, "User-Id": key}
+
+        def __len__(self):
+            return len(self.bytes)
+
+        def get(self, name):
+            return self._props[name]
+
+    class Sock:
+        sent: list = []
+
+        def send_multipart(self, frames):
+            self.sent.append(W.decode(frames[-1]))
+
+    lim, sock, ping = PeerLimits(messages_per_s=10), Sock(), W.encode(W.Ping(1.0))
+    decode = W.Decoder("a test", (W.Ping,))
+    def send(ident, addr, key):
+        return screen(sock, [Frame(ident), Frame(ping, addr, key)], decode, Log("t"), lim, 1000.5)
+    got = [send(b"r%d" % i, f"10.0.0.{i % 3}", "a") for i in range(12)]      # 12 connections of key a
+    assert all(g is not None for g in got[:10]) and got[10] is None and got[11] is None
+    assert sock.sent[0].code == "limit" and len(sock.sent) == 1
+    assert send(b"s", "10.0.0.1", "b") is not None                          # key b has its own budget
+    assert send(b"t", "10.0.0.7", "") is not None                           # plain TCP: per address
+
+
 def test_a_draft_the_heartbeat_marked_down_is_not_waited_for():
     """The pipelined loop's short waits and polls stop at once when the heartbeat has marked the draft down, and the
     request keeps the reason; while it is up, a short wait just finds nothing."""

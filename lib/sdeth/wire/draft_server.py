@@ -2,8 +2,10 @@
 `python -m sdeth worker --role draft-server --bind tcp://ADDR:PORT` (the CLI is in `sdeth.cli`).
 
 Terms: a *client* is one connection (a target worker, an emulated target, a vLLM proposer), known by its zmq
-routing id; a *sequence* is one stream it decodes, keyed (client, sequence id) and numbered by a generation
-the client raises each time it opens the sequence again. A client:
+routing id from its Hello on; under CURVE its key names its *owner* (one deployment may hold several
+connections, and its quotas count across them), on plain TCP the connection is its own owner. A *sequence* is
+one stream a client decodes, keyed (client, sequence id) and numbered by a generation the client raises each
+time it opens the sequence again. A client:
 
     Open(seq, gen, context)                              the sequence, no reply
     Rounds([Row(seq, gen, have, accepted, tokens, k)])   its streams' rounds (a target's batch), in one message
@@ -16,8 +18,9 @@ next generation, with its whole context. Rounds wait in a queue; the serving loo
 whose prompt is fed in one batched step (runtime.batchdraft), taking clients in turn (round-robin, when
 `limits.batch` caps the rows of a step), and answers each client with one Drafts per step. Prompts are fed in
 chunks between steps, so a long prompt neither stalls other streams nor heartbeats (Ping is answered between
-any two steps). A client silent for `ttl_s` loses its sequences. Limits (ServerLimits) bound what each client
-may ask for; each refusal names the limit and is logged with the peer and the field.
+any two steps). A client silent for `ttl_s` loses its sequences and its handshake. Limits (ServerLimits) bound
+what each client may ask for, and how many clients there are (nothing is stored for a peer before its Hello);
+the Welcome carries them; each refusal names the limit and is logged with the peer and the field.
 """
 from __future__ import annotations
 
@@ -38,13 +41,15 @@ SWEEP_S = 1.0            # how often the TTL sweep runs
 
 @dataclass(frozen=True)
 class ServerLimits:
-    sequences_per_client: int = 64
+    sequences_per_client: int = 64   # per owner (a CURVE key: counted across its connections)
     sequences: int = 0           # in all (0: the cache's rows)
     context: int = 0             # tokens of one sequence, its drafts included (0: the cache's capacity)
     k: int = MAX_K               # draft tokens per round
     rows_per_message: int = 128  # rows of one Rounds
     tokens_per_row: int = 16     # a row's new tokens (the target's; more is a new context: Open)
     batch: int = 0               # rows in one draft step (0: every waiting row); clients taken in turn
+    clients: int = 256           # connections that said Hello, in all (each is forgotten after ttl_s of silence)
+    clients_per_key: int = 16    # ... of one CURVE key
 
 
 @dataclass
@@ -52,6 +57,7 @@ class Client:
     ident: bytes
     peer: str
     seen: float
+    key: str = ""                                   # the CURVE key's name that said Hello ('' on plain TCP)
     waiting: list = field(default_factory=list)     # (Sequence, k, arrival time) in arrival order
     refused: list = field(default_factory=list)     # RowDrafts refused since its last Drafts
 
@@ -81,14 +87,15 @@ class DraftServer:
                  ttl_s: float = 30.0, prefill_budget: int = 0):
         self.d, self.me, self.ttl_s = drafter, me, ttl_s
         cap = drafter.dec.capacity
-        self.limits = ServerLimits(**{**limits.__dict__, "sequences": min(limits.sequences or drafter.dec.rows,
-                                                                           drafter.dec.rows),
+        rows = drafter.dec.rows
+        sequences = min(limits.sequences or rows, rows)
+        self.limits = ServerLimits(**{**limits.__dict__, "sequences": sequences,
+                                      "sequences_per_client": min(limits.sequences_per_client, sequences),
                                       "context": min(limits.context or cap, cap)})
+        self.me.sequences, self.me.limits = sequences, dict(self.limits.__dict__)    # (told in the Welcome)
         self.prefill_budget = prefill_budget or drafter.chunk
         self.log = Log("draft server")
-        self.clients: dict[bytes, Client] = {}
-        self.welcomed: set[bytes] = set()
-        self.keys_of: dict[bytes, str] = {}    # routing id -> the CURVE key's name that said Hello with it
+        self.clients: dict[bytes, Client] = {}        # routing id -> the client that said Hello with it
         self.turn = 0                  # round-robin: the client order's starting point for the next step
         self.stream_turn = 0           # ... and for the next stream step
         self.t_sweep = time.time()
@@ -108,31 +115,45 @@ class DraftServer:
 
     def dispatch(self, ident: bytes, msg, t1: float, peer: str) -> list:
         """The immediate replies to one message (Drafts come from steps); an Error is logged with the peer."""
-        key = key_of(peer)      # CURVE: a routing id stays bound to the key that said Hello with it, so another key
-        if key and self.keys_of.get(ident, key) != key:      # that forges it reaches none of its sequences
+        key, c = key_of(peer), self.clients.get(ident)
+        if key and c is not None and c.key != key:   # CURVE: a routing id stays bound to the key that said Hello
             out = [protocol.Error("auth", "this routing id is bound to another client key: connect with your own "
-                                          "(a fresh DEALER socket)")]
-        elif not isinstance(msg, (protocol.Ping, protocol.Hello)) and ident not in self.welcomed:
+                                          "(a fresh DEALER socket)")]   # (another key that forges it reaches none
+        elif not isinstance(msg, (protocol.Ping, protocol.Hello)) and c is None:   # of its sequences)
             out = [protocol.Error("version", "send Hello first (protocol handshake)")]
+        elif isinstance(msg, protocol.Hello) and c is None and self._no_room(key):
+            out = [protocol.Error("limit", self._no_room(key))]
         else:
-            c = self.clients.get(ident)
-            if c is None and ident in self.welcomed:
-                c = self.clients[ident] = Client(ident, peer, t1)
             if c is not None:
                 c.seen = t1
             try:
                 out = self.handlers[type(msg)](c, msg, t1)
             except Exception as e:     # this message failed; the server serves on
                 out = [protocol.Error("internal", f"{type(msg).__name__} failed: {type(e).__name__}: {e}")]
-            if isinstance(msg, protocol.Hello) and out[0] is self.me:
-                self.welcomed.add(ident)
-                self.keys_of[ident] = key
+            if isinstance(msg, protocol.Hello) and c is None and out[0] is self.me:
+                self.clients[ident] = Client(ident, peer, t1, key)
         for m in out:
             if isinstance(m, protocol.Error):
                 self.log.refused(peer, m.code, f"{type(msg).__name__}: {m.message}")
         if ident in self.clients and self.clients[ident].refused:      # refused rows go out at once
             out.append(self._drafts(self.clients[ident], []))
         return out
+
+    def _no_room(self, key: str) -> str:
+        """Why a new connection cannot say Hello ('' when it can): the clients in all, or of its key."""
+        lim = self.limits
+        if len(self.clients) >= lim.clients:
+            return (f"clients: this server serves {lim.clients} connections, its most: close an idle one (each is "
+                    f"forgotten after {self.ttl_s:.0f} s of silence), or use another draft server")
+        if key and sum(c.key == key for c in self.clients.values()) >= lim.clients_per_key:
+            return (f"clients_per_key: key {key} holds {lim.clients_per_key} connections, the most one key may: "
+                    f"send over the ones it has (one connection carries many sequences)")
+        return ""
+
+    def owned(self, c: Client, but: str = "") -> int:
+        """The sequences c's owner holds (its key's, across its connections; on plain TCP, c's), less `but`."""
+        mine = {i for i, o in self.clients.items() if o is c or (c.key and o.key == c.key)}
+        return sum(1 for ident, seq in self.d.seqs if ident in mine and (ident, seq) != (c.ident, but))
 
     def handle_ping(self, c, msg: protocol.Ping, t1: float) -> list:
         return [protocol.Pong(msg.t0, t1, time.time())]
@@ -147,18 +168,18 @@ class DraftServer:
     def handle_open(self, c: Client, msg: protocol.Open, t1: float) -> list:
         why = protocol.check_open(msg, self.me.vocab_size)
         lim = self.limits
-        owned = sum(1 for key in self.d.seqs if key[0] == c.ident and key[1] != msg.seq)
+        owned = self.owned(c, but=msg.seq)
         if why:
             self._refuse(c, msg.seq, msg.gen, "bad-message", why[0], why[1])
         elif len(msg.prompt_ids) + 1 > lim.context - 1:
             self._refuse(c, msg.seq, msg.gen, "limit", "context", f"a context of {len(msg.prompt_ids)} tokens: this "
                          f"server drafts within {lim.context} tokens a sequence; open a shorter context")
-        elif owned >= lim.sequences_per_client:
-            self._refuse(c, msg.seq, msg.gen, "limit", "sequences_per_client", f"this client holds {owned} "
-                         f"sequences, the most one client may: End one first")
         elif len(self.d.seqs) - ((c.ident, msg.seq) in self.d.seqs) >= lim.sequences:
             self._refuse(c, msg.seq, msg.gen, "limit", "sequences", f"this server holds {lim.sequences} sequences, "
                          f"its most: send again later, or use another draft server")
+        elif owned >= lim.sequences_per_client:
+            self._refuse(c, msg.seq, msg.gen, "limit", "sequences_per_client", f"this client{' key' if c.key else ''} "
+                         f"holds {owned} sequences, the most one client may: End one first")
         else:
             self._drop_waiting(c, msg.seq)
             s = Sampling(*protocol.sampling_args(msg))
@@ -334,8 +355,6 @@ class DraftServer:
                 for key in keys:
                     self.d.free(key)
                 del self.clients[ident]
-                self.welcomed.discard(ident)
-                self.keys_of.pop(ident, None)
                 self.log.line(f"freed {len(keys)} sequences: no word from the client for {self.ttl_s:.0f} s", c.peer)
 
 

@@ -65,6 +65,7 @@ class Welcome(msgspec.Struct, tag="welcome"):
     dtype: str
     rows: bool = False       # a draft: it can draft the outcome cache's branches (rows of the fast decoder)
     sequences: int = 1       # a draft server: the sequences it drafts for at once (0: a draft worker of one)
+    limits: dict[str, int] | None = None   # a draft server: what each client may ask for (its ServerLimits)
 
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "draft_sampled")   # Start's and Generate's, in Sampling's order

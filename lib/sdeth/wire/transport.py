@@ -66,7 +66,8 @@ MAX_FRAME_BYTES = 2 * protocol.MAX_MESSAGE_BYTES   # zmq drops a connection that
 
 class PeerLimits:
     """What one peer may send a server in one second: messages and bytes. Over either, its messages in the rest
-    of that second are refused (one Error `limit` a second tells it, naming the limit)."""
+    of that second are refused (one Error `limit` a second tells it, naming the limit). A peer is a CURVE key (all
+    its connections together) where there is one, else an address."""
 
     def __init__(self, messages_per_s: int = 4000, bytes_per_s: int = 64 << 20):
         self.messages_per_s, self.bytes_per_s = messages_per_s, bytes_per_s
@@ -191,7 +192,8 @@ def screen(sock, frames, decode: protocol.Decoder, log: Log, limits: PeerLimits,
     """(ident, message, peer) for a well-formed message within its peer's limits; None after answering
     anything else with an Error (and a log line)."""
     ident, peer = frames[0].bytes, peer_of(frames[-1])
-    over, tell = limits.check(peer or ident, sum(len(f) for f in frames[1:]), now)   # (a reconnect keeps its peer)
+    key = key_of(peer)        # one budget per CURVE key across its connections, else per address (kept on reconnect)
+    over, tell = limits.check(("key", key) if key else (peer or ident), sum(len(f) for f in frames[1:]), now)
     if over:
         if tell:
             log.refused(peer, "limit", over)
