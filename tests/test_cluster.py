@@ -271,3 +271,39 @@ def test_ethernet_curve_applies_through_the_control_code(api, keys_dir):
                                                                                    keys_dir=keys_dir))
     assert {"Secret/sdeth-keys", "NetworkPolicy/sdeth-draft-from-targets", "NetworkPolicy/sdeth-target-from-controllers",
             "Deployment/sdeth-target", "Deployment/sdeth-draft"} <= set(done)
+
+
+def test_provision_on_a_cluster_puts_curve_on_the_link(monkeypatch, tmp_path):
+    """M0 on k8s applies the ethernet-curve placement: the workers get a Secret of fresh keys and NetworkPolicies
+    (a shared cluster network never carries the plain link by default); the key directory is in the result."""
+    from sdeth.place import netprobe
+    from sdeth.study import experiment
+    applied = []
+
+    class FakeCluster:
+        def __init__(self, namespace, context):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def nodes(self):
+            return [{"node": n} for n in NODES]
+
+        def apply(self, objs):
+            applied.extend(objs)
+
+        def wait_ready(self, names, timeout_s):
+            assert names == ["sdeth-target", "sdeth-draft"]
+
+    monkeypatch.setenv("SDETH_CACHE", str(tmp_path))
+    monkeypatch.setattr(cluster, "Cluster", FakeCluster)
+    monkeypatch.setattr(cluster, "run_probe", lambda c, t, d, image: {"probe": True})
+    monkeypatch.setattr(netprobe, "analyse", lambda raw, clock_offset_s: raw)
+    out = experiment.provision("k8s", "embedded", target_node=NODES[0], draft_node=NODES[1])
+    kinds = {f"{o['kind']}/{o['metadata']['name']}" for o in applied}
+    assert {"Secret/sdeth-keys", "NetworkPolicy/sdeth-draft-from-targets", "Deployment/sdeth-draft"} <= kinds
+    assert (Path(out["keys_dir"]) / "server.key_secret").is_file() and str(tmp_path) in out["keys_dir"]

@@ -182,10 +182,13 @@ def sweep(cfg: RunConfig, rtts=SWEEP_RTTS, pair=None, progress: bool = True) -> 
 
 
 def provision(placement: str, pair: str, device: str = "cpu", namespace: str = "sdeth", kube_context: str = "",
-              target_node: str = "", draft_node: str = "", image: str = "", bring_up_timeout_s: float = 900) -> dict:
+              target_node: str = "", draft_node: str = "", image: str = "", bring_up_timeout_s: float = 900,
+              keys_dir: str = "") -> dict:
     """M0: bring up the two nodes, start both workers, probe the link between them, tear everything down.
     placement 'local': two namespace "nodes" on this machine (testbed); 'k8s': two GPU nodes of a cluster
-    (the GPU workloads scaled to zero on leaving, also on error). Returns {"nodes", "link_kind", "link"}."""
+    (the GPU workloads scaled to zero on leaving, also on error), placed by the `ethernet-curve` overlay: CURVE
+    on the link and NetworkPolicies, its keys from keys_dir (`python -m sdeth keys DIR`; "": a new key directory
+    under the cache, named in the result). Returns {"nodes", "link_kind", "link"} (and "keys_dir" on k8s)."""
     from ..place import cluster, netprobe
     from ..place.testbed import LINK_SCENARIOS, Testbed, probe_link
     if placement == "local":
@@ -198,9 +201,21 @@ def provision(placement: str, pair: str, device: str = "cpu", namespace: str = "
     if placement == "k8s":
         with cluster.Cluster(namespace, kube_context or None) as c:
             nodes = c.nodes()
-            c.apply(cluster.render("ethernet", target_node, draft_node, pair if pair != "embedded" else None,
-                                   image=image or None, namespace=namespace))
+            keys_dir = keys_dir or str(_new_keys(namespace))
+            c.apply(cluster.render("ethernet-curve", target_node, draft_node, pair if pair != "embedded" else None,
+                                   image=image or None, namespace=namespace, keys_dir=keys_dir))
             c.wait_ready(["sdeth-target", "sdeth-draft"], timeout_s=bring_up_timeout_s)
             link = netprobe.analyse(cluster.run_probe(c, target_node, draft_node, image or None), clock_offset_s=None)
-            return {"nodes": nodes, "link_kind": f"pod network between {target_node} and {draft_node}", "link": link}
+            return {"nodes": nodes, "link_kind": f"pod network between {target_node} and {draft_node}", "link": link,
+                    "keys_dir": keys_dir}
     raise ValueError(f"placement {placement!r}: use 'local' or 'k8s'")
+
+
+def _new_keys(namespace: str):
+    """A fresh CURVE key directory for one deployment, under the cache (its secrets readable by this user only)."""
+    import tempfile
+    from ..paths import cache_dir
+    from ..wire.auth import make_keys
+    parent = cache_dir() / "keys"
+    parent.mkdir(parents=True, exist_ok=True)
+    return make_keys(tempfile.mkdtemp(prefix=f"{namespace}-", dir=parent))
