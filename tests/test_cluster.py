@@ -33,7 +33,7 @@ def keys_dir(tmp_path_factory):
 @pytest.mark.parametrize("placement", cluster.OVERLAYS)
 def test_every_rendered_overlay_validates(placement, keys_dir):
     objs = cluster.render(placement, *NODES, image="registry.example/sdeth-worker:v1", pair="qwen3-8b/0.6b",
-                          keys_dir=keys_dir if placement == "ethernet-curve" else None)
+                          keys_dir=keys_dir if placement in cluster.KEYED else None)
     cluster.validate(objs)
     assert all(o["metadata"]["namespace"] == "sdeth" for o in objs)
     assert all(o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "sdeth" for o in objs)
@@ -307,3 +307,23 @@ def test_provision_on_a_cluster_puts_curve_on_the_link(monkeypatch, tmp_path):
     kinds = {f"{o['kind']}/{o['metadata']['name']}" for o in applied}
     assert {"Secret/sdeth-keys", "NetworkPolicy/sdeth-draft-from-targets", "Deployment/sdeth-draft"} <= kinds
     assert (Path(out["keys_dir"]) / "server.key_secret").is_file() and str(tmp_path) in out["keys_dir"]
+
+
+def test_vllm_remote_draft_renders_with_its_parameters(keys_dir):
+    """The remote-draft placement: vLLM (the proposer's class kept, k set, the target model set) on the target node,
+    the draft server (the pair set) on the other, the keys' Secret; and no keys: the fix named."""
+    import json
+    objs = cluster.render("vllm-remote-draft", *NODES, pair="qwen3-8b/0.6b", target_model="Qwen/Qwen3-14B", k=3,
+                          keys_dir=keys_dir)
+    deps = _by_name(objs)
+    vllm, server = deps["sdeth-vllm"], deps["sdeth-draft-server"]
+    assert cluster.node_of(vllm) == NODES[0] and cluster.node_of(server) == NODES[1]
+    args = vllm["spec"]["template"]["spec"]["containers"][0]["args"]
+    spec = json.loads(args[args.index("--speculative-config") + 1])
+    assert args[0] == "Qwen/Qwen3-14B" and spec == {"method": "custom_class", "num_speculative_tokens": 3,
+                                                    "model": "sdeth.wire.vllm_proposer.RemoteDraftProposer"}
+    sargs = server["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert sargs[sargs.index("--pair") + 1] == "qwen3-8b/0.6b"
+    assert any(o["kind"] == "Secret" and o["metadata"]["name"] == "sdeth-keys" for o in objs)
+    with pytest.raises(cluster.ClusterError, match="vllm-remote-draft.*python -m sdeth keys"):
+        cluster.render("vllm-remote-draft", *NODES)

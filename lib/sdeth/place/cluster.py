@@ -32,8 +32,9 @@ from ..paths import REPO
 from .testbed import free_port
 
 MANIFESTS = REPO / "manifests"
-OVERLAYS = ("colocated", "ethernet", "ethernet-curve", "vllm-target-only", "vllm-sd", "probe")
-TWO_NODES = ("ethernet", "ethernet-curve", "probe")
+OVERLAYS = ("colocated", "ethernet", "ethernet-curve", "vllm-target-only", "vllm-sd", "vllm-remote-draft", "probe")
+TWO_NODES = ("ethernet", "ethernet-curve", "vllm-remote-draft", "probe")
+KEYED = ("ethernet-curve", "vllm-remote-draft")      # placements whose pods mount the CURVE keys' Secret
 KEYS_SECRET = "sdeth-keys"   # ethernet-curve: the workers' CURVE keys (a key directory, sdeth.wire.auth)
 KEY_FILES = ("server.key", "server.key_secret", "client.key", "client.key_secret")
 PART_OF = "app.kubernetes.io/part-of=sdeth"
@@ -67,18 +68,20 @@ def render(placement: str, target_node: str, draft_node: str = "", pair: str | N
            k: int = 5, image: str | None = None, namespace: str = "sdeth", kubectl: str = "kubectl",
            keys_dir: str | None = None) -> list[dict]:
     """The placement's objects with parameters set. colocated puts both workers on target_node. The node
-    names are the cluster's own (`kubectl get nodes`): parameters, never defaults. ethernet-curve also needs
-    keys_dir (`python -m sdeth keys DIR`): its keys become the Secret the workers mount."""
+    names are the cluster's own (`kubectl get nodes`): parameters, never defaults. ethernet-curve and
+    vllm-remote-draft also need keys_dir (`python -m sdeth keys DIR`): its keys become the Secret their pods
+    mount."""
     if not target_node or (placement in TWO_NODES and not draft_node):
         raise ClusterError(f"placement {placement!r} needs node names: target_node={target_node!r}, "
                            f"draft_node={draft_node!r}; pass your cluster's (`kubectl get nodes`), e.g. "
                            f"`-f params/cluster.example.yaml` in 00_provision or --target-node/--draft-node")
-    if placement in ("ethernet", "ethernet-curve") and target_node == draft_node:
+    if placement in TWO_NODES[:-1] and target_node == draft_node:
         raise ClusterError(f"placement {placement!r} needs two nodes, got {target_node!r} twice: "
                            "use placement 'colocated' for one node")
-    objs = kustomize(placement, kubectl) + ([keys_secret(keys_dir)] if placement == "ethernet-curve" else [])
+    objs = kustomize(placement, kubectl) + ([keys_secret(keys_dir, placement)] if placement in KEYED else [])
     node_of = {"target": target_node, "vllm": target_node, "probe-client": target_node,
-               "draft": target_node if placement == "colocated" else draft_node, "probe-server": draft_node}
+               "draft": target_node if placement == "colocated" else draft_node, "probe-server": draft_node,
+               "draft-server": draft_node}
     for o in objs:
         o["metadata"]["namespace"] = namespace
         spec = _pod_spec(o)
@@ -94,11 +97,11 @@ def render(placement: str, target_node: str, draft_node: str = "", pair: str | N
     return objs
 
 
-def keys_secret(keys_dir: str | None) -> dict:
-    """The Secret that holds a key directory's pairs (the ethernet-curve placement mounts it in both workers)."""
+def keys_secret(keys_dir: str | None, placement: str = "ethernet-curve") -> dict:
+    """The Secret that holds a key directory's pairs (the keyed placements mount it in their pods)."""
     import base64
     if not keys_dir:
-        raise ClusterError("placement 'ethernet-curve' needs a key directory: make one with `python -m sdeth keys "
+        raise ClusterError(f"placement {placement!r} needs a key directory: make one with `python -m sdeth keys "
                            "DIR` and pass keys_dir=DIR (--keys DIR)")
     d = Path(keys_dir)
     missing = [f for f in KEY_FILES if not (d / f).is_file()]
@@ -119,13 +122,21 @@ def _pod_spec(o: dict) -> dict | None:
 
 def _set_args(args: list[str], role, pair, target_model, draft_model, k) -> list[str]:
     args = list(args)
-    if role in ("target", "draft") and pair:
+    if role in ("target", "draft", "draft-server") and pair:
         args[args.index("--pair") + 1] = pair
     if role == "vllm":
-        args[args.index("--model") + 1] = target_model
+        if "--model" in args:
+            args[args.index("--model") + 1] = target_model
+        else:                          # `vllm serve MODEL ...`: the model is the first argument
+            args[0] = target_model
         if "--speculative-config" in args:
             i = args.index("--speculative-config") + 1
-            args[i] = json.dumps({"method": "draft_model", "model": draft_model, "num_speculative_tokens": k})
+            spec = json.loads(args[i])
+            if spec.get("method") == "custom_class":      # a remote proposer: its class stays, its draft is a server's
+                spec["num_speculative_tokens"] = k
+            else:
+                spec = {"method": "draft_model", "model": draft_model, "num_speculative_tokens": k}
+            args[i] = json.dumps(spec)
     return args
 
 

@@ -20,7 +20,9 @@ Rules. Every row's round goes out in one Rounds; `propose` waits for Drafts unti
 `deadline_ms` ($SDETH_DRAFT_DEADLINE_MS) and `step_ratio` ($SDETH_DRAFT_DEADLINE_STEPS) x the target's step (the
 median of its last STEP_WINDOW times between two propose calls), and returns [] for a row not answered by then,
 never a guess. A late answer is the server's last proposal all the same (vLLM never saw it); the track waits for
-it before its next round. Drafts are token ids only (the draft's greedy tokens, no q): vLLM verifies them as if
+it before its next round. The server's limits, when its Welcome carries them (`Bounds`), are kept on this side:
+k, the context drafted for, rows per Rounds, new tokens per row and the sequences held at once; a row past a limit
+gets [] rather than a refusal. Drafts are token ids only (the draft's greedy tokens, no q): vLLM verifies them as if
 q were one-hot, which is lossless at any temperature. With the draft server down or lost (its connection closed,
 an Error, or silent for LOST_S with rounds outstanding and Pings unanswered), every row gets [] and the proposer
 says Hello again at most every RETRY_S.
@@ -57,6 +59,7 @@ LOST_S = 30.0            # ... nothing heard this long: the server is lost (a de
 CONNECT_WAIT_S = 5.0     # load_model waits this long for the server's Welcome
 MAX_ROW_TOKENS = 16      # new tokens one round may carry (the server's default limit); more: a new track
 MAX_ROWS = 128           # rows of one Rounds (the server's default limit); more go in several
+MAX_TRACKS = 64          # sequences held at once (the server's default per client)
 DECODE = protocol.Decoder("a vLLM proposer", protocol.SERVER_SENDS)
 
 
@@ -86,6 +89,33 @@ def speculative_config(k: int) -> dict:
 
 
 # ------------------------------------------------------------------ rows to tracks (no network)
+
+@dataclass(frozen=True)
+class Bounds:
+    """What this proposer sends, within the server's limits: draft tokens per round (k), the longest context a
+    row is drafted for (its drafts included), rows per Rounds, new tokens per row, sequences held at once."""
+    k: int
+    context: int
+    rows_per_message: int = MAX_ROWS
+    tokens_per_row: int = MAX_ROW_TOKENS
+    sequences: int = MAX_TRACKS
+
+    @classmethod
+    def of(cls, k: int, max_len: int, limits: dict | None) -> "Bounds":
+        """vLLM's k and max_model_len, within the server's limits (a Welcome's `limits`; a key absent or 0: the
+        default above; None: all defaults). ProposerError naming a limit that is not a positive integer."""
+        lim = {}
+        for key, v in (limits or {}).items():
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ProposerError(f"the draft server's limit {key}={v!r} is not a whole number >= 0: the server "
+                                    f"and this proposer are of different sdeth versions; install one version on both")
+            if v:
+                lim[key] = v
+        seqs = [lim[n] for n in ("sequences", "sequences_per_client") if n in lim]
+        return cls(min(k, lim.get("k", k)), min(max_len, lim.get("context", max_len)),
+                   lim.get("rows_per_message", MAX_ROWS), lim.get("tokens_per_row", MAX_ROW_TOKENS),
+                   min(seqs, default=MAX_TRACKS))
+
 
 @dataclass(eq=False)
 class Track:
@@ -126,8 +156,10 @@ def common_prefix(a, b) -> int:
 class RowTracker:
     """vLLM's rows matched to draft-server tracks by content (the module docstring's rules)."""
 
-    def __init__(self, idle_steps: int = IDLE_STEPS, prefix: str = ""):
+    def __init__(self, idle_steps: int = IDLE_STEPS, prefix: str = "", tokens_per_row: int = MAX_ROW_TOKENS,
+                 max_tracks: int = MAX_TRACKS):
         self.idle_steps = idle_steps
+        self.tokens_per_row, self.max_tracks = tokens_per_row, max_tracks
         self.prefix = prefix or f"v{os.getpid():x}-"
         self.tracks: dict[str, Track] = {}       # by seq id
         self.by_row: dict[int, Track] = {}       # the track each row fitted last step
@@ -136,15 +168,22 @@ class RowTracker:
     def plan(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, k: int, max_len: int,
              now: float) -> Plan:
         """This step's Opens, rounds and Ends. A track with a round awaiting its Drafts, or held after a
-        refusal, gets no round; a row with no new tokens, or still in prefill, neither."""
-        plan, claimed, by_row = Plan(), set(), {}
+        refusal, gets no round; a row with no new tokens, or still in prefill, neither; a row with no room for a
+        draft (max_len) gets no track, nor does a new row while max_tracks are held (tracks no row fitted this step
+        are then ended at once, making room for the next)."""
+        plan, claimed, by_row, crowded = Plan(), set(), {}, False
         for i, sampled in enumerate(sampled_token_ids):
             n = int(num_tokens_no_spec[i])
+            if n >= max_len:
+                continue
             ctx = token_ids_cpu[i, :n]
             t = self._match(i, ctx, n - len(sampled), claimed)
             if t is not None and t.held_until and now >= t.held_until:     # refused before: start over
                 plan.ends.append(self._drop(t))
                 t = None
+            if t is None and len(self.tracks) >= self.max_tracks:
+                crowded = True
+                continue
             if t is None:
                 t = self._open(plan, ctx if not len(sampled) else ctx[:-1])
             if len(sampled) and not t.sent_at and not t.held_until:
@@ -155,7 +194,7 @@ class RowTracker:
         self.by_row = by_row
         for t in [t for t in self.tracks.values() if t not in claimed]:
             t.idle += 1
-            if t.idle > self.idle_steps:
+            if t.idle > self.idle_steps or crowded:
                 plan.ends.append(self._drop(t))
         return plan
 
@@ -188,7 +227,7 @@ class RowTracker:
             return t
         accepted = min(common_prefix(news.tolist(), t.prev), len(news) - 1)
         tokens = news[accepted:].tolist()
-        if len(tokens) > MAX_ROW_TOKENS:
+        if len(tokens) > self.tokens_per_row:
             plan.ends.append(self._drop(t))
             t = self._open(plan, ctx[:-1])
             accepted, tokens = 0, [int(ctx[-1])]
@@ -254,6 +293,7 @@ class RemoteDraftProposer:
         self.t_returned = 0.0                          # when propose last returned
         self.hello, self.keys = hello, keys if keys is not None else Keys.from_env()
         self.tracker = RowTracker(idle_steps)
+        self.bounds = Bounds.of(self.k, self.max_len, None)    # within the server's limits once it says them
         self.log = Log("vllm proposer")
         self.stats = ProposerStats()
         self.conn: Client | None = None
@@ -288,8 +328,8 @@ class RemoteDraftProposer:
         self.waiting = {}
         try:
             if self._ready(t0):
-                plan = self.tracker.plan(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, self.k,
-                                         self.max_len, t0)
+                plan = self.tracker.plan(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, self.bounds.k,
+                                         self.bounds.context, t0)
                 self._send_plan(plan, t0)
                 self._await(t0 + self.deadline())
         except (PeerGone, zmq.ZMQError) as e:
@@ -362,8 +402,9 @@ class RemoteDraftProposer:
             rows.append(protocol.Row(r.track.seq, 0, r.have, r.accepted, r.tokens, r.k))
             self.waiting[r.track.seq] = (r.row, r.k)
             r.track.sent_at = now
-        for i in range(0, len(rows), MAX_ROWS):
-            self._send(protocol.Rounds(rows[i:i + MAX_ROWS]))
+        step = self.bounds.rows_per_message
+        for i in range(0, len(rows), step):
+            self._send(protocol.Rounds(rows[i:i + step]))
         self.stats.opened += len(plan.opens)
         self.stats.rounds += len(rows)
 
@@ -393,7 +434,13 @@ class RemoteDraftProposer:
             self.t_heard = time.perf_counter()
         if isinstance(m, protocol.Welcome):
             if self.peer is None:
-                self.log.line(f"drafting with {m.model_id} at {self.addr} (k={self.k}, deadline "
+                try:
+                    self._bound(m)
+                except ProposerError as e:         # load_model stops vLLM with it; later: drafting nothing
+                    self.refusal = str(e)
+                    self.log.line(self.refusal, self.addr)
+                    return
+                self.log.line(f"drafting with {m.model_id} at {self.addr} (k={self.bounds.k}, deadline "
                               f"{self.deadline_s * 1e3:.0f} ms or {self.step_ratio:g} target steps if longer)")
             self.peer = m
         elif isinstance(m, protocol.Drafts):
@@ -407,6 +454,14 @@ class RemoteDraftProposer:
                 self.log.refused(self.addr, m.code, m.message)
             else:
                 self._lost(f"{m.code}: {m.message}")
+
+    def _bound(self, welcome: protocol.Welcome) -> None:
+        """Keep within the limits the server's Welcome carries (today's defaults when it carries none)."""
+        b = self.bounds = Bounds.of(self.k, self.max_len, getattr(welcome, "limits", None))
+        self.tracker.tokens_per_row, self.tracker.max_tracks = b.tokens_per_row, b.sequences
+        if b.k < self.k:
+            self.log.line(f"the draft server drafts at most {b.k} tokens a round: vLLM's num_speculative_tokens="
+                          f"{self.k} gets {b.k} (set num_speculative_tokens={b.k} to verify no empty slots)")
 
     def _take_row(self, r: protocol.RowDraft, now: float) -> None:
         t = self.tracker.tracks.get(r.seq)
