@@ -377,6 +377,78 @@ def test_without_an_address_or_custom_class_the_error_says_what_to_set(monkeypat
         VP.speculative_config(3)
 
 
+def test_the_servers_limits_bound_what_the_proposer_asks_and_none_means_the_defaults():
+    assert VP.Bounds.of(3, 200, None) == VP.Bounds(3, 200, VP.MAX_ROWS, VP.MAX_ROW_TOKENS, VP.MAX_TRACKS)
+    got = VP.Bounds.of(5, 8192, {"k": 3, "context": 4096, "rows_per_message": 2, "tokens_per_row": 4,
+                                 "sequences": 0, "sequences_per_client": 2, "batch": 16})
+    assert got == VP.Bounds(3, 4096, 2, 4, 2)                 # 0: the default; keys it does not use: ignored
+    assert VP.Bounds.of(2, 100, {"k": 8, "context": 4096}).k == 2 and VP.Bounds.of(2, 100, {"context": 4096}).context == 100
+    with pytest.raises(ProposerError, match="limit k=-1 is not a whole number"):
+        VP.Bounds.of(3, 200, {"k": -1})
+
+
+def test_a_proposer_keeps_within_the_limits_its_servers_welcome_carries():
+    """k capped, Rounds split at rows_per_message, a row past context or a new row past the sequences held gets
+    [] (no Open the server would refuse), too much news opens a new track at tokens_per_row."""
+    limits = {"sequences": 8, "sequences_per_client": 3, "context": 30, "k": 2, "rows_per_message": 2,
+              "tokens_per_row": 4}
+    server = StubServer(welcome=W.Welcome(W.PROTOCOL_VERSION, "tiny", VOCAB, "sha", "float32", sequences=8,
+                                          limits=limits))
+    p = proposer(server.addr, k=3)
+    assert p.bounds == VP.Bounds(2, 30, 2, 4, 3)
+    b = Batch()
+    for base in (10, 20, 30, 40):
+        b.add([base, base + 1])
+    b.add(list(range(1, 30)))                                 # 29 tokens of 30: room for one draft
+    out, _ = step(p, b)
+    assert out == [[7, 8], [7, 8], [7, 8], [], []]            # three sequences held: the fourth row waits
+    rounds = [m for m in server.got if isinstance(m, W.Rounds)]
+    assert [len(m.rows) for m in rounds] == [2, 1] and all(r.k == 2 for m in rounds for r in m.rows)
+    assert len([m for m in server.got if isinstance(m, W.Open)]) == 3
+    b.remove(0)                                               # a request finishes (the long row moves to slot 0)
+    for i in range(4):
+        b.grow(i, [7])
+    out, _ = step(p, b)
+    assert out == [[], [7, 8], [7, 8], []]                    # 30 of 30 tokens: no room; the new row still waits
+    assert [m.req for m in server.got if isinstance(m, W.End)] == [rounds[0].rows[0].seq]   # ... and room is made
+    for i in range(4):
+        b.grow(i, [7])
+    out, _ = step(p, b)
+    assert out == [[], [7, 8], [7, 8], [7, 8]]                # the waiting row got its sequence
+    n_opens = len([m for m in server.got if isinstance(m, W.Open)])
+    b.grow(1, [1, 2, 3, 4, 5])                                # five new tokens > tokens_per_row: a new sequence
+    step(p, b)
+    assert len([m for m in server.got if isinstance(m, W.Open)]) == n_opens + 1
+    assert all(len(r.tokens) <= 4 for m in server.got if isinstance(m, W.Rounds) for r in m.rows)
+    p.close()
+    server.kill()
+
+
+def test_acceptance_from_vllms_counters_and_sdeths_records_with_standard_errors():
+    from sdeth.study.vllm_baseline import SPEC_COUNTERS, scrape_spec_counters
+    from sdeth.study.vllm_remote import Acceptance, agree, counters_delta
+    page = "\n".join([f"{SPEC_COUNTERS[0]}_total{{engine=\"0\"}} 100.0", f"{SPEC_COUNTERS[1]}_total{{engine=\"0\"}} 300.0",
+                      f"{SPEC_COUNTERS[2]}_total{{engine=\"0\"}} 120.0"] +
+                     [f'{SPEC_COUNTERS[3]}_total{{engine="0",position="{i}"}} {v}' for i, v in enumerate((60, 40, 20))])
+    before = {SPEC_COUNTERS[0]: 10, SPEC_COUNTERS[1]: 30, SPEC_COUNTERS[2]: 12, SPEC_COUNTERS[3]: [6, 4, 2]}
+    theirs = Acceptance.of_counters(counters_delta(scrape_spec_counters(page), before), 3)
+    assert theirs == Acceptance(90, 270, 108, (54, 36, 18))
+    f = theirs.figures()
+    assert f["draft_acceptance_rate"] == pytest.approx(108 / 270) and f["mean_acceptance_length"] == pytest.approx(2.2)
+    # L = 0, 1, 2, 3 with shares .4, .2, .2, .2: var = E[L^2] - 1.2^2 = 2.8 - 1.44
+    assert f["mean_acceptance_length_se"] == pytest.approx(np.sqrt(1.36 / 90))
+    assert f["per_position_acceptance_se"][0] == pytest.approx(np.sqrt(0.6 * 0.4 / 90))
+    reqs = [{"drafts": 45, "draft_tokens": 135, "accepted_tokens": 54, "accepted_per_pos": [27, 18, 9]}] * 2
+    ours = Acceptance.of_requests(reqs)
+    assert ours == theirs and all(agree(theirs, ours)["per_position_acceptance"])
+    worse = Acceptance(90, 270, 54, (36, 18, 0))
+    got = agree(theirs, worse)
+    assert not got["draft_acceptance_rate"] and not got["mean_acceptance_length"]
+    assert got["per_position_acceptance"] == [False, False, False]
+    with pytest.raises(ValueError, match="lack vllm:spec_decode_num_accepted_tokens_per_pos"):
+        Acceptance.of_counters({SPEC_COUNTERS[0]: 5, SPEC_COUNTERS[1]: 15, SPEC_COUNTERS[2]: 3}, 3)
+
+
 # ------------------------------------------------------------------ a vLLM-shaped loop over a real draft server
 
 def tiny_pair():
@@ -602,6 +674,163 @@ def test_a_draft_server_killed_mid_run_leaves_the_outputs_and_stops_drafting(vll
     assert 0 < killed["drafts"] < sd["c4"]["drafts"]         # drafted until the kill, not after
     assert gone["drafts"] == 0
     assert "draft server lost" in (tmp / "log.txt").read_text()
+
+
+# ------------------------------------------------------------------ through vLLM's OpenAI server (slow)
+
+SERVER_PROMPTS, SAMPLES, SAMPLE_TOKENS, TEMPERATURE = "sharegpt:8", 600, 3, 0.8
+SAMPLE_TEXT = "The capital of France is"       # short: the test's samples are cheap, its distribution concentrated
+
+
+def _serve(engine: dict, env: dict, log_path: Path):
+    """vLLM's OpenAI server (`python -m vllm.entrypoints.openai.api_server`) with these engine arguments; its
+    process and base URL once /health answers."""
+    from sdeth.study.vllm_baseline import _wait_healthy
+    port = free_port()
+    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", engine["model"], "--host",
+            "127.0.0.1", "--port", str(port), "--dtype", engine["dtype"], "--max-model-len",
+            str(engine["max_model_len"]), "--seed", "0", "--enforce-eager", "--kv-cache-memory-bytes", str(256 * 2**20)]
+    if "speculative_config" in engine:
+        args += ["--speculative-config", json.dumps(engine["speculative_config"])]
+    log = open(log_path, "w+")
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(proc, log, base, 900, 256 * 2**20)
+    except Exception:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return proc, base
+
+
+def _complete(base: str, model: str, ids: list[int], max_tokens: int, temperature: float, seed: int, eos: int):
+    import urllib.request
+    body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
+            "return_token_ids": True, "stop_token_ids": [eos]}
+    rq = urllib.request.Request(f"{base}/v1/completions", json.dumps(body).encode(),
+                                {"Content-Type": "application/json"})
+    with urllib.request.urlopen(rq, timeout=600) as resp:
+        return json.loads(resp.read())["choices"][0]["token_ids"]
+
+
+def _openai_phases(base: str, model: str, prompts: list, sample_ids: list[int], eos: int) -> dict:
+    """Greedy completions of the prompts at concurrency 1, 4 and 8; the same at T=0.8 (seed per prompt); then
+    SAMPLES completions of SAMPLE_TOKENS tokens of one short prompt at T=0.8, one seed each. With each phase,
+    the change of vLLM's spec-decode counters over it (from /metrics)."""
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+    from sdeth.study.vllm_baseline import scrape_spec_counters
+    from sdeth.study.vllm_remote import counters_delta
+    counters = lambda: scrape_spec_counters(urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode())  # noqa: E731
+    phases = {f"c{c}": (c, [(ids, MAX_TOKENS, 0.0, 0) for ids in prompts]) for c in (1, 4, 8)}
+    phases["t08"] = (8, [(ids, MAX_TOKENS, TEMPERATURE, i) for i, ids in enumerate(prompts)])
+    phases["samples"] = (8, [(sample_ids, SAMPLE_TOKENS, TEMPERATURE, 1000 + i) for i in range(SAMPLES)])
+    out = {}
+    for name, (concurrency, reqs) in phases.items():
+        before, t0 = counters(), time.perf_counter()
+        with ThreadPoolExecutor(concurrency) as ex:
+            outs = list(ex.map(lambda r: _complete(base, model, r[0], r[1], r[2], r[3], eos), reqs))
+        out[name] = {"outputs": outs, "wall_s": time.perf_counter() - t0, "counters": counters_delta(counters(), before)}
+    return out
+
+
+@pytest.fixture(scope="module")
+def openai_runs(pair, tmp_path_factory):
+    """vLLM's OpenAI server target-only, then with the remote proposer over a draft server of the embedded pair
+    (k=3): _openai_phases through each; and sdeth's own runtime on the same prompts and k, greedy and at T=0.8
+    with the draft's probabilities sent (draft_sampled)."""
+    from sdeth.study import experiment
+    from sdeth.study.vllm_baseline import _job, engine_args
+    cfg = experiment.RunConfig(engine="vllm", mode="sd", k=K, prompts=SERVER_PROMPTS, max_tokens=MAX_TOKENS,
+                               max_len=512)
+    engine = engine_args(_job(cfg, pair))
+    engine.pop("speculative_config")
+    prompts = [ids for _, ids in experiment.encode_prompts(cfg, pair.tokenizer)]
+    sample_ids = pair.tokenizer.encode(SAMPLE_TEXT)
+    eos = pair.tokenizer.eos_token_id
+    tmp = tmp_path_factory.mktemp("openai")
+    runs = {}
+    for name in ("target-only", "remote"):
+        server = None
+        env = dict(os.environ)
+        eng = dict(engine)
+        if name == "remote":
+            server, addr = _start_draft_server(tmp / "draft-server.log")
+            env |= {VP.ADDR_ENV: addr, VP.DEADLINE_ENV: "2000"}
+            eng["speculative_config"] = VP.speculative_config(K)
+        proc, base = _serve(eng, env, tmp / f"vllm-{name}.log")
+        try:
+            runs[name] = _openai_phases(base, engine["model"], prompts, sample_ids, eos)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+            if server is not None:
+                server.kill()
+                server.wait(30)
+    ours = {}
+    for t, sampled in ((0.0, False), (TEMPERATURE, True)):
+        c = experiment.RunConfig(mode="sd", k=K, prompts=SERVER_PROMPTS, max_tokens=MAX_TOKENS, max_len=512,
+                                 temperature=t, draft_sampled=sampled)
+        ours[t] = experiment.run(c, pair, progress=False)["requests"]
+    (tmp / "runs.json").write_text(json.dumps({"vllm": runs, "sdeth": {str(t): r for t, r in ours.items()}}))
+    return runs, ours
+
+
+@slow
+def test_openai_server_greedy_outputs_through_the_remote_proposer_equal_target_only(openai_runs):
+    runs, _ = openai_runs
+    ref, sd = runs["target-only"], runs["remote"]
+    for c in ("c1", "c4", "c8"):
+        same = sum(a == b for a, b in zip(sd[c]["outputs"], ref[c]["outputs"]))
+        drafts = sd[c]["counters"].get("vllm:spec_decode_num_drafts", 0)
+        print(f"OpenAI server, concurrency {c[1]}: identical {same}/{len(ref[c]['outputs'])}, drafts {drafts:.0f}, "
+              f"wall {sd[c]['wall_s']:.1f} s (target-only {ref[c]['wall_s']:.1f} s)")
+        assert sd[c]["outputs"] == ref[c]["outputs"] and drafts > 0
+        assert all(len(o) > 0 for o in sd[c]["outputs"])
+
+
+@slow
+def test_at_t08_the_remote_proposers_output_distribution_is_target_onlys(openai_runs):
+    """A two-sample chi-square test of homogeneity on the first SAMPLE_TOKENS generated tokens (joint), one short
+    prompt, SAMPLES seeds per engine; cells expected below 5 are folded into one. The second and third tokens come
+    from verified drafts (the counters show drafting in the phase)."""
+    from collections import Counter
+    from scipy.stats import chi2_contingency
+    runs, _ = openai_runs
+    a = Counter(tuple(o) for o in runs["target-only"]["samples"]["outputs"])
+    b = Counter(tuple(o) for o in runs["remote"]["samples"]["outputs"])
+    total = a + b
+    big = [c for c, n in total.items() if n / 2 >= 5]
+    table = [[a[c] for c in big] + [sum(a.values()) - sum(a[c] for c in big)],
+             [b[c] for c in big] + [sum(b.values()) - sum(b[c] for c in big)]]
+    if not table[0][-1] and not table[1][-1]:
+        table = [row[:-1] for row in table]
+    p = chi2_contingency(table).pvalue
+    drafts = runs["remote"]["samples"]["counters"].get("vllm:spec_decode_num_drafts", 0)
+    print(f"T={TEMPERATURE}: {sum(a.values())} + {sum(b.values())} samples, {len(total)} distinct, {len(big)} cells "
+          f"(+ folded), chi-square p = {p:.3f}; drafts in the remote run {drafts:.0f}")
+    assert sum(a.values()) == sum(b.values()) == SAMPLES and len(big) >= 3
+    assert drafts > SAMPLES / 2
+    assert p > 1e-3
+
+
+@slow
+def test_vllms_counters_agree_with_sdeths_runtime_and_both_acceptances_are_reported_at_t08(openai_runs):
+    from sdeth.study.vllm_remote import Acceptance, agree
+    runs, ours = openai_runs
+    theirs = Acceptance.of_counters(runs["remote"]["c1"]["counters"], K)
+    mine = Acceptance.of_requests(ours[0.0])
+    fv, fs = theirs.figures(), mine.figures()
+    print(f"greedy, k={K}, {SERVER_PROMPTS}: vLLM + remote {fv}; sdeth {fs}")
+    got = agree(theirs, mine)
+    assert got["draft_acceptance_rate"] and got["mean_acceptance_length"] and all(got["per_position_acceptance"])
+    t_v = Acceptance.of_counters(runs["remote"]["t08"]["counters"], K).figures()
+    t_s = Acceptance.of_requests(ours[TEMPERATURE]).figures()
+    print(f"T={TEMPERATURE}: vLLM + remote (token ids, q one-hot) rate {t_v['draft_acceptance_rate']:.3f} "
+          f"+- {t_v['draft_acceptance_rate_se']:.3f}, length {t_v['mean_acceptance_length']:.2f}; sdeth (draft's q "
+          f"sent) rate {t_s['draft_acceptance_rate']:.3f} +- {t_s['draft_acceptance_rate_se']:.3f}, length "
+          f"{t_s['mean_acceptance_length']:.2f}")
+    assert t_v["drafts"] > 0 and t_s["drafts"] > 0
 
 
 if __name__ == "__main__":

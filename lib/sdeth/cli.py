@@ -59,8 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--namespace", default="sdeth")
     d.add_argument("--context", help="kubeconfig context (default: the current one)")
     rd = sub.add_parser("render", help="print a placement's manifests with parameters (| kubectl apply -f -)")
-    rd.add_argument("placement", help="colocated | ethernet | ethernet-curve | vllm-target-only | vllm-sd | probe")
-    rd.add_argument("--keys", help="ethernet-curve: the key directory whose keys become the Secret sdeth-keys")
+    rd.add_argument("placement", help="colocated | ethernet | ethernet-curve | vllm-target-only | vllm-sd | "
+                    "vllm-remote-draft | probe")
+    rd.add_argument("--keys", help="ethernet-curve, vllm-remote-draft: the key directory whose keys become the Secret "
+                    "sdeth-keys")
     rd.add_argument("--target-node", required=True, help="the node for the target (and, colocated, the draft)")
     rd.add_argument("--draft-node", default="", help="the draft's node (ethernet, probe)")
     rd.add_argument("--pair", help="model pair preset for the workers")
@@ -103,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--models", default="Qwen3-1.7B,Qwen3-0.6B,Qwen3-8B", help="step: model shapes (random weights)")
     b.add_argument("--budget-s", type=float, default=480, help="step: start no new lever after this long")
     b.add_argument("--levers", default=None, help="step: comma list of lever names (default: all of stepbench.LEVERS)")
+    b.add_argument("--kernels", default="", help="step: measure the fused-kernel levers instead (FastOptions kernels=, "
+                   "comma list of torch,attn,gemv,all): batch 1 at --context and --rows rows at --row-contexts")
+    b.add_argument("--rows", type=int, default=16, help="step --kernels: independent rows of the batched step")
+    b.add_argument("--row-contexts", default="512,2048", help="step --kernels: contexts of the batched rows")
     ky = sub.add_parser("keys", help="make a CURVE key directory for the link (copy it to both nodes, or make it the "
                         "Secret of the ethernet-curve placement)")
     ky.add_argument("dir", help="the directory to create (it must not hold keys already)")
@@ -334,6 +340,18 @@ def _bench(a) -> int:
         res = draftloop.bench_draft_loop(tuple(m for m in a.models.split(",") if m != "Qwen3-8B"), a.device, a.context,
                                          a.capacity, a.compile, a.trace, bench_alpha(a.pair, a.synthetic_alpha, a.trace))
         print(draftloop.table(res))
+        print("wrote", save(res, a.json))
+        return 0
+    if a.what == "step" and a.kernels:
+        from .study import stepbench
+        levers = tuple(a.kernels.split(","))
+        bad = [x for x in levers if x not in stepbench.KERNEL_LEVERS]
+        if bad:
+            raise SystemExit(f"--kernels {a.kernels!r}: {bad} unknown; use a comma list of {stepbench.KERNEL_LEVERS}")
+        res = stepbench.bench_kernels(tuple(a.models.split(",")), a.device, a.context,
+                                      tuple(int(c) for c in a.row_contexts.split(",") if c), a.rows, levers, a.compile,
+                                      a.budget_s, save=lambda r: save(r, a.json))
+        print(stepbench.kernel_table(res))
         print("wrote", save(res, a.json))
         return 0
     if a.what == "step":

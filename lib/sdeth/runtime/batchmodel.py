@@ -19,11 +19,14 @@ a batch against the same row decoded alone and against the fast decoder's chain.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 
 from .engine import ForwardClock
-from .fastmodel import FastDecoder, _norm, _rope, linear
+from .fastmodel import (FastDecoder, _norm, _rope, kernel_block, kernel_levers, linear, output_logits, post_attention,
+                        pre_attention)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 MIN_SPAN = 256
@@ -37,16 +40,12 @@ def bucket(n: int) -> int:
     raise ValueError(f"{n} rows exceed the largest batch bucket {BUCKETS[-1]}")
 
 
-def batch_block(x, carry, L: dict, kc, vc, rows, slots, cos, sin, visible, shape: tuple):
-    """One decoder layer over R rows of W tokens (fastmodel.block with a batch dimension). x, carry: [R, W, H];
-    kc, vc: this layer's cache rows [R, kv heads, span-or-more, hd] (a view of the whole cache's rows); rows,
-    slots: [R, W] where each token's keys go; visible: [R, W, span]."""
+def batch_attention(qkv, L: dict, kc, vc, rows, slots, cos, sin, visible, shape: tuple):
+    """q/k norms, RoPE, the cache write and attention for R rows of W tokens: qkv [R*W, (nq + 2 nkv) hd] ->
+    o [R*W, nq*hd]; the other arguments as batch_block's."""
     nq, nkv, hd, eps, scale = shape
-    R, W, H = x.shape
+    R, W = rows.shape
     g = nq // nkv
-    x = x + carry
-    h = _norm(x, L["in_norm"], eps).view(R * W, H)
-    qkv = linear(h, L["wqkv"], L["bqkv"])
     q = qkv[:, :nq * hd].view(R, W, nq, hd)
     k = qkv[:, nq * hd:(nq + nkv) * hd].view(R, W, nkv, hd)
     v = qkv[:, (nq + nkv) * hd:].view(R, W, nkv, hd)
@@ -61,10 +60,19 @@ def batch_block(x, carry, L: dict, kc, vc, rows, slots, cos, sin, visible, shape
     scores = torch.matmul(qg, K.transpose(-1, -2)).float() * scale    # [R, nkv, g*W, span]
     scores = scores.masked_fill(~visible.repeat(1, g, 1)[:, None], float("-inf"))
     o = torch.matmul(torch.softmax(scores, dim=-1).to(q.dtype), V)    # [R, nkv, g*W, hd]
-    o = o.view(R, nkv, g, W, hd).permute(0, 3, 1, 2, 4).reshape(R * W, nq * hd)
-    x = x + linear(o, L["wo"]).view(R, W, H)
-    h = _norm(x, L["post_norm"], eps).view(R * W, H)
-    gate, up = linear(h, L["w_gate_up"]).chunk(2, dim=-1)
+    return o.view(R, nkv, g, W, hd).permute(0, 3, 1, 2, 4).reshape(R * W, nq * hd)
+
+
+def batch_block(x, carry, L: dict, kc, vc, rows, slots, cos, sin, visible, shape: tuple):
+    """One decoder layer over R rows of W tokens (fastmodel.block with a batch dimension). x, carry: [R, W, H];
+    kc, vc: this layer's cache rows [R, kv heads, span-or-more, hd] (a view of the whole cache's rows); rows,
+    slots: [R, W] where each token's keys go; visible: [R, W, span]."""
+    eps = shape[3]
+    R, W, H = x.shape
+    x = x + carry
+    qkv = linear(_norm(x, L["in_norm"], eps).view(R * W, H), L["wqkv"], L["bqkv"])
+    x = x + linear(batch_attention(qkv, L, kc, vc, rows, slots, cos, sin, visible, shape), L["wo"]).view(R, W, H)
+    gate, up = linear(_norm(x, L["post_norm"], eps).view(R * W, H), L["w_gate_up"]).chunk(2, dim=-1)
     return x, linear(F.silu(gate) * up, L["w_down"]).view(R, W, H)
 
 
@@ -98,6 +106,10 @@ class BatchDecoder:
                     setattr(dc, limit, max(getattr(dc, limit), 64))
         self.block = (torch.compile(batch_block, mode=compile_mode, fullgraph=True, dynamic=True)
                       if compile_mode else batch_block)
+        self.kernels = fast.options.kernels     # fused kernels for step() (fastmodel.FastOptions.kernels)
+        parts = (pre_attention, post_attention, batch_attention)
+        self.parts = (tuple(torch.compile(f, mode=compile_mode, fullgraph=True, dynamic=True) for f in parts)
+                      if compile_mode and self.kernels != "torch" else parts)
         self.graphs: dict = {}       # (bucket, width, span) -> (graph, static inputs, static logits)
         self.pool = None
         self.clock = ForwardClock(self.device.type == "cuda")
@@ -126,23 +138,59 @@ class BatchDecoder:
         span = span or self.span_for(int(positions.max()) + 1)
         return self._forward(ids, positions, slots, row0, span)
 
-    def _forward(self, ids, positions, slots, row0: int, span: int) -> torch.Tensor:
+    def _forward(self, ids, positions, slots, row0: int, span: int, fused: bool = False) -> torch.Tensor:
+        """fused: the kernels of FastOptions.kernels (a step's small widths; prefill chunks keep torch's)."""
         f = self.fast
         R, W = ids.shape
-        rows = torch.arange(R, device=self.device)[:, None].expand(R, W)
-        visible = torch.arange(span, device=self.device)[None, None, :] <= positions[:, :, None]
-        cos, sin = self.cos[positions][:, :, None, :], self.sin[positions][:, :, None, :]   # [R, W, 1, hd]
+        attn_k, gemv_k = kernel_levers(self.kernels, R, W, hidden=f.embed.shape[1]) if fused else (False, False)
         x = F.embedding(ids, f.embed)                                                      # [R, W, H]
         carry = torch.zeros_like(x)
-        for i, L in enumerate(f.layers):
-            kc, vc = self.k_cache[i][row0:row0 + R], self.v_cache[i][row0:row0 + R]
-            x, carry = self.block(x, carry, L, kc, vc, rows, slots, cos, sin, visible, f.shape)
-        h = _norm((x + carry)[:, -1] if self.last_only else (x + carry).view(R * W, -1), f.final_norm, f.eps)
-        logits = linear(h, f.lm_head).float()
+        if attn_k or gemv_k:
+            x, carry = self._kernel_layers(x.view(R * W, -1), carry.view(R * W, -1), positions, slots, row0, span,
+                                           attn_k, gemv_k)
+            x, carry = x.view(R, W, -1), carry.view(R, W, -1)
+        else:
+            rows, cos, sin, visible = self._attention_inputs(positions, span)
+            for i, L in enumerate(f.layers):
+                kc, vc = self.k_cache[i][row0:row0 + R], self.v_cache[i][row0:row0 + R]
+                x, carry = self.block(x, carry, L, kc, vc, rows, slots, cos, sin, visible, f.shape)
+        if self.last_only:
+            x, carry = x[:, -1], carry[:, -1]
+        logits = output_logits(x.reshape(-1, x.shape[-1]), carry.reshape(-1, x.shape[-1]), f.final_norm, f.lm_head,
+                               f.eps, gemv_k)
         if f.keep is not None:
             logits = torch.full((logits.shape[0], f.vocab), float("-inf"), device=self.device).index_copy_(
                 1, f.keep, logits)
         return logits if self.last_only else logits.view(R, W, -1)
+
+    def _attention_inputs(self, positions, span: int) -> tuple:
+        """Torch attention's inputs for tokens at positions [R, W]: row ids [R, W], cos, sin [R, W, 1, hd] and
+        the visible slots [R, W, span]."""
+        R, W = positions.shape
+        rows = torch.arange(R, device=self.device)[:, None].expand(R, W)
+        visible = torch.arange(span, device=self.device)[None, None, :] <= positions[:, :, None]
+        return rows, self.cos[positions][:, :, None, :], self.sin[positions][:, :, None, :], visible
+
+    def _kernel_layers(self, x, carry, positions, slots, row0: int, span: int, attn_k: bool, gemv_k: bool):
+        """The layers through fastmodel.kernel_block over x, carry [R*W, H]: the fused attention kernel over
+        each row's own slots (attn_k) or torch's over the span."""
+        from . import kernels
+        f = self.fast
+        R = positions.shape[0]
+        pre, post, torch_attention = self.parts
+        if not attn_k:
+            rows, cos, sin, visible = self._attention_inputs(positions, span)
+        positions, slots = positions.contiguous(), slots.contiguous()
+        for i, L in enumerate(f.layers):
+            kc, vc = self.k_cache[i][row0:row0 + R], self.v_cache[i][row0:row0 + R]
+            if attn_k:
+                attend = partial(kernels.decode_attention, k_cache=kc, v_cache=vc, positions=positions, slots=slots,
+                                 cos=self.cos, sin=self.sin, q_norm=L["q_norm"], k_norm=L["k_norm"], shape=f.shape)
+            else:
+                attend = partial(torch_attention, L=L, kc=kc, vc=vc, rows=rows, slots=slots, cos=cos, sin=sin,
+                                 visible=visible, shape=f.shape)
+            x, carry = kernel_block(x, carry, L, attend, f.eps, gemv_k, (pre, post))
+        return x, carry
 
     @torch.inference_mode()
     def step(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, top: int) -> torch.Tensor:
@@ -162,7 +210,7 @@ class BatchDecoder:
         if self.graphs_on:
             out = self._replay(key, ids, positions, slots)
         else:
-            out = self._forward(ids, positions, slots, 0, key[2])
+            out = self._forward(ids, positions, slots, 0, key[2], fused=True)
         self.clock.end(t0)
         self.steps += 1
         return out[:R]
@@ -186,13 +234,13 @@ class BatchDecoder:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._forward(*static, 0, span)
+                self._forward(*static, 0, span, fused=True)
         torch.cuda.current_stream().wait_stream(stream)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            out = self._forward(*static, 0, span)
+            out = self._forward(*static, 0, span, fused=True)
         self.graphs[key] = (graph, static, out)
 
     def warm(self, buckets=BUCKETS, widths=(1, 2), spans=None) -> None:

@@ -24,6 +24,12 @@ Levers (FastOptions; `--draft-fast`/`--target-fast` on the command line), each m
 - weights='fp8' (per-row scaled e4m3 weights and per-token scaled activations, torch._scaled_mm on a
   GPU) or 'int8' (weight-only, per-row scales): fewer bytes per step. A draft's numerics change how
   often it is accepted, never the output (the target verifies);
+- kernels='attn' (q/k norms, RoPE, the cache write and attention over each row's own length in one
+  Triton kernel), 'gemv' (residual adds, RMSNorm and SiLU*mul fused into the GEMVs around it) or 'all'
+  (both: about five kernels a layer), or 'auto' (the attention kernel, and the fused GEMVs only for up to
+  AUTO_GEMV_TOKENS tokens, where they beat cuBLAS's), runtime.kernels; for steps and verifies of up to 16 tokens (chains:
+  rows with explicit slots keep torch's attention), bf16 weights; the rest of the block stays torch's
+  (compiled with the engine's compile mode);
 - head=N: a draft's output layer restricted to N token ids (the target's most frequent, from a
   ranking file, or the first N ids for timing-only shapes). Lossless: a kept-out token's draft
   probability is zero and the target verifies against its full vocabulary.
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, fields
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -50,8 +57,10 @@ class FastOptions:
     weights: str = "bf16"       # 'bf16' (the model's own dtype), 'fp8' (W8A8, scaled), 'int8' (weight-only)
     head: int = 0               # keep this many output rows (0: all)
     head_rank: str = ""         # JSON list of token ids, most frequent first (empty: ids 0..head-1)
+    kernels: str = "torch"      # fused Triton kernels (runtime.kernels): 'torch' (none), 'attn', 'gemv', 'all', 'auto'
 
-    CHOICES = {"scope": ("layer", "model"), "weights": ("bf16", "fp8", "int8")}
+    CHOICES = {"scope": ("layer", "model"), "weights": ("bf16", "fp8", "int8"),
+               "kernels": ("torch", "attn", "gemv", "all", "auto")}
 
     @classmethod
     def parse(cls, spec: "str | FastOptions | None") -> "FastOptions":
@@ -133,16 +142,18 @@ def _rope(x, cos, sin):
     return x * cos + rot * sin
 
 
-def block(x, carry, L: dict, kc, vc, slots, cos, sin, visible, shape: tuple):
-    """One decoder layer. `carry` is the previous layer's MLP output, added here so that the add
-    and this layer's norm fuse into one kernel when each block is compiled on its own. Returns
-    (x after attention, this layer's MLP output)."""
-    nq, nkv, hd, eps, scale = shape
-    m = x.shape[0]
-    group = nq // nkv
+def pre_attention(x, carry, L: dict, eps: float):
+    """The residual add and the input norm, then q/k/v: x, carry [m, H] -> (x + carry, qkv [m, (nq + 2 nkv) hd])."""
     x = x + carry
-    h = _norm(x, L["in_norm"], eps)
-    qkv = linear(h, L["wqkv"], L["bqkv"])
+    return x, linear(_norm(x, L["in_norm"], eps), L["wqkv"], L["bqkv"])
+
+
+def attention(qkv, L: dict, kc, vc, slots, cos, sin, visible, shape: tuple):
+    """q/k norms, RoPE, the cache write at `slots` and attention over the `visible` slots:
+    qkv [m, (nq + 2 nkv) hd] -> o [m, nq*hd]."""
+    nq, nkv, hd, eps, scale = shape
+    m = qkv.shape[0]
+    group = nq // nkv
     q = qkv[:, :nq * hd].view(m, nq, hd)
     k = qkv[:, nq * hd:(nq + nkv) * hd].view(m, nkv, hd)
     v = qkv[:, (nq + nkv) * hd:].view(m, nkv, hd)
@@ -157,11 +168,40 @@ def block(x, carry, L: dict, kc, vc, slots, cos, sin, visible, shape: tuple):
     scores = torch.matmul(qg, kc.transpose(1, 2)).float() * scale                    # [nkv, g*m, slots]
     scores = scores.masked_fill(~visible.repeat(group, 1), float("-inf"))
     o = torch.matmul(torch.softmax(scores, dim=-1).to(q.dtype), vc)                  # [nkv, g*m, hd]
-    o = o.view(nkv, group, m, hd).permute(2, 0, 1, 3).reshape(m, nq * hd)
+    return o.view(nkv, group, m, hd).permute(2, 0, 1, 3).reshape(m, nq * hd)
+
+
+def post_attention(x, o, L: dict, eps: float):
+    """The O-projection and its residual, then the MLP: x [m, H], o [m, nq*hd] -> (x, this layer's MLP output)."""
     x = x + linear(o, L["wo"])
-    h = _norm(x, L["post_norm"], eps)
-    gate, up = linear(h, L["w_gate_up"]).chunk(2, dim=-1)
+    gate, up = linear(_norm(x, L["post_norm"], eps), L["w_gate_up"]).chunk(2, dim=-1)
     return x, linear(F.silu(gate) * up, L["w_down"])
+
+
+def block(x, carry, L: dict, kc, vc, slots, cos, sin, visible, shape: tuple):
+    """One decoder layer. `carry` is the previous layer's MLP output, added here so that the add
+    and this layer's norm fuse into one kernel when each block is compiled on its own. Returns
+    (x after attention, this layer's MLP output)."""
+    eps = shape[3]
+    x, qkv = pre_attention(x, carry, L, eps)
+    return post_attention(x, attention(qkv, L, kc, vc, slots, cos, sin, visible, shape), L, eps)
+
+
+def kernel_block(x, carry, L: dict, attend, eps: float, gemv: bool, parts=(pre_attention, post_attention)):
+    """One decoder layer with the fused kernels (runtime.kernels): x, carry [T, H]; attend(qkv) -> o [T, nq*hd]
+    (the fused attention kernel or torch's `attention`). gemv: the norms, residual adds and SiLU fused into the
+    GEMVs (five kernels a layer with the fused attention); otherwise `parts` (pre_attention, post_attention,
+    compiled or not) around attend. Returns (x after attention, this layer's MLP output), as block does."""
+    if not gemv:
+        pre, post = parts
+        x, qkv = pre(x, carry, L, eps)
+        return post(x, attend(qkv), L, eps)
+    from . import kernels
+    x_new = torch.empty_like(x)
+    qkv = kernels.norm_gemv(x, carry, L["in_norm"], L["wqkv"], L["bqkv"], eps, x_out=x_new)
+    x = kernels.gemv(attend(qkv), L["wo"], residual=x_new)
+    gate_up = kernels.norm_gemv(x, None, L["post_norm"], L["w_gate_up"], None, eps)
+    return x, kernels.silu_gemv(gate_up, L["w_down"])
 
 
 def head_ids(n: int, rank_file: str, vocab: int) -> torch.Tensor:
@@ -200,6 +240,8 @@ class FastDecoder:
             raise FastOptionsError(f"fast options {o}: a fused model's weights are already {fused['format']} with its "
                                    "full output layer; build it in the format wanted instead")
         self.vocab = cfg.vocab_size if fused else hf_model.lm_head.weight.shape[0]
+        if o.kernels != "torch":
+            check_kernels(o, fused["format"] if fused else o.weights, self.device, self.head_dim)
         with torch.no_grad():
             if fused:
                 self.keep, self.lm_head, self.layers = None, fused["lm_head"], fused["layers"]
@@ -209,6 +251,7 @@ class FastDecoder:
             self._inv_freq = rot.inv_freq.float().to(self.device)
             self._rope_scaling = float(getattr(rot, "attention_scaling", 1.0))
         self._compiled = None
+        self._parts = (pre_attention, post_attention, attention)
         self.reset(capacity)
 
     def _fuse(self, hf_model, o: FastOptions) -> None:
@@ -250,6 +293,9 @@ class FastDecoder:
             if hasattr(dc, limit):
                 setattr(dc, limit, max(getattr(dc, limit), 64))
         self._compiled = torch.compile(block, mode=mode, fullgraph=True, dynamic=None)
+        if self.options.kernels != "torch":     # the torch parts around the kernels, compiled on their own
+            self._parts = tuple(torch.compile(f, mode=mode, fullgraph=True, dynamic=None)
+                                for f in (pre_attention, post_attention, attention))
 
     def compiled_forward(self, ids, positions, slots=None, visible=None) -> torch.Tensor:
         """forward() with the compiled block (after compile()); forward() itself stays eager (prefill)."""
@@ -287,18 +333,89 @@ class FastDecoder:
         sees every slot up to it. Rows: `slots` [m] says where each token's keys go and `visible`
         [m, capacity + scratch] (bool) which slots each token attends to (its own included)."""
         m = ids.shape[0]
+        attn_k, gemv_k = kernel_levers(self.options.kernels, 1, m, chain=slots is None, hidden=self.embed.shape[1])
         if slots is None:
             slots = positions
-            visible = self.slots[None, :] <= positions[:, None]
+            visible = None if attn_k else self.slots[None, :] <= positions[:, None]
         x = F.embedding(ids, self.embed)                                  # [m, H]
-        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]   # [m, 1, hd]
         carry = torch.zeros_like(x)
-        run = block_fn or block
-        for i, L in enumerate(self.layers):
-            x, carry = run(x, carry, L, self.k_cache[i], self.v_cache[i], slots, cos, sin, visible, self.shape)
-        h = _norm(x + carry, self.final_norm, self.eps)
-        logits = linear(h, self.lm_head).float()
+        if attn_k or gemv_k:
+            x, carry = self._kernel_layers(x, carry, positions, slots, visible, attn_k, gemv_k, block_fn is not None)
+        else:
+            cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]   # [m, 1, hd]
+            run = block_fn or block
+            for i, L in enumerate(self.layers):
+                x, carry = run(x, carry, L, self.k_cache[i], self.v_cache[i], slots, cos, sin, visible, self.shape)
+        logits = output_logits(x, carry, self.final_norm, self.lm_head, self.eps, gemv_k)
         if self.keep is None:
             return logits
         # a kept-out token gets no probability: the draft never proposes it, the target still may
         return torch.full((m, self.vocab), float("-inf"), device=logits.device).index_copy_(1, self.keep, logits)
+
+    def _kernel_layers(self, x, carry, positions, slots, visible, attn_k: bool, gemv_k: bool, compiled: bool):
+        """The layers through kernel_block: the fused attention kernel over the chain (attn_k) or torch's."""
+        from . import kernels
+        pre, post, torch_attention = self._parts if compiled else (pre_attention, post_attention, attention)
+        if not attn_k:
+            cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        chain = positions[None]                                           # one row of m tokens
+        for i, L in enumerate(self.layers):
+            kc, vc = self.k_cache[i], self.v_cache[i]
+            if attn_k:
+                attend = partial(kernels.decode_attention, k_cache=kc, v_cache=vc, positions=chain, slots=chain,
+                                 cos=self.cos, sin=self.sin, q_norm=L["q_norm"], k_norm=L["k_norm"], shape=self.shape)
+            else:
+                attend = partial(torch_attention, L=L, kc=kc, vc=vc, slots=slots, cos=cos, sin=sin, visible=visible,
+                                 shape=self.shape)
+            x, carry = kernel_block(x, carry, L, attend, self.eps, gemv_k, (pre, post))
+        return x, carry
+
+
+def kernel_levers(kernels: str, rows: int, width: int, chain: bool = True, hidden: int = 0) -> tuple[bool, bool]:
+    """(fused attention, fused GEMVs) for a forward of `rows` x `width` tokens under FastOptions.kernels: the
+    attention kernel for chains (each row's own slots up to its position) of up to 16 tokens a row, the GEMVs
+    for up to 32 tokens in all; wider forwards (prefill) keep torch's kernels."""
+    attn = kernels in ("attn", "all", "auto") and chain and width <= 16
+    gemv = (kernels in ("gemv", "all") and rows * width <= 32
+            or kernels == "auto" and rows * width <= AUTO_GEMV_TOKENS and 0 < hidden <= AUTO_GEMV_HIDDEN)
+    return attn, gemv
+
+
+# kernels='auto': the attention kernel wherever it applies; the fused GEMVs only up to AUTO_GEMV_TOKENS tokens of a
+# model of hidden size up to AUTO_GEMV_HIDDEN. Measured on an H200 (bench step --kernels, random bf16 weights): the
+# fused GEMVs beat cuBLAS's at one row of the Qwen3-0.6B shape (hidden 1024: 1.36 against 1.57 ms a step) and lose
+# at one row of the 1.7B (2048: 2.45 against 1.96) and the 8B (4096: 9.3 against 5.0), and at 16 rows of any
+# (their tl.dot tiles: 2.3-2.9x cuBLAS's step)
+AUTO_GEMV_TOKENS = 4
+AUTO_GEMV_HIDDEN = 1024
+
+
+def output_logits(x, carry, final_norm, lm_head, eps: float, gemv_k: bool = False) -> torch.Tensor:
+    """The final norm of x + carry [m, H] and the output layer: logits [m, V'] (float32). gemv_k: one fused kernel."""
+    if gemv_k and isinstance(lm_head, torch.Tensor):
+        from . import kernels
+        x, carry = x.contiguous(), carry.contiguous()
+        return kernels.norm_gemv(x, carry, final_norm, lm_head, None, eps, x_out=torch.empty_like(x)).float()
+    return linear(_norm(x + carry, final_norm, eps), lm_head).float()
+
+
+def check_kernels(o: FastOptions, weights: str, device: torch.device, head_dim: int) -> None:
+    """Refuse kernels=... where they cannot run: weights other than bf16, a whole-model compile, no Triton, heads
+    the attention kernel does not take."""
+    if weights != "bf16":
+        raise FastOptionsError(f"fast options {o}: kernels={o.kernels} needs bf16 weights (these are {weights}); "
+                               f"use kernels=torch with weights={weights}, or weights=bf16")
+    if o.scope == "model":
+        raise FastOptionsError(f"fast options {o}: kernels={o.kernels} compiles the torch parts around its kernels "
+                               "layer by layer; use scope=layer")
+    try:
+        from . import kernels
+    except ImportError as e:
+        raise FastOptionsError(f"kernels={o.kernels} needs Triton ({e}): pip install triton, "
+                               "or use kernels=torch") from e
+    why = kernels.unavailable(device)
+    if not why and o.kernels in ("attn", "all", "auto") and (head_dim < kernels.MIN_HEAD_DIM or head_dim & (head_dim - 1)):
+        why = (f"the attention kernel takes head dims of powers of two from {kernels.MIN_HEAD_DIM} "
+               f"(this model's: {head_dim})")
+    if why:
+        raise FastOptionsError(f"kernels={o.kernels}: {why}; or use kernels=torch")

@@ -1,0 +1,389 @@
+"""Fused decode kernels (Triton) for the fast decoder's step: about five kernels a layer instead of ~15.
+
+    qkv = norm_gemv(x, carry, in_norm, wqkv, bqkv, eps, x_out=x_new)   # x_new = x + carry; rmsnorm; @ wqkv.T + b
+    o = decode_attention(qkv, kc, vc, positions, slots, cos, sin, q_norm, k_norm, shape)
+    x = gemv(o, wo, residual=x_new)                                     # O-projection + residual
+    gu = norm_gemv(x, None, post_norm, w_gate_up, None, eps)
+    mlp = silu_gemv(gu, w_down)                                         # silu(gate) * up, @ w_down.T
+
+Terms: T tokens (rows x width, row-major), H hidden size, nq / nkv query / key-value heads, hd head dim,
+G = nq // nkv query heads per kv head, S cache slots. Weights are [N, K] (torch's linear layout), stored
+in the model's dtype (bf16 on a GPU); products accumulate in fp32 and each result is rounded to the
+model's dtype where the torch path (fastmodel.block) rounds it, so the two agree to a few bf16 ulps.
+
+- norm_gemv / gemv / silu_gemv: one kernel over [T, K] x [N, K]^T, for T = 1..32 rows. Each program
+  owns BLOCK_N outputs of BLOCK_M rows, and (norm_gemv) first recomputes its rows' RMS from the small
+  input. Up to 4 rows the product is a broadcast multiply and sum (a GEMV); more rows use tl.dot.
+- decode_attention: one program per (row, kv head): the row's new keys (per-head RMSNorm, RoPE) and
+  values written at their slots, then online-softmax attention (fp32) of the G*W query rows over
+  slots 0..position of its own row only (no padded span, no mask tensor); K and V are read once per
+  group of query heads. Within a row token w sees the slots up to its own position, so a width of 2
+  (a catch-up) is causal between its tokens.
+
+Where no CUDA device is present, Triton's interpreter runs the kernels on CPU tensors (for tests): it
+must be switched on before Triton is first imported, which this module does when it is imported first
+(otherwise set TRITON_INTERPRET=1 in the environment).
+"""
+import os
+import sys
+
+import torch
+
+if not torch.cuda.is_available() and "triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton                      # noqa: E402
+import triton.language as tl       # noqa: E402
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+MAX_ROWS = 32                      # rows (tokens) one GEMV call takes
+MAX_WIDTH = 16                     # tokens per row the attention kernel takes
+MIN_HEAD_DIM = 32                  # the attention kernel's dots take half a head: 16 or more on a GPU
+
+
+def unavailable(device: torch.device) -> str | None:
+    """Why the kernels cannot run on `device` (None: they can)."""
+    if device.type == "cuda" or INTERPRET:
+        return None
+    return (f"Triton kernels need a CUDA device (got {device}), or Triton's interpreter: set TRITON_INTERPRET=1 "
+            "before Python starts")
+
+
+# ---------------------------------------------------------------- GEMV with fused prologue / epilogue
+
+@triton.jit
+def _residual_tile(x_ptr, carry_ptr, rows, ks, mask, stride, CARRY: tl.constexpr):
+    """x + carry (rounded to x's dtype, as torch's add) for rows x ks: [BLOCK_M, BLOCK_K] fp32."""
+    offs = rows[:, None] * stride + ks[None, :]
+    v = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if CARRY:
+        v = v + tl.load(carry_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        v = v.to(x_ptr.dtype.element_ty).to(tl.float32)
+    return v
+
+
+@triton.jit
+def _row_rstd(x_ptr, carry_ptr, x_out_ptr, rows, M, K, stride, eps, write_m,
+              CARRY: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1 / RMS of each row of x + carry: [BLOCK_M] fp32. Writes x + carry to x_out for rows below write_m."""
+    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        mask = (rows[:, None] < M) & (ks[None, :] < K)
+        v = _residual_tile(x_ptr, carry_ptr, rows, ks, mask, stride, CARRY)
+        if CARRY:
+            tl.store(x_out_ptr + rows[:, None] * stride + ks[None, :], v.to(x_out_ptr.dtype.element_ty),
+                     mask=(rows[:, None] < write_m) & (ks[None, :] < K))
+        ss += tl.sum(v * v, axis=1)
+    return 1.0 / tl.sqrt(ss / K + eps)
+
+
+@triton.jit
+def _input_tile(x_ptr, carry_ptr, norm_ptr, rows, ks, M, K, stride, rstd,
+                NORM: tl.constexpr, CARRY: tl.constexpr, SILU: tl.constexpr):
+    """The GEMV's input for rows x ks, in x's dtype: x, rmsnorm(x + carry) * norm, or silu(x[:, k]) * x[:, K + k]."""
+    mask = (rows[:, None] < M) & (ks[None, :] < K)
+    dt = x_ptr.dtype.element_ty
+    if NORM:
+        v = _residual_tile(x_ptr, carry_ptr, rows, ks, mask, stride, CARRY)
+        nw = tl.load(norm_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+        a = ((v * rstd[:, None]).to(dt).to(tl.float32) * nw[None, :]).to(dt)
+    elif SILU:
+        offs = rows[:, None] * stride + ks[None, :]
+        g = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(x_ptr + offs + K, mask=mask, other=0.0).to(tl.float32)
+        a = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * u).to(dt)
+    else:
+        a = tl.load(x_ptr + rows[:, None] * stride + ks[None, :], mask=mask, other=0.0)
+    return a
+
+
+@triton.jit
+def _mac(acc, a, w, DOT: tl.constexpr, F32: tl.constexpr):
+    """acc [BM, BN] += a [BM, BK] @ w [BN, BK]^T (fp32 accumulation)."""
+    if DOT:
+        if F32:
+            acc += tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+        else:
+            acc += tl.dot(a, tl.trans(w))
+    else:
+        acc += tl.sum(a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    return acc
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, carry_ptr, x_out_ptr, norm_ptr, w_ptr, bias_ptr, res_ptr, y_ptr,
+                 M, N, K, stride_x, stride_y, eps,
+                 NORM: tl.constexpr, CARRY: tl.constexpr, SILU: tl.constexpr, BIAS: tl.constexpr,
+                 RES: tl.constexpr, DOT: tl.constexpr, F32: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y [M, N] = input(x) [M, K] @ w [N, K]^T (+ bias [N]) (+ res [M, N]); see _input_tile for the input."""
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if NORM:
+        rstd = _row_rstd(x_ptr, carry_ptr, x_out_ptr, rows, M, K, stride_x, eps, tl.where(pid_n == 0, M, 0),
+                         CARRY, BLOCK_M, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = _input_tile(x_ptr, carry_ptr, norm_ptr, rows, ks, M, K, stride_x, rstd, NORM, CARRY, SILU)
+        w = tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=(cols[:, None] < N) & (ks[None, :] < K),
+                    other=0.0)
+        acc = _mac(acc, a, w, DOT, F32)
+    if BIAS:
+        acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    out_mask = (rows[:, None] < M) & (cols[None, :] < N)
+    offs = rows[:, None] * stride_y + cols[None, :]
+    y = acc.to(y_ptr.dtype.element_ty)
+    if RES:     # torch rounds the product, then the sum
+        y = (y.to(tl.float32) + tl.load(res_ptr + offs, mask=out_mask, other=0.0).to(tl.float32)).to(y.dtype)
+    tl.store(y_ptr + offs, y, mask=out_mask)
+
+
+_SMS: dict = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    if device not in _SMS:
+        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SMS[device]
+
+
+def gemv_config(m: int, n: int, k: int, device: torch.device) -> dict:
+    """Block sizes for [m, k] x [n, k]^T: the widest BLOCK_N that still gives every SM two programs, and a
+    weight tile of ~8K elements (up to 4 rows a broadcast GEMV, more rows tl.dot on tiles of 16 or 32 rows)."""
+    dot = m > 4
+    if INTERPRET:           # few, large programs: the interpreter's cost is per program and per operation
+        block_m = max(16, triton.next_power_of_2(m)) if dot else triton.next_power_of_2(m)
+        return dict(BLOCK_M=block_m, BLOCK_N=min(triton.next_power_of_2(n), 64),
+                    BLOCK_K=min(triton.next_power_of_2(k), 64), DOT=dot)
+    block_m = max(16, triton.next_power_of_2(m)) if dot else triton.next_power_of_2(m)
+    m_blocks = triton.cdiv(m, block_m)
+    widths = (128, 64, 32, 16) if dot else (64, 32, 16, 8)
+    block_n = next((b for b in widths if triton.cdiv(n, b) * m_blocks >= 2 * _sm_count(device)), widths[-1])
+    block_k = min(max(8192 // block_n, 32), triton.next_power_of_2(k), 64 if dot else 1024)
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DOT=dot, num_warps=4,
+                num_stages=3 if dot else 2)
+
+
+def _launch_gemv(x, w, *, carry=None, x_out=None, norm=None, bias=None, residual=None, eps=0.0, silu=False):
+    """The shared launcher: x [M, K] (silu: [M, 2K]), w [N, K] -> y [M, N] in x's dtype."""
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"fused GEMV: weights of format {w[0]!r} are not supported; use weights=bf16")
+    M, N, K = x.shape[0], w.shape[0], w.shape[1]
+    if M > MAX_ROWS:
+        raise ValueError(f"fused GEMV of {M} rows: at most {MAX_ROWS}; run wider forwards on the torch path")
+    if x.shape[1] != (2 * K if silu else K) or not x.is_contiguous() or not w.is_contiguous():
+        raise ValueError(f"fused GEMV: input {tuple(x.shape)} (contiguous) does not fit weights {tuple(w.shape)}")
+    if residual is not None and (residual.shape != (M, N) or not residual.is_contiguous()):
+        raise ValueError(f"fused GEMV: residual {tuple(residual.shape)} should be contiguous ({M}, {N})")
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    cfg = gemv_config(M, N, K, x.device)
+    grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, cfg["BLOCK_M"]))
+    _gemv_kernel[grid](x, carry if carry is not None else x, x_out if x_out is not None else x,
+                       norm if norm is not None else x, w, bias if bias is not None else x,
+                       residual if residual is not None else x, y, M, N, K, x.stride(0), N, eps,
+                       NORM=norm is not None, CARRY=carry is not None, SILU=silu, BIAS=bias is not None,
+                       RES=residual is not None, F32=INTERPRET or x.dtype == torch.float32, **cfg)
+    return y
+
+
+def norm_gemv(x, carry, norm, w, bias, eps: float, x_out=None) -> torch.Tensor:
+    """rmsnorm(x + carry) * norm @ w.T (+ bias): x, carry [M, K] (carry may be None), norm [K], w [N, K],
+    bias [N] or None -> [M, N]. With carry, x + carry is also written to x_out [M, K] (the new residual)."""
+    if carry is not None and x_out is None:
+        raise ValueError("norm_gemv with a carry needs x_out, where x + carry is written")
+    return _launch_gemv(x, w, carry=carry, x_out=x_out, norm=norm, bias=bias, eps=eps)
+
+
+def gemv(x, w, residual=None) -> torch.Tensor:
+    """x [M, K] @ w [N, K].T (+ residual [M, N]) -> [M, N]."""
+    return _launch_gemv(x, w, residual=residual)
+
+
+def silu_gemv(gate_up, w) -> torch.Tensor:
+    """(silu(gate) * up) @ w.T where gate_up [M, 2K] = [gate | up], w [N, K] -> [M, N]."""
+    return _launch_gemv(gate_up, w, silu=True)
+
+
+# ---------------------------------------------------------------- decode attention with the cache write
+
+@triton.jit
+def _dot(a, b, F32: tl.constexpr):
+    """a @ b with fp32 accumulation (F32: operands in fp32, IEEE products: fp32 models and the interpreter)."""
+    if F32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _norm_rope(x1, x2, pos, norm_ptr, cos_ptr, sin_ptr, stride_rope, eps,
+               HD: tl.constexpr, QK_NORM: tl.constexpr):
+    """Heads split in halves x1, x2 [B, HD/2] (fp32) at positions pos [B]: per-head RMSNorm (QK_NORM, weights
+    norm [HD]), then rotate-half RoPE from the tables cos, sin [P, HD]. Returns the halves, fp32."""
+    HALF: tl.constexpr = HD // 2
+    dt = cos_ptr.dtype.element_ty
+    d = tl.arange(0, HALF)
+    if QK_NORM:
+        rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / HD + eps)
+        n1 = tl.load(norm_ptr + d).to(tl.float32)
+        n2 = tl.load(norm_ptr + HALF + d).to(tl.float32)
+        x1 = ((x1 * rstd[:, None]).to(dt).to(tl.float32) * n1[None, :]).to(dt).to(tl.float32)
+        x2 = ((x2 * rstd[:, None]).to(dt).to(tl.float32) * n2[None, :]).to(dt).to(tl.float32)
+    at = pos[:, None] * stride_rope + d[None, :]
+    c1 = tl.load(cos_ptr + at).to(tl.float32)
+    s1 = tl.load(sin_ptr + at).to(tl.float32)
+    c2 = tl.load(cos_ptr + at + HALF).to(tl.float32)
+    s2 = tl.load(sin_ptr + at + HALF).to(tl.float32)
+    return x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
+
+
+@triton.jit
+def _write_new_kv(qkv_ptr, kc_ptr, vc_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, kn_ptr, r, h,
+                  stride_t, stride_cr, stride_ch, stride_cs, stride_rope, eps,
+                  W: tl.constexpr, W_PAD: tl.constexpr, NQ: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
+                  QK_NORM: tl.constexpr):
+    """Row r's W new keys (normed, rotated) and values of kv head h, from qkv [T, (NQ + 2 NKV) HD], written to
+    the caches [R, NKV, S, HD] at the tokens' slots."""
+    HALF: tl.constexpr = HD // 2
+    w = tl.arange(0, W_PAD)
+    live = (w < W)[:, None]
+    t = r * W + w
+    pos = tl.load(pos_ptr + t, mask=w < W, other=0)
+    slot = tl.load(slot_ptr + t, mask=w < W, other=0)
+    d = tl.arange(0, HALF)
+    k_at = qkv_ptr + t[:, None] * stride_t + (NQ + h) * HD + d[None, :]
+    k1 = tl.load(k_at, mask=live, other=0.0).to(tl.float32)
+    k2 = tl.load(k_at + HALF, mask=live, other=0.0).to(tl.float32)
+    k1, k2 = _norm_rope(k1, k2, pos, kn_ptr, cos_ptr, sin_ptr, stride_rope, eps, HD, QK_NORM)
+    c_at = r * stride_cr + h * stride_ch + slot[:, None] * stride_cs + d[None, :]
+    tl.store(kc_ptr + c_at, k1.to(kc_ptr.dtype.element_ty), mask=live)
+    tl.store(kc_ptr + c_at + HALF, k2.to(kc_ptr.dtype.element_ty), mask=live)
+    v = tl.load(qkv_ptr + t[:, None] * stride_t + (NQ + NKV + h) * HD + d[None, :], mask=live, other=0.0)
+    v2 = tl.load(qkv_ptr + t[:, None] * stride_t + (NQ + NKV + h) * HD + HALF + d[None, :], mask=live, other=0.0)
+    tl.store(vc_ptr + c_at, v, mask=live)
+    tl.store(vc_ptr + c_at + HALF, v2, mask=live)
+
+
+@triton.jit
+def _load_queries(qkv_ptr, pos, qn_ptr, cos_ptr, sin_ptr, r, h, stride_t, stride_rope, eps,
+                  W: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, QK_NORM: tl.constexpr,
+                  BLOCK_M: tl.constexpr):
+    """The G*W query rows of kv head h in row r (row i: head h*G + i // W, token i % W), normed and rotated,
+    in the model's dtype: two halves [BLOCK_M, HD/2]."""
+    HALF: tl.constexpr = HD // 2
+    i = tl.arange(0, BLOCK_M)
+    live = (i < G * W)[:, None]
+    t = r * W + i % W
+    d = tl.arange(0, HALF)
+    at = qkv_ptr + t[:, None] * stride_t + (h * G + i // W)[:, None] * HD + d[None, :]
+    q1 = tl.load(at, mask=live, other=0.0).to(tl.float32)
+    q2 = tl.load(at + HALF, mask=live, other=0.0).to(tl.float32)
+    q1, q2 = _norm_rope(q1, q2, tl.maximum(pos, 0), qn_ptr, cos_ptr, sin_ptr, stride_rope, eps, HD, QK_NORM)
+    return q1.to(qkv_ptr.dtype.element_ty), q2.to(qkv_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _attend(q1, q2, pos, k_ptr, v_ptr, stride_cs, scale,
+            HD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, F32: tl.constexpr):
+    """Online softmax over one row's cache of one kv head (k, v at slot s: ptr + s * stride_cs): query row i
+    (halves q1, q2 [BLOCK_M, HD/2]) sees the slots 0..pos[i]. Returns (unnormalised output [BLOCK_M, HD] fp32,
+    the softmax denominators [BLOCK_M])."""
+    HALF: tl.constexpr = HD // 2
+    d = tl.arange(0, HALF)
+    m_i = tl.full([BLOCK_M], -1e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
+    hi = tl.max(pos, axis=0) + 1
+    for s0 in range(0, hi, BLOCK_N):
+        s = s0 + tl.arange(0, BLOCK_N)
+        live = (s < hi)[:, None]
+        k_at = k_ptr + s[:, None] * stride_cs + d[None, :]
+        k1 = tl.load(k_at, mask=live, other=0.0)
+        k2 = tl.load(k_at + HALF, mask=live, other=0.0)
+        scores = (_dot(q1, tl.trans(k1), F32) + _dot(q2, tl.trans(k2), F32)) * scale
+        scores = tl.where(s[None, :] <= pos[:, None], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v_at = v_ptr + s[:, None] * stride_cs + d[None, :]
+        v1 = tl.load(v_at, mask=live, other=0.0)
+        v2 = tl.load(v_at + HALF, mask=live, other=0.0)
+        acc1 = acc1 * alpha[:, None] + _dot(p.to(v1.dtype), v1, F32)
+        acc2 = acc2 * alpha[:, None] + _dot(p.to(v2.dtype), v2, F32)
+        m_i = m_new
+    return acc1, acc2, l_i
+
+
+@triton.jit
+def _attention_kernel(qkv_ptr, o_ptr, kc_ptr, vc_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr,
+                      stride_t, stride_o, stride_cr, stride_ch, stride_cs, stride_rope, eps, scale,
+                      W: tl.constexpr, W_PAD: tl.constexpr, G: tl.constexpr, NQ: tl.constexpr, NKV: tl.constexpr,
+                      HD: tl.constexpr, QK_NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      F32: tl.constexpr):
+    """Program (r, h): row r's new keys and values of kv head h into the cache, then its G*W query rows'
+    attention over the row's slots 0..position, into o [T, NQ * HD]."""
+    r, h = tl.program_id(0), tl.program_id(1)
+    _write_new_kv(qkv_ptr, kc_ptr, vc_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, kn_ptr, r, h,
+                  stride_t, stride_cr, stride_ch, stride_cs, stride_rope, eps, W, W_PAD, NQ, NKV, HD, QK_NORM)
+    tl.debug_barrier()          # this program's cache writes, visible to all its threads before attention reads
+    i = tl.arange(0, BLOCK_M)
+    live = i < G * W
+    t = r * W + i % W
+    pos = tl.load(pos_ptr + t, mask=live, other=-1)
+    q1, q2 = _load_queries(qkv_ptr, pos, qn_ptr, cos_ptr, sin_ptr, r, h, stride_t, stride_rope, eps,
+                           W, G, HD, QK_NORM, BLOCK_M)
+    base = r * stride_cr + h * stride_ch
+    acc1, acc2, l_i = _attend(q1, q2, pos, kc_ptr + base, vc_ptr + base, stride_cs, scale, HD, BLOCK_M, BLOCK_N, F32)
+    l_i = tl.where(l_i > 0, l_i, 1.0)
+    HALF: tl.constexpr = HD // 2
+    at = o_ptr + t[:, None] * stride_o + (h * G + i // W)[:, None] * HD + tl.arange(0, HALF)[None, :]
+    tl.store(at, (acc1 / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=live[:, None])
+    tl.store(at + HALF, (acc2 / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=live[:, None])
+
+
+def _check_attention(qkv, kc, positions, slots, cos, shape) -> None:
+    nq, nkv, hd, _, _ = shape
+    R, W = positions.shape
+    if not 1 <= W <= MAX_WIDTH:
+        raise ValueError(f"fused attention of width {W}: 1 to {MAX_WIDTH} tokens a row; run wider forwards on the "
+                         "torch path")
+    if hd & (hd - 1) or hd < MIN_HEAD_DIM or nq % nkv:
+        raise ValueError(f"fused attention: head dim {hd} must be a power of two of at least {MIN_HEAD_DIM} (tl.dot "
+                         f"takes 16 or more per half-head) and {nq} query heads a multiple of {nkv} kv heads")
+    if qkv.shape != (R * W, (nq + 2 * nkv) * hd) or not qkv.is_contiguous():
+        raise ValueError(f"fused attention: qkv {tuple(qkv.shape)} should be contiguous "
+                         f"({R * W}, {(nq + 2 * nkv) * hd})")
+    if kc.dim() != 4 or kc.shape[0] < R or kc.shape[1] != nkv or kc.shape[3] != hd or kc.stride(3) != 1:
+        raise ValueError(f"fused attention: cache {tuple(kc.shape)} should be [>= {R} rows, {nkv}, slots, {hd}]")
+    if slots.shape != positions.shape or not positions.is_contiguous() or not slots.is_contiguous() \
+            or cos.stride(1) != 1:
+        raise ValueError("fused attention: positions and slots should be contiguous [rows, width] of one shape")
+
+
+def decode_attention(qkv, k_cache, v_cache, positions, slots, cos, sin, q_norm, k_norm, shape) -> torch.Tensor:
+    """One layer's attention for R rows of W tokens: qkv [R*W, (nq + 2 nkv) hd] (token (r, w) at r*W + w);
+    k_cache, v_cache [R, nkv, S, hd] (or [nkv, S, hd]: one row); positions, slots [R, W] (long): token (r, w)
+    at position positions[r, w] writes its key and value at slot slots[r, w] of row r, and attends to row
+    r's slots 0..positions[r, w]; cos, sin [P, hd] RoPE tables indexed by position; q_norm, k_norm [hd] or
+    None; shape (nq, nkv, hd, eps, scale). Returns o [R*W, nq*hd]."""
+    nq, nkv, hd, eps, scale = shape
+    kc, vc = (k_cache, v_cache) if k_cache.dim() == 4 else (k_cache[None], v_cache[None])
+    _check_attention(qkv, kc, positions, slots, cos, shape)
+    R, W = positions.shape
+    g = nq // nkv
+    o = torch.empty((R * W, nq * hd), dtype=qkv.dtype, device=qkv.device)
+    qk = q_norm is not None
+    _attention_kernel[(R, nkv)](
+        qkv, o, kc, vc, positions, slots, cos, sin, q_norm if qk else qkv, k_norm if qk else qkv,
+        qkv.stride(0), o.stride(0), kc.stride(0), kc.stride(1), kc.stride(2), cos.stride(0), eps, scale,
+        W=W, W_PAD=triton.next_power_of_2(W), G=g, NQ=nq, NKV=nkv, HD=hd, QK_NORM=qk,
+        BLOCK_M=max(16, triton.next_power_of_2(g * W)), BLOCK_N=64 if hd <= 128 else 32,
+        F32=INTERPRET or qkv.dtype == torch.float32, num_warps=4)
+    return o
