@@ -679,6 +679,9 @@ def test_a_draft_server_killed_mid_run_leaves_the_outputs_and_stops_drafting(vll
 # ------------------------------------------------------------------ through vLLM's OpenAI server (slow)
 
 SERVER_PROMPTS, SAMPLES, SAMPLE_TOKENS, TEMPERATURE = "sharegpt:8", 600, 3, 0.8
+# Two vLLM servers and ~1,500 requests: ~25 min on a 2-core machine, so not in `make test`; `make test-vllm-server`
+server = pytest.mark.skipif(not os.environ.get("SDETH_VLLM_SERVER_TESTS"), reason="vLLM's OpenAI server with and "
+                            "without the remote proposer (~25 min on 2 cores): `make test-vllm-server`")
 SAMPLE_TEXT = "The capital of France is"       # short: the test's samples are cheap, its distribution concentrated
 
 
@@ -777,6 +780,7 @@ def openai_runs(pair, tmp_path_factory):
 
 
 @slow
+@server
 def test_openai_server_greedy_outputs_through_the_remote_proposer_equal_target_only(openai_runs):
     runs, _ = openai_runs
     ref, sd = runs["target-only"], runs["remote"]
@@ -790,6 +794,7 @@ def test_openai_server_greedy_outputs_through_the_remote_proposer_equal_target_o
 
 
 @slow
+@server
 def test_at_t08_the_remote_proposers_output_distribution_is_target_onlys(openai_runs):
     """A two-sample chi-square test of homogeneity on the first SAMPLE_TOKENS generated tokens (joint), one short
     prompt, SAMPLES seeds per engine; cells expected below 5 are folded into one. The second and third tokens come
@@ -815,6 +820,7 @@ def test_at_t08_the_remote_proposers_output_distribution_is_target_onlys(openai_
 
 
 @slow
+@server
 def test_vllms_counters_agree_with_sdeths_runtime_and_both_acceptances_are_reported_at_t08(openai_runs):
     from sdeth.study.vllm_remote import Acceptance, agree
     runs, ours = openai_runs
