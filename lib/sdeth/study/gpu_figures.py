@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from .results import caption, gpu_results, step_runs
+from .results import caption, gpu_results, kernel_runs, step_runs
 
 
 @functools.lru_cache(maxsize=1)
@@ -220,3 +220,45 @@ def step_goals():
                         "best lever": b["lever"], "goal ms": goal, "met": b["step_ms"] <= goal,
                         "floor ms": b["floor_ms"], "verify 8 / step": b.get("verify8_over_step")})
     return pd.DataFrame(out).set_index("step")
+
+
+def kernel_levers():
+    """The fused-kernel levers (`bench step --kernels`, reports/gpu/bench_step_kernels_*.json), every call: per model,
+    rows, context and lever the step and the graph's replay (ms), kernels a step, the bytes floor, the gain over the
+    same call's torch kernels, and the logits against torch's (max |diff|, argmax agreement over the rows)."""
+    import pandas as pd
+    runs = kernel_runs()
+    if not runs:
+        return "no fused-kernel benchmark in reports/gpu (python -m sdeth bench step --kernels ... on a GPU host)"
+    rows = []
+    for name, res in runs.items():
+        for r in res["rows"]:
+            if "step_ms" not in r:
+                continue
+            vs = r.get("vs_torch") or {}
+            rows.append({"call": name.removeprefix("bench_step_kernels_"), "model": r["model"], "rows": r["rows"],
+                         "context": r["context"], "lever": r["lever"], "step ms": r["step_ms"],
+                         "replay ms": r.get("replay_ms"), "kernels a step": r.get("kernels_per_step"),
+                         "floor ms": r["floor_ms"], "x floor": r["step_over_floor"], "gain ms": r.get("gain_ms", 0.0),
+                         "vs torch: max diff": vs.get("max_abs_diff"), "vs torch: argmax": vs.get("argmax_agree"),
+                         "graph vs eager: max diff": (r.get("graph_vs_eager") or {}).get("max_abs_diff")})
+    df = pd.DataFrame(rows)
+    df["kernels a step"] = df["kernels a step"].astype("Int64")
+    return df.sort_values(["model", "rows", "context", "call"]).set_index(["model", "rows", "context", "call", "lever"])
+
+
+def kernel_sd():
+    """Colocated SD on one GPU with the draft's torch kernels and with kernels=auto (bench_colocated_kernels_*.json):
+    the speedup over the same call's target alone, its interval, and greedy identity."""
+    import pandas as pd
+    rows = []
+    for name, g in gpu_results().items():
+        if name.startswith("bench_colocated_kernels_"):
+            for r in g["rows"]:
+                if r["mode"] != "target-only":
+                    rows.append({"draft kernels": name.removeprefix("bench_colocated_kernels_"), "mode": r["mode"],
+                                 "tok/s": r["tokens_per_s"], "speedup": r["speedup"],
+                                 "95% interval": f"[{r['speedup_ci95'][0]:.3f}, {r['speedup_ci95'][1]:.3f}]",
+                                 "identical to target-only": r["identical_to_target_only"],
+                                 "requests x tokens": f"{g['config']['prompts']} x {g['config']['max_tokens']}"})
+    return pd.DataFrame(rows).set_index("draft kernels") if rows else "no colocated SD run with fused kernels"

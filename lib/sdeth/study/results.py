@@ -58,9 +58,14 @@ def step_runs() -> dict | None:
     """Every `bench step` run in reports/gpu (bench_step*.json: single runs, or several kept together)."""
     runs = []
     for name, g in gpu_results().items():
-        if name.startswith("bench_step"):
+        if name.startswith("bench_step") and g.get("bench") in ("step", "step-runs"):   # (step-kernels: their own)
             runs += g["runs"] if g.get("bench") == "step-runs" else [g]
     return {"bench": "step-runs", "runs": runs} if runs else None
+
+
+def kernel_runs() -> dict[str, dict]:
+    """The fused-kernel lever runs of `bench step --kernels` (reports/gpu/bench_step_kernels_*.json), by file stem."""
+    return {n: g for n, g in gpu_results().items() if g.get("bench") == "step-kernels"}
 
 
 def gpu_costs(bench: dict):
