@@ -122,6 +122,35 @@ def test_attention_kernel_equals_torch_attention(dtype, qk_norm, width):
     assert torch.equal(vc, vc2)
 
 
+@pytest.mark.parametrize("splits", [0, 1, 3])
+@pytest.mark.parametrize("width", [1, 2])
+def test_split_attention_equals_torch_attention(splits, width):
+    """Flash-decoding: the slots in splits (0: as attention_splits chooses, here 5 of 64 slots; 3: of 128), each
+    split's partials combined; rows whose new tokens fall in different splits, one at a split's edge, a scratch row."""
+    cap, dtype = 300, torch.float32
+    first = torch.tensor([250, 127, 3, 0])
+    positions = (first[:, None] + torch.arange(width)[None, :]).to(DEV)
+    slots = positions.clone()
+    slots[-1] = cap
+    R, W = positions.shape
+    kc, vc = (rand(R, NKV, cap + 1, HD, dtype=dtype) for _ in range(2))
+    qkv = rand(R * W, (NQ + 2 * NKV) * HD, dtype=dtype)
+    L = {"q_norm": rand(HD, dtype=dtype), "k_norm": rand(HD, dtype=dtype)}
+    inv = 1.0 / (1e4 ** (torch.arange(0, HD, 2).float() / HD))
+    emb = torch.cat([torch.outer(torch.arange(cap + 2).float(), inv)] * 2, dim=-1)
+    cos, sin = emb.cos().to(DEV), emb.sin().to(DEV)
+    kc2, vc2 = kc.clone(), vc.clone()
+    assert K.attention_splits(R, NKV, cap + 1, 64) == (5, 64)          # 8 (row, kv head) pairs: 5 splits
+    got = K.decode_attention(qkv, kc, vc, positions, slots, cos, sin, L["q_norm"], L["k_norm"], SHAPE, splits=splits)
+    rows = torch.arange(R, device=DEV)[:, None].expand(R, W)
+    visible = torch.arange(cap + 1, device=DEV)[None, None, :] <= positions[:, :, None]
+    want = batch_attention(qkv, L, kc2, vc2, rows, slots, cos[positions][:, :, None], sin[positions][:, :, None],
+                           visible, SHAPE)
+    close(got[:-W], want[:-W], dtype)
+    close(kc, kc2, dtype)
+    assert torch.equal(vc, vc2)
+
+
 def test_attention_kernel_on_a_one_row_cache_and_refusals():
     """The fast decoder's cache [nkv, slots, hd] (one row); widths past the limit and bad shapes are refused."""
     positions = torch.arange(5, 8, device=DEV)[None]
