@@ -45,7 +45,7 @@ soak: prepare
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow" tests
 
-test-vllm-server: prepare   # vLLM's OpenAI server with the remote proposer: greedy identity, T=0.8, counters (~25 min)
+test-vllm-server: prepare   # vLLM's OpenAI server with the remote proposer: greedy identity, T=0.8, counters (~10 min)
 	SDETH_VLLM_SERVER_TESTS=1 $(PY) -m pytest -q -s tests/test_vllm_proposer.py -k "openai_server or t08 or counters_agree"
 
 report: prepare
