@@ -467,3 +467,17 @@ def test_a_keys_quotas_count_across_its_connections():
     for i in range(2):                                                          # b is counted apart
         assert not _rows(server.dispatch(b"3", W.Open(f"t{i}", 0, [1, 2]), time.time(), b1))
     assert sum(1 for ident, _ in server.d.seqs if ident == b"3") == 2
+
+
+def test_the_shared_deployment_key_leaves_each_connection_its_own_quota():
+    """The default key (`client`, every node of a deployment holds it) names no one client: its connections are
+    counted apart, as on plain TCP; a Hello that fails the handshake is told why even when the server is full."""
+    server = tiny_server(tiny_qwen3(0), limits=ServerLimits(sequences_per_client=1, clients_per_key=1, clients=2))
+    p1, p2 = "10.0.0.1 key=client", "10.0.0.2 key=client"
+    for ident, peer in ((b"1", p1), (b"2", p2)):
+        assert isinstance(server.dispatch(ident, HELLO, time.time(), peer)[0], W.Welcome)
+        assert not _rows(server.dispatch(ident, W.Open("s", 0, [1, 2]), time.time(), peer))
+    assert len(server.d.seqs) == 2
+    old = W.Hello(W.PROTOCOL_VERSION + 1, "target", "tiny", VOCAB, "sha", "float32")
+    assert server.dispatch(b"3", old, time.time(), p1)[0].code == "version"
+    assert server.dispatch(b"3", HELLO, time.time(), p1)[0].code == "limit"

@@ -125,8 +125,8 @@ def test_attention_kernel_equals_torch_attention(dtype, qk_norm, width):
 @pytest.mark.parametrize("splits", [0, 1, 3])
 @pytest.mark.parametrize("width", [1, 2])
 def test_split_attention_equals_torch_attention(splits, width):
-    """Flash-decoding: the slots in splits (0: as attention_splits chooses, here 5 of 64 slots; 3: of 128), each
-    split's partials combined; rows whose new tokens fall in different splits, one at a split's edge, a scratch row."""
+    """Flash-decoding: each row's live slots in splits (0: as attention_splits chooses, here 5; 1; 3), each split's
+    partials combined; rows whose new tokens fall in different splits, one at a split's edge, a scratch row."""
     cap, dtype = 300, torch.float32
     first = torch.tensor([250, 127, 3, 0])
     positions = (first[:, None] + torch.arange(width)[None, :]).to(DEV)
@@ -140,7 +140,7 @@ def test_split_attention_equals_torch_attention(splits, width):
     emb = torch.cat([torch.outer(torch.arange(cap + 2).float(), inv)] * 2, dim=-1)
     cos, sin = emb.cos().to(DEV), emb.sin().to(DEV)
     kc2, vc2 = kc.clone(), vc.clone()
-    assert K.attention_splits(R, NKV, cap + 1, 64) == (5, 64)          # 8 (row, kv head) pairs: 5 splits
+    assert K.attention_splits(R, NKV, cap + 1, 64) == 5                # 8 (row, kv head) pairs: 5 tiles of slots
     got = K.decode_attention(qkv, kc, vc, positions, slots, cos, sin, L["q_norm"], L["k_norm"], SHAPE, splits=splits)
     rows = torch.arange(R, device=DEV)[:, None].expand(R, W)
     visible = torch.arange(cap + 1, device=DEV)[None, None, :] <= positions[:, :, None]
@@ -307,6 +307,7 @@ def test_auto_takes_the_attention_kernel_and_the_fused_gemvs_only_where_they_pai
     small = dict(hidden=AUTO_GEMV_HIDDEN)
     assert kernel_levers("auto", 1, 1, **small) == (True, True)
     assert kernel_levers("auto", AUTO_GEMV_TOKENS, 1, **small) == (True, True)
+    assert kernel_levers("auto", AUTO_GEMV_TOKENS + 1, 1, **small) == (True, False)   # not measured: cuBLAS's
     assert kernel_levers("auto", 16, 1, **small) == (True, False)      # the draft server's batches: cuBLAS's GEMVs
     assert kernel_levers("auto", 1, 1, hidden=2048) == (True, False)   # a wider model: cuBLAS's GEMVs
     assert kernel_levers("auto", 1, 64, **small) == (False, False)     # prefill: torch's

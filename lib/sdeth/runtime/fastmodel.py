@@ -26,8 +26,8 @@ Levers (FastOptions; `--draft-fast`/`--target-fast` on the command line), each m
   often it is accepted, never the output (the target verifies);
 - kernels='attn' (q/k norms, RoPE, the cache write and attention over each row's own length in one
   Triton kernel), 'gemv' (residual adds, RMSNorm and SiLU*mul fused into the GEMVs around it) or 'all'
-  (both: about five kernels a layer), or 'auto' (the attention kernel, and the fused GEMVs only for up to
-  AUTO_GEMV_TOKENS tokens, where they beat cuBLAS's), runtime.kernels; for steps and verifies of up to 16 tokens (chains:
+  (both: about five kernels a layer), or 'auto' (the attention kernel, and the fused GEMVs only at one token
+  of a small model, where they beat cuBLAS's), runtime.kernels; for steps and verifies of up to 16 tokens (chains:
   rows with explicit slots keep torch's attention), bf16 weights; the rest of the block stays torch's
   (compiled with the engine's compile mode);
 - head=N: a draft's output layer restricted to N token ids (the target's most frequent, from a
@@ -385,8 +385,8 @@ def kernel_levers(kernels: str, rows: int, width: int, chain: bool = True, hidde
 # model of hidden size up to AUTO_GEMV_HIDDEN. Measured on an H200 (bench step --kernels, random bf16 weights): the
 # fused GEMVs beat cuBLAS's at one row of the Qwen3-0.6B shape (hidden 1024: 1.36 against 1.57 ms a step) and lose
 # at one row of the 1.7B (2048: 2.45 against 1.96) and the 8B (4096: 9.3 against 5.0), and at 16 rows of any
-# (their tl.dot tiles: 2.3-2.9x cuBLAS's step)
-AUTO_GEMV_TOKENS = 4
+# (their tl.dot tiles: 2.3-2.9x cuBLAS's step); 2 to 4 tokens were not measured, so they keep cuBLAS's
+AUTO_GEMV_TOKENS = 1
 AUTO_GEMV_HIDDEN = 1024
 
 

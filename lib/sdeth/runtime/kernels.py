@@ -332,9 +332,13 @@ def _attention_kernel(qkv_ptr, o_ptr, part_ptr, kc_ptr, vc_ptr, pos_ptr, slot_pt
                       F32: tl.constexpr, SPLITS: tl.constexpr):
     """Program (r, h, sp): row r's new keys and values of kv head h that fall in split sp's slots into the cache,
     then its G*W query rows' attention over the row's slots sp*chunk..(sp+1)*chunk - 1 up to each one's position:
-    into o [T, NQ * HD] when there is one split, else as partials (running max, denominator, unnormalised output)
-    for _combine_kernel."""
+    into o [T, NQ * HD] when there is one split (chunk: every slot), else as partials (running max, denominator,
+    unnormalised output) for _combine_kernel, the chunk cut from the row's live length (its highest position)."""
     r, h, sp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if SPLITS > 1:              # the row's live slots in SPLITS chunks of whole tiles (every program of the row agrees)
+        w = tl.arange(0, W_PAD)
+        live_len = tl.max(tl.load(pos_ptr + r * W + w, mask=w < W, other=0), axis=0) + 1
+        chunk = ((live_len + SPLITS - 1) // SPLITS + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     _write_new_kv(qkv_ptr, kc_ptr, vc_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, kn_ptr, r, h,
                   stride_t, stride_cr, stride_ch, stride_cs, stride_rope, eps, sp, chunk, SPLITS - 1,
                   W, W_PAD, NQ, NKV, HD, QK_NORM)
@@ -408,20 +412,22 @@ SPLIT_BELOW = 64                   # fewer (row, kv head) programs than this: th
 MAX_SPLITS = 16
 
 
-def attention_splits(rows: int, nkv: int, slots: int, block_n: int) -> tuple[int, int]:
-    """(splits, slots a split) for an attention over `slots` cache slots of `rows` x `nkv` (row, kv head) pairs:
-    one split when there are SPLIT_BELOW pairs or more (enough programs), else enough splits for about SPLIT_BELOW
-    programs (at most MAX_SPLITS), each a multiple of block_n slots. At one row of 8 kv heads the unsplit kernel
-    has 8 programs on a GPU of 132 multiprocessors (measured on an H200: ~12 us a layer)."""
+def attention_splits(rows: int, nkv: int, slots: int, block_n: int) -> int:
+    """The splits of an attention over a cache of `slots` slots for `rows` x `nkv` (row, kv head) pairs: one when
+    there are SPLIT_BELOW pairs or more (enough programs), else enough for about SPLIT_BELOW programs (at most
+    MAX_SPLITS, and no more than the cache has tiles of block_n slots); each row's live slots are then cut into
+    that many chunks in the kernel. At one row of 8 kv heads the unsplit kernel has 8 programs on a GPU of 132
+    multiprocessors (measured on an H200: ~12 us a layer)."""
     if rows * nkv >= SPLIT_BELOW:
-        return 1, slots
-    want = min(MAX_SPLITS, max(1, SPLIT_BELOW // (rows * nkv)))
-    chunk = triton.cdiv(triton.cdiv(slots, want), block_n) * block_n
-    return triton.cdiv(slots, chunk), chunk
+        return 1
+    return min(MAX_SPLITS, max(1, SPLIT_BELOW // (rows * nkv)), triton.cdiv(slots, block_n))
 
 
-def _check_attention(qkv, kc, positions, slots, cos, shape) -> None:
+def _check_attention(qkv, kc, vc, positions, slots, cos, sin, shape) -> None:
     nq, nkv, hd, _, _ = shape
+    if vc.shape != kc.shape or vc.stride() != kc.stride() or sin.shape != cos.shape or sin.stride() != cos.stride():
+        raise ValueError(f"fused attention: the value cache {tuple(vc.shape)} and sin {tuple(sin.shape)} should "
+                         f"have the key cache's {tuple(kc.shape)} and cos's {tuple(cos.shape)} shapes and strides")
     R, W = positions.shape
     if not 1 <= W <= MAX_WIDTH:
         raise ValueError(f"fused attention of width {W}: 1 to {MAX_WIDTH} tokens a row; run wider forwards on the "
@@ -447,18 +453,18 @@ def decode_attention(qkv, k_cache, v_cache, positions, slots, cos, sin, q_norm, 
     r's slots 0..positions[r, w]; cos, sin [P, hd] RoPE tables indexed by position; q_norm, k_norm [hd] or
     None; shape (nq, nkv, hd, eps, scale); splits: the slots' splits (0: attention_splits chooses; a live
     token's slot is its position, or past every position read: the scratch slot). Returns o [R*W, nq*hd]."""
+    if splits < 0:
+        raise ValueError(f"splits={splits}: 0 (chosen here) or a number of splits of the slots")
     nq, nkv, hd, eps, scale = shape
     kc, vc = (k_cache, v_cache) if k_cache.dim() == 4 else (k_cache[None], v_cache[None])
-    _check_attention(qkv, kc, positions, slots, cos, shape)
+    _check_attention(qkv, kc, vc, positions, slots, cos, sin, shape)
     R, W = positions.shape
     g = nq // nkv
     o = torch.empty((R * W, nq * hd), dtype=qkv.dtype, device=qkv.device)
     qk = q_norm is not None
     block_m, block_n = max(16, triton.next_power_of_2(g * W)), 64 if hd <= 128 else 32
-    n_splits, chunk = (1, kc.shape[2]) if splits == 1 else attention_splits(R, nkv, kc.shape[2], block_n)
-    if splits and splits > 1:
-        chunk = triton.cdiv(triton.cdiv(kc.shape[2], splits), block_n) * block_n
-        n_splits = triton.cdiv(kc.shape[2], chunk)
+    n_splits = splits or attention_splits(R, nkv, kc.shape[2], block_n)
+    chunk = kc.shape[2]         # one split: every slot (more: the kernel cuts each row's live slots)
     part = (torch.empty((R * nkv * n_splits * block_m, hd + 2), dtype=torch.float32, device=qkv.device)
             if n_splits > 1 else o)
     _attention_kernel[(R, nkv, n_splits)](

@@ -2,8 +2,9 @@
 `python -m sdeth worker --role draft-server --bind tcp://ADDR:PORT` (the CLI is in `sdeth.cli`).
 
 Terms: a *client* is one connection (a target worker, an emulated target, a vLLM proposer), known by its zmq
-routing id from its Hello on; under CURVE its key names its *owner* (one deployment may hold several
-connections, and its quotas count across them), on plain TCP the connection is its own owner. A *sequence* is
+routing id from its Hello on; under CURVE with per-client keys its key names its *owner* (one client may hold
+several connections, and its quotas count across them); under the shared deployment key and on plain TCP the
+connection is its own owner. A *sequence* is
 one stream a client decodes, keyed (client, sequence id) and numbered by a generation the client raises each
 time it opens the sequence again. A client:
 
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from ..runtime.batchdraft import BatchDrafter, Desync, Full
 from ..runtime.verify import Sampling
 from . import protocol
+from .auth import DEFAULT_CLIENTS
 from .draft_worker import welcome
 from .transport import Log, key_of, reply, serve_requests
 
@@ -41,7 +43,7 @@ SWEEP_S = 1.0            # how often the TTL sweep runs
 
 @dataclass(frozen=True)
 class ServerLimits:
-    sequences_per_client: int = 64   # per owner (a CURVE key: counted across its connections)
+    sequences_per_client: int = 64   # per owner (a per-client CURVE key: counted across its connections)
     sequences: int = 0           # in all (0: the cache's rows)
     context: int = 0             # tokens of one sequence, its drafts included (0: the cache's capacity)
     k: int = MAX_K               # draft tokens per round
@@ -49,7 +51,7 @@ class ServerLimits:
     tokens_per_row: int = 16     # a row's new tokens (the target's; more is a new context: Open)
     batch: int = 0               # rows in one draft step (0: every waiting row); clients taken in turn
     clients: int = 256           # connections that said Hello, in all (each is forgotten after ttl_s of silence)
-    clients_per_key: int = 16    # ... of one CURVE key
+    clients_per_key: int = 16    # ... of one per-client CURVE key
 
 
 @dataclass
@@ -74,6 +76,13 @@ def in_turn(groups: list, turn: int, cap: int) -> list:
             taken.append((key, rows))
             n += len(rows)
     return taken
+
+
+def owner_key(key: str) -> bool:
+    """Whether a CURVE key names one client (`sdeth keys DIR --clients a,b`), so that quotas count across its
+    connections; the default deployment key (`client`, which every node of a deployment holds) names no one client,
+    so there each connection is its own owner, as on plain TCP."""
+    return bool(key) and key not in DEFAULT_CLIENTS
 
 
 def refusal(seq: str, gen: int, code: str, message: str) -> protocol.RowDraft:
@@ -116,12 +125,14 @@ class DraftServer:
     def dispatch(self, ident: bytes, msg, t1: float, peer: str) -> list:
         """The immediate replies to one message (Drafts come from steps); an Error is logged with the peer."""
         key, c = key_of(peer), self.clients.get(ident)
-        if key and c is not None and c.key != key:   # CURVE: a routing id stays bound to the key that said Hello
+        forged = bool(key and c is not None and c.key != key)
+        if forged:                          # CURVE: a routing id stays bound to the key that said Hello with it
             out = [protocol.Error("auth", "this routing id is bound to another client key: connect with your own "
                                           "(a fresh DEALER socket)")]   # (another key that forges it reaches none
         elif not isinstance(msg, (protocol.Ping, protocol.Hello)) and c is None:   # of its sequences)
             out = [protocol.Error("version", "send Hello first (protocol handshake)")]
-        elif isinstance(msg, protocol.Hello) and c is None and self._no_room(key):
+        elif (isinstance(msg, protocol.Hello) and c is None and not protocol.check_hello(msg, self.me)
+              and self._no_room(key)):      # (a Hello that fails the handshake is told why first)
             out = [protocol.Error("limit", self._no_room(key))]
         else:
             if c is not None:
@@ -135,24 +146,24 @@ class DraftServer:
         for m in out:
             if isinstance(m, protocol.Error):
                 self.log.refused(peer, m.code, f"{type(msg).__name__}: {m.message}")
-        if ident in self.clients and self.clients[ident].refused:      # refused rows go out at once
+        if not forged and ident in self.clients and self.clients[ident].refused:   # refused rows go out at once
             out.append(self._drafts(self.clients[ident], []))
         return out
 
     def _no_room(self, key: str) -> str:
-        """Why a new connection cannot say Hello ('' when it can): the clients in all, or of its key."""
+        """Why a new connection cannot say Hello ('' when it can): the clients in all, or of its (own) key."""
         lim = self.limits
         if len(self.clients) >= lim.clients:
             return (f"clients: this server serves {lim.clients} connections, its most: close an idle one (each is "
                     f"forgotten after {self.ttl_s:.0f} s of silence), or use another draft server")
-        if key and sum(c.key == key for c in self.clients.values()) >= lim.clients_per_key:
+        if owner_key(key) and sum(c.key == key for c in self.clients.values()) >= lim.clients_per_key:
             return (f"clients_per_key: key {key} holds {lim.clients_per_key} connections, the most one key may: "
                     f"send over the ones it has (one connection carries many sequences)")
         return ""
 
     def owned(self, c: Client, but: str = "") -> int:
-        """The sequences c's owner holds (its key's, across its connections; on plain TCP, c's), less `but`."""
-        mine = {i for i, o in self.clients.items() if o is c or (c.key and o.key == c.key)}
+        """The sequences c's owner holds (its own key's, across its connections; else c's), less `but`."""
+        mine = {i for i, o in self.clients.items() if o is c or (owner_key(c.key) and o.key == c.key)}
         return sum(1 for ident, seq in self.d.seqs if ident in mine and (ident, seq) != (c.ident, but))
 
     def handle_ping(self, c, msg: protocol.Ping, t1: float) -> list:

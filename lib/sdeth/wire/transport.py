@@ -73,21 +73,23 @@ class PeerLimits:
         self.messages_per_s, self.bytes_per_s = messages_per_s, bytes_per_s
         self._used: dict = {}        # peer (its address, or its routing id) -> [second, messages, bytes, told]
 
-    def check(self, ident, nbytes: int, now: float) -> tuple[str | None, bool]:
-        """(why the message is refused or None, whether to tell the peer now)."""
+    def check(self, ident, nbytes: int, now: float, conn=None) -> tuple[str | None, bool]:
+        """(why the message is refused or None, whether to tell the sender now: once a second per connection
+        `conn`, so that each connection of a key over its budget hears of it)."""
         second = int(now)
         u = self._used.get(ident)
         if u is None or u[0] != second:
             if len(self._used) > 4096:             # many peers: forget those quiet for a second
                 self._used = {k: v for k, v in self._used.items() if v[0] >= second - 1}
-            u = self._used[ident] = [second, 0, 0, False]
+            u = self._used[ident] = [second, 0, 0, set()]
         u[1] += 1
         u[2] += nbytes
         if u[1] <= self.messages_per_s and u[2] <= self.bytes_per_s:
             return None, False
         why = (f"more than {self.messages_per_s} messages or {self.bytes_per_s >> 20} MiB in one second from this "
                f"peer (the server's per-peer limit): messages refused for the rest of the second")
-        tell, u[3] = not u[3], True
+        tell = conn not in u[3] and len(u[3]) < 64
+        u[3].add(conn)
         return why, tell
 
 
@@ -193,7 +195,7 @@ def screen(sock, frames, decode: protocol.Decoder, log: Log, limits: PeerLimits,
     anything else with an Error (and a log line)."""
     ident, peer = frames[0].bytes, peer_of(frames[-1])
     key = key_of(peer)        # one budget per CURVE key across its connections, else per address (kept on reconnect)
-    over, tell = limits.check(("key", key) if key else (peer or ident), sum(len(f) for f in frames[1:]), now)
+    over, tell = limits.check(("key", key) if key else (peer or ident), sum(len(f) for f in frames[1:]), now, ident)
     if over:
         if tell:
             log.refused(peer, "limit", over)
