@@ -174,7 +174,7 @@ class BatchDecoder:
     def _kernel_layers(self, x, carry, positions, slots, row0: int, span: int, attn_k: bool, gemv_k: bool):
         """The layers through fastmodel.kernel_block over x, carry [R*W, H]: the fused attention kernel over
         each row's own slots (attn_k) or torch's over the span."""
-        from . import kernels
+        from .kernels import decode_attention
         f = self.fast
         R = positions.shape[0]
         pre, post, torch_attention = self.parts
@@ -184,7 +184,7 @@ class BatchDecoder:
         for i, L in enumerate(f.layers):
             kc, vc = self.k_cache[i][row0:row0 + R], self.v_cache[i][row0:row0 + R]
             if attn_k:
-                attend = partial(kernels.decode_attention, k_cache=kc, v_cache=vc, positions=positions, slots=slots,
+                attend = partial(decode_attention, k_cache=kc, v_cache=vc, positions=positions, slots=slots,
                                  cos=self.cos, sin=self.sin, q_norm=L["q_norm"], k_norm=L["k_norm"], shape=f.shape)
             else:
                 attend = partial(torch_attention, L=L, kc=kc, vc=vc, rows=rows, slots=slots, cos=cos, sin=sin,

@@ -196,12 +196,12 @@ def kernel_block(x, carry, L: dict, attend, eps: float, gemv: bool, parts=(pre_a
         pre, post = parts
         x, qkv = pre(x, carry, L, eps)
         return post(x, attend(qkv), L, eps)
-    from . import kernels
+    from .kernels import gemv, norm_gemv, silu_gemv
     x_new = torch.empty_like(x)
-    qkv = kernels.norm_gemv(x, carry, L["in_norm"], L["wqkv"], L["bqkv"], eps, x_out=x_new)
-    x = kernels.gemv(attend(qkv), L["wo"], residual=x_new)
-    gate_up = kernels.norm_gemv(x, None, L["post_norm"], L["w_gate_up"], None, eps)
-    return x, kernels.silu_gemv(gate_up, L["w_down"])
+    qkv = norm_gemv(x, carry, L["in_norm"], L["wqkv"], L["bqkv"], eps, x_out=x_new)
+    x = gemv(attend(qkv), L["wo"], residual=x_new)
+    gate_up = norm_gemv(x, None, L["post_norm"], L["w_gate_up"], None, eps)
+    return x, silu_gemv(gate_up, L["w_down"])
 
 
 def head_ids(n: int, rank_file: str, vocab: int) -> torch.Tensor:
@@ -354,7 +354,7 @@ class FastDecoder:
 
     def _kernel_layers(self, x, carry, positions, slots, visible, attn_k: bool, gemv_k: bool, compiled: bool):
         """The layers through kernel_block: the fused attention kernel over the chain (attn_k) or torch's."""
-        from . import kernels
+        from .kernels import decode_attention
         pre, post, torch_attention = self._parts if compiled else (pre_attention, post_attention, attention)
         if not attn_k:
             cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
@@ -362,7 +362,7 @@ class FastDecoder:
         for i, L in enumerate(self.layers):
             kc, vc = self.k_cache[i], self.v_cache[i]
             if attn_k:
-                attend = partial(kernels.decode_attention, k_cache=kc, v_cache=vc, positions=chain, slots=chain,
+                attend = partial(decode_attention, k_cache=kc, v_cache=vc, positions=chain, slots=chain,
                                  cos=self.cos, sin=self.sin, q_norm=L["q_norm"], k_norm=L["k_norm"], shape=self.shape)
             else:
                 attend = partial(torch_attention, L=L, kc=kc, vc=vc, slots=slots, cos=cos, sin=sin, visible=visible,
@@ -393,9 +393,9 @@ AUTO_GEMV_HIDDEN = 1024
 def output_logits(x, carry, final_norm, lm_head, eps: float, gemv_k: bool = False) -> torch.Tensor:
     """The final norm of x + carry [m, H] and the output layer: logits [m, V'] (float32). gemv_k: one fused kernel."""
     if gemv_k and isinstance(lm_head, torch.Tensor):
-        from . import kernels
+        from .kernels import norm_gemv
         x, carry = x.contiguous(), carry.contiguous()
-        return kernels.norm_gemv(x, carry, final_norm, lm_head, None, eps, x_out=torch.empty_like(x)).float()
+        return norm_gemv(x, carry, final_norm, lm_head, None, eps, x_out=torch.empty_like(x)).float()
     return linear(_norm(x + carry, final_norm, eps), lm_head).float()
 
 
@@ -409,13 +409,13 @@ def check_kernels(o: FastOptions, weights: str, device: torch.device, head_dim: 
         raise FastOptionsError(f"fast options {o}: kernels={o.kernels} compiles the torch parts around its kernels "
                                "layer by layer; use scope=layer")
     try:
-        from . import kernels
+        from .kernels import MIN_HEAD_DIM, unavailable
     except ImportError as e:
         raise FastOptionsError(f"kernels={o.kernels} needs Triton ({e}): pip install triton, "
                                "or use kernels=torch") from e
-    why = kernels.unavailable(device)
-    if not why and o.kernels in ("attn", "all", "auto") and (head_dim < kernels.MIN_HEAD_DIM or head_dim & (head_dim - 1)):
-        why = (f"the attention kernel takes head dims of powers of two from {kernels.MIN_HEAD_DIM} "
+    why = unavailable(device)
+    if not why and o.kernels in ("attn", "all", "auto") and (head_dim < MIN_HEAD_DIM or head_dim & (head_dim - 1)):
+        why = (f"the attention kernel takes head dims of powers of two from {MIN_HEAD_DIM} "
                f"(this model's: {head_dim})")
     if why:
         raise FastOptionsError(f"kernels={o.kernels}: {why}; or use kernels=torch")
