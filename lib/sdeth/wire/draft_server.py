@@ -132,8 +132,8 @@ class DraftServer:
         elif not isinstance(msg, (protocol.Ping, protocol.Hello)) and c is None:   # of its sequences)
             out = [protocol.Error("version", "send Hello first (protocol handshake)")]
         elif (isinstance(msg, protocol.Hello) and c is None and not protocol.check_hello(msg, self.me)
-              and self._no_room(key)):      # (a Hello that fails the handshake is told why first)
-            out = [protocol.Error("limit", self._no_room(key))]
+              and (full := self._no_room(key))):      # (a Hello that fails the handshake is told why first)
+            out = [protocol.Error("limit", full)]
         else:
             if c is not None:
                 c.seen = t1
