@@ -71,12 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     rd.add_argument("--image", help="the sdeth worker image (registry/name:tag)")
     rd.add_argument("--namespace", default="sdeth")
     b = sub.add_parser("bench", help="compare decoding modes on the same requests, with 95%% intervals (JSON)")
-    b.add_argument("what", choices=["sd", "step", "rtt", "draft-loop", "targets", "wire", "streams"], help="sd: target-only, "
+    b.add_argument("what", choices=["sd", "step", "rtt", "draft-loop", "targets", "wire", "streams", "vllm"], help="sd: target-only, "
                    "colocated, sync, adaptive, pipelined SD; step: the decode step, lever by lever (sdeth.study."
                    "stepbench); rtt: the link modes at each added round trip (--rtts); draft-loop: the pipelined "
                    "draft's loop, phase by phase (sdeth.study.draftloop); targets: bigger targets' steps and "
                    "colocated SD on one GPU (`bench targets -h`); wire: round trips plain against CURVE (`bench wire -h`); "
-                   "streams: many streams, colocated and over a draft server (`bench streams -h`)")
+                   "streams: many streams, colocated and over a draft server (`bench streams -h`); vllm: vLLM target-only, its "
+                   "own draft and a remote draft server through its OpenAI server (`bench vllm -h`)")
     b.add_argument("--rtts", default="0,0.2,0.5,1,2,5", help="rtt: added round trips (ms)")
     b.add_argument("--pair", default="random-qwen3-8b/1.7b")
     b.add_argument("--synthetic-alpha", type=float, default=None,
@@ -102,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", required=True)
     b.add_argument("--draft-fast", default="", help="sd: the draft decoder's levers (FastOptions spec)")
     b.add_argument("--target-fast", default="", help="sd: the target decoder's levers (scope; its numerics stay)")
+    b.add_argument("--emulate-target", default="", metavar="PATH[:MODEL]", help="sd: an emulated target (no model, "
+                   "synthetic answers, host-side) that takes the forward times measured in PATH's target.points, "
+                   "e.g. reports/gpu/bench_streams_2.json:Qwen3-8B (needs synthetic or trace-driven acceptance)")
     b.add_argument("--models", default="Qwen3-1.7B,Qwen3-0.6B,Qwen3-8B", help="step: model shapes (random weights)")
     b.add_argument("--budget-s", type=float, default=480, help="step: start no new lever after this long")
     b.add_argument("--levers", default=None, help="step: comma list of lever names (default: all of stepbench.LEVERS)")
@@ -171,7 +175,7 @@ def build_config(a):
                          max_tokens=a.max_tokens, k=a.k, seed=a.seed, max_len=a.capacity,
                          synthetic_alpha=bench_alpha(a.pair, a.synthetic_alpha, a.trace), netns=False,
                          synthetic_trace=a.trace, draft_fast=a.draft_fast, target_fast=a.target_fast,
-                         cache=a.cache).check()
+                         cache=a.cache, target_emulate=a.emulate_target).check()
     return RunConfig(pair=a.pair, target=a.target, draft=a.draft, mode=a.mode, k=a.k, temperature=a.temperature,
                      top_p=a.top_p, top_k=a.top_k, draft_sampled=a.draft_sampled, prompts=a.prompts,
                      max_tokens=a.max_tokens, chat=not a.raw_prompts, thinking=a.thinking, seed=a.seed,
@@ -184,9 +188,10 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["worker"]:
         return worker_main(argv[1:])
-    if argv[:2] in (["bench", "targets"], ["bench", "wire"], ["bench", "streams"]):    # parsers of their own
-        from .study import bigtargets, streambench, wirebench
-        return ({"targets": bigtargets, "wire": wirebench, "streams": streambench}[argv[1]].main(argv[2:]) or 0)
+    if argv[:2] in (["bench", "targets"], ["bench", "wire"], ["bench", "streams"], ["bench", "vllm"]):   # own parsers
+        from .study import bigtargets, streambench, vllm_study, wirebench
+        return ({"targets": bigtargets, "wire": wirebench, "streams": streambench,
+                 "vllm": vllm_study}[argv[1]].main(argv[2:]) or 0)
     a = build_parser().parse_args(argv)
     from .models.embedded import ModelError
     from .models.prompts import PromptError
@@ -494,7 +499,8 @@ def worker_main(argv=None) -> int:
     torch.set_num_threads(max(1, int(os.environ.get("SDETH_THREADS", torch.get_num_threads()))))
     if device.startswith("cuda"):
         torch.cuda.set_device(device)      # streams, graphs and syncs on this worker's GPU
-    pair = load_pair(cfg.pair, cfg.target, cfg.draft, device=device, roles=("target" if a.role == "target" else "draft",))
+    own = ("target",) if not cfg.target_emulate else ()     # an emulated target runs no model
+    pair = load_pair(cfg.pair, cfg.target, cfg.draft, device=device, roles=own if a.role == "target" else ("draft",))
     opts = asdict(cfg.engine_config())
     spin_s = (a.spin_ms if a.spin_ms is not None else (20.0 if device.startswith("cuda") else 0.0)) / 1e3
     if a.role == "draft":

@@ -30,6 +30,7 @@ class EngineConfig:
     target_fast: str = ""                   # the target decoder's (its weights and output layer stay)
     draft_emulate: str = ""                 # an emulated draft device, PROFILE:SHAPE[:fp8] (runtime.emulated)
     draft_chains: str = ""                  # ... replaying the draft continuations recorded in this JSON
+    target_emulate: str = ""                # an emulated target, PATH[:MODEL] of measured times (runtime.emulated)
 
 
 def make_engine(model, name: str, role: str, config: EngineConfig | None = None, vocab: int | None = None,
@@ -42,6 +43,13 @@ def make_engine(model, name: str, role: str, config: EngineConfig | None = None,
     if cfg.draft_emulate and role == "draft":       # a draft device we cannot run: its tokens replayed, paced
         from .emulated import emulated_draft
         return emulated_draft(model, cfg.draft_emulate, cfg.draft_chains, vocab=vocab)
+    if cfg.target_emulate and role == "target":     # no model: synthetic answers at measured times
+        from .emulated import emulated_target
+        vocab = vocab or getattr(getattr(model, "config", None), "vocab_size", None)
+        if not vocab:
+            raise ValueError(f"target_emulate={cfg.target_emulate!r}: the emulated target needs the pair's vocabulary "
+                             "size; pass vocab= (the tokenizer's size) or a model with config.vocab_size")
+        return emulated_target(cfg.target_emulate, vocab, cfg.synthetic_seed, cfg.capacity)
     fast = cfg.draft_fast if role == "draft" else cfg.target_fast
     kw = dict(impl=cfg.impl, compile_mode=cfg.compile_mode or None, capacity=cfg.capacity, vocab=vocab,
               fast=fast or None, scratch=DRAFT_SCRATCH if role == "draft" and cfg.impl == "fast" else 0)

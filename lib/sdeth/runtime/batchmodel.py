@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from .engine import ForwardClock
-from .fastmodel import (FastDecoder, _norm, _rope, kernel_block, kernel_levers, linear, output_logits, post_attention,
-                        pre_attention)
+from .fastmodel import (FastDecoder, _norm, _rope, fused_head, kernel_block, kernel_levers, linear, output_logits,
+                        post_attention, pre_attention)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 MIN_SPAN = 256
@@ -142,7 +142,8 @@ class BatchDecoder:
         """fused: the kernels of FastOptions.kernels (a step's small widths; prefill chunks keep torch's)."""
         f = self.fast
         R, W = ids.shape
-        attn_k, gemv_k = kernel_levers(self.kernels, R, W, hidden=f.embed.shape[1]) if fused else (False, False)
+        attn_k, gemv_k = (kernel_levers(self.kernels, R, W, gemv_shapes=f.gemv_shapes, device=f.embed.device)
+                          if fused else (False, False))
         x = F.embedding(ids, f.embed)                                                      # [R, W, H]
         carry = torch.zeros_like(x)
         if attn_k or gemv_k:
@@ -156,8 +157,9 @@ class BatchDecoder:
                 x, carry = self.block(x, carry, L, kc, vc, rows, slots, cos, sin, visible, f.shape)
         if self.last_only:
             x, carry = x[:, -1], carry[:, -1]
-        logits = output_logits(x.reshape(-1, x.shape[-1]), carry.reshape(-1, x.shape[-1]), f.final_norm, f.lm_head,
-                               f.eps, gemv_k)
+        x, carry = x.reshape(-1, x.shape[-1]), carry.reshape(-1, x.shape[-1])
+        logits = output_logits(x, carry, f.final_norm, f.lm_head, f.eps,
+                               fused_head(self.kernels, x.shape[0], f.lm_head, f.embed.device, gemv_k))
         if f.keep is not None:
             logits = torch.full((logits.shape[0], f.vocab), float("-inf"), device=self.device).index_copy_(
                 1, f.keep, logits)

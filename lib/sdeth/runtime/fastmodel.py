@@ -26,9 +26,11 @@ Levers (FastOptions; `--draft-fast`/`--target-fast` on the command line), each m
   often it is accepted, never the output (the target verifies);
 - kernels='attn' (q/k norms, RoPE, the cache write and attention over each row's own length in one
   Triton kernel), 'gemv' (residual adds, RMSNorm and SiLU*mul fused into the GEMVs around it) or 'all'
-  (both: about five kernels a layer), or 'auto' (the attention kernel, and the fused GEMVs only at one token
-  of a small model, where they beat cuBLAS's), runtime.kernels; for steps and verifies of up to 16 tokens (chains:
-  rows with explicit slots keep torch's attention), bf16 weights; the rest of the block stays torch's
+  (both: about six kernels a layer), or 'auto' (the attention kernel, and the fused GEMVs at one token
+  (AUTO_GEMV_TOKENS) where their measured table, runtime.gemv_table.GEMV_TABLE, says they beat cuBLAS's on the
+  model's shapes on the GPU it was measured on), runtime.kernels; for steps
+  and verifies of up to 16 tokens (chains: rows with explicit slots keep torch's attention), bf16 weights; the
+  rest of the block stays torch's
   (compiled with the engine's compile mode);
 - head=N: a draft's output layer restricted to N token ids (the target's most frequent, from a
   ranking file, or the first N ids for timing-only shapes). Lossless: a kept-out token's draft
@@ -190,7 +192,7 @@ def block(x, carry, L: dict, kc, vc, slots, cos, sin, visible, shape: tuple):
 def kernel_block(x, carry, L: dict, attend, eps: float, gemv: bool, parts=(pre_attention, post_attention)):
     """One decoder layer with the fused kernels (runtime.kernels): x, carry [T, H]; attend(qkv) -> o [T, nq*hd]
     (the fused attention kernel or torch's `attention`). gemv: the norms, residual adds and SiLU fused into the
-    GEMVs (five kernels a layer with the fused attention); otherwise `parts` (pre_attention, post_attention,
+    GEMVs (about six kernels a layer with the fused attention); otherwise `parts` (pre_attention, post_attention,
     compiled or not) around attend. Returns (x after attention, this layer's MLP output), as block does."""
     if not gemv:
         pre, post = parts
@@ -276,6 +278,13 @@ class FastDecoder:
                 "w_down": quantize(m.down_proj.weight, o.weights),
             })
 
+    @property
+    def gemv_shapes(self) -> tuple:
+        """(N, K) of a layer's GEMVs (qkv, o, gate_up, down): what kernels='auto' looks up; () for quantized weights."""
+        L = self.layers[0] if self.layers else {}
+        ws = [L.get(k) for k in ("wqkv", "wo", "w_gate_up", "w_down")]
+        return tuple(tuple(w.shape) for w in ws) if all(isinstance(w, torch.Tensor) for w in ws) else ()
+
     def weight_bytes(self) -> int:
         """Bytes of weights one step reads (the embedding row aside)."""
         def nbytes(w):
@@ -333,7 +342,8 @@ class FastDecoder:
         sees every slot up to it. Rows: `slots` [m] says where each token's keys go and `visible`
         [m, capacity + scratch] (bool) which slots each token attends to (its own included)."""
         m = ids.shape[0]
-        attn_k, gemv_k = kernel_levers(self.options.kernels, 1, m, chain=slots is None, hidden=self.embed.shape[1])
+        attn_k, gemv_k = kernel_levers(self.options.kernels, 1, m, chain=slots is None, gemv_shapes=self.gemv_shapes,
+                                       device=self.embed.device)
         if slots is None:
             slots = positions
             visible = None if attn_k else self.slots[None, :] <= positions[:, None]
@@ -346,7 +356,8 @@ class FastDecoder:
             run = block_fn or block
             for i, L in enumerate(self.layers):
                 x, carry = run(x, carry, L, self.k_cache[i], self.v_cache[i], slots, cos, sin, visible, self.shape)
-        logits = output_logits(x, carry, self.final_norm, self.lm_head, self.eps, gemv_k)
+        head_k = fused_head(self.options.kernels, m, self.lm_head, self.embed.device, gemv_k)
+        logits = output_logits(x, carry, self.final_norm, self.lm_head, self.eps, head_k)
         if self.keep is None:
             return logits
         # a kept-out token gets no probability: the draft never proposes it, the target still may
@@ -371,23 +382,44 @@ class FastDecoder:
         return x, carry
 
 
-def kernel_levers(kernels: str, rows: int, width: int, chain: bool = True, hidden: int = 0) -> tuple[bool, bool]:
+def kernel_levers(kernels: str, rows: int, width: int, chain: bool = True, gemv_shapes=(),
+                  device: torch.device | None = None) -> tuple[bool, bool]:
     """(fused attention, fused GEMVs) for a forward of `rows` x `width` tokens under FastOptions.kernels: the
     attention kernel for chains (each row's own slots up to its position) of up to 16 tokens a row, the GEMVs
-    for up to 32 tokens in all; wider forwards (prefill) keep torch's kernels."""
+    for up to 32 tokens in all; wider forwards (prefill) keep torch's kernels. 'auto': the fused GEMVs up to
+    AUTO_GEMV_TOKENS tokens where runtime.gemv_table.fused_gemv_pays says so for the layer's GEMV shapes
+    gemv_shapes [(N, K), ...] on `device` (a table measured per shape and row count on one GPU model; a shape not
+    measured, or another device: cuBLAS's)."""
     attn = kernels in ("attn", "all", "auto") and chain and width <= 16
-    gemv = (kernels in ("gemv", "all") and rows * width <= 32
-            or kernels == "auto" and rows * width <= AUTO_GEMV_TOKENS and 0 < hidden <= AUTO_GEMV_HIDDEN)
+    gemv = kernels in ("gemv", "all") and rows * width <= 32
+    if kernels == "auto" and rows * width <= AUTO_GEMV_TOKENS and gemv_shapes and device is not None:
+        from .gemv_table import fused_gemv_pays
+        gemv = fused_gemv_pays(rows * width, gemv_shapes, device)
     return attn, gemv
 
 
-# kernels='auto': the attention kernel wherever it applies; the fused GEMVs only up to AUTO_GEMV_TOKENS tokens of a
-# model of hidden size up to AUTO_GEMV_HIDDEN. Measured on an H200 (bench step --kernels, random bf16 weights): the
-# fused GEMVs beat cuBLAS's at one row of the Qwen3-0.6B shape (hidden 1024: 1.36 against 1.57 ms a step) and lose
-# at one row of the 1.7B (2048: 2.45 against 1.96) and the 8B (4096: 9.3 against 5.0), and at 16 rows of any
-# (their tl.dot tiles: 2.3-2.9x cuBLAS's step); 2 to 4 tokens were not measured, so they keep cuBLAS's
+def fused_head(kernels: str, rows: int, lm_head, device: torch.device, gemv_k: bool) -> bool:
+    """Whether the output layer (final norm and lm_head, `rows` rows) runs as one fused norm_gemv: with the layers'
+    fused GEMVs (gemv_k) and bf16 weights; under 'auto' only where the table says it pays for its own shape too
+    (a pruned head's shape was not measured: cuBLAS's)."""
+    if not gemv_k or not isinstance(lm_head, torch.Tensor):
+        return False
+    if kernels != "auto":
+        return True
+    from .gemv_table import fused_gemv_pays
+    return fused_gemv_pays(rows, [tuple(lm_head.shape)], device)
+
+
+# kernels='auto': the attention kernel wherever it applies; the fused GEMVs up to AUTO_GEMV_TOKENS tokens, where the
+# measured table (runtime.gemv_table.GEMV_TABLE, used on the GPU model it was measured on) has the layer's shapes at
+# that row count and their sum is no more than cuBLAS's (the output layer: its own shape, fused_head). Measured on an
+# H200 (2026-12-02, random bf16 weights; reports/gpu/profile_step_kernels.json, bench_step_kernels_4.json,
+# _8b_2.json): with the table's configurations the fused GEMV takes 0.3-1.0x cuBLAS's time
+# a call at one row on every GEMV of the Qwen3-0.6B / 1.7B / 8B, and the step at batch 1 (context 512) went 0.6B
+# 1.585 -> 1.078 ms, 8B 5.138 -> 4.757. At 16 rows a plain GEMV is at parity (0.86-1.17x) but the fused prologues
+# (RMSNorm, SiLU*mul) cost more than the kernels they remove: 0.6B 'all' 1.843 ms against 'attn' 1.527, so the
+# tokens' cap keeps cuBLAS's there; 2 to 15 tokens were not measured.
 AUTO_GEMV_TOKENS = 1
-AUTO_GEMV_HIDDEN = 1024
 
 
 def output_logits(x, carry, final_norm, lm_head, eps: float, gemv_k: bool = False) -> torch.Tensor:

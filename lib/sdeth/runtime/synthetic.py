@@ -49,6 +49,12 @@ def prompt_key(ids) -> int:
     return key
 
 
+def request_seed(seed: int, prompt_ids) -> int:
+    """The seed of one request's sequences: the run's seed mixed with its prompt's key (prompt_key), so that the
+    target and the draft, which see the same prompt, agree on them in any process."""
+    return _mix(seed ^ prompt_key(prompt_ids))
+
+
 def true_token(seed: int, pos: int, vocab: int) -> int:
     return _mix(seed * 1_000_003 + pos) % vocab
 
@@ -144,7 +150,7 @@ class SyntheticEngine(Engine):
         ids fed (which may still be on the device): nothing here reads the device."""
         start = self.pos
         if start == 0:          # a new request (its prefill): its own sequences, keyed by its prompt
-            self.request_seed = _mix(self.seed ^ prompt_key(torch.as_tensor(ids).reshape(-1).tolist()))
+            self.request_seed = request_seed(self.seed, torch.as_tensor(ids).reshape(-1).tolist())
             self.prompt_len = torch.as_tensor(ids).numel()
         logits = super().forward(ids)
         return self._answer(logits, range(start + 1, start + 1 + logits.shape[0]))

@@ -81,6 +81,15 @@ def compare(results: dict[str, dict]) -> list[dict]:
     return rows
 
 
+def emulation_record(emulated, vocab: int) -> dict:
+    """The emulated target's description, with the host's argmax time per width over the pair's `vocab` columns as
+    the bench process times it (host_argmax_ms_bench_process: the colocated mode's target runs here; each target
+    worker times its own, on its host, and takes that off its pace)."""
+    from ..runtime.emulated import host_argmax_s, ms_by_width
+    return {**emulated.describe(),
+            "host_argmax_ms_bench_process": ms_by_width(host_argmax_s(vocab, emulated.max_width))}
+
+
 def bench_sd(base: RunConfig, modes=tuple(MODES), k_max: int = 8, warmup_tokens: int = 32, pair=None,
              progress: bool = False) -> dict:
     """Run each mode on base's requests (ethernet modes on one testbed, colocated in this process) and
@@ -89,8 +98,10 @@ def bench_sd(base: RunConfig, modes=tuple(MODES), k_max: int = 8, warmup_tokens:
     base = base.check()
     if "target-only" not in modes:
         modes = ("target-only", *modes)
-    pair = pair or load_pair(base.pair, base.target, base.draft, device=base.device,
-                             roles=("target", "draft") if "colocated" in modes else ())
+    for name in modes:              # every mode's configuration, before anything runs (k_max within the target's)
+        mode_config(base, name, k_max).check()
+    pair = pair or load_pair(base.pair, base.target, base.draft, device=colocated_device(base),
+                             roles=colocated_roles(base) if "colocated" in modes else ())
     length = base.prompt_spec.length or 64       # random:N:LEN: the prompts' own length
     warm = replace(base, prompts=f"random:1:{length}:999983", max_tokens=warmup_tokens)
     results: dict[str, dict] = {}
@@ -105,12 +116,26 @@ def bench_sd(base: RunConfig, modes=tuple(MODES), k_max: int = 8, warmup_tokens:
         run(mode_config(warm, "colocated", k_max), pair, False)
         results["colocated"] = run(mode_config(base, "colocated", k_max), pair, progress)
     rows = compare({m: results[m] for m in modes})
+    emulated = base.target_emulation
+    for row in rows if emulated else ():
+        row["label"] = f"{row['mode']}: {emulated.label}"
     fast = {r: base.fast_options(r).spec() for r in ("draft", "target")} if base.impl == "fast" else None
     return {"schema": "sdeth.bench/1", "bench": "sd", "config": asdict(base), "k_max": k_max, "fast_options": fast,
+            "target_emulation": emulation_record(emulated, pair.vocab_size) if emulated else None,
             "acceptance": acceptance_label(base), "acceptance_kind": base.acceptance_kind, "hardware": hardware.describe(base.device),
             "draft_hardware": hardware.describe(base.draft_device) if base.draft_device else None,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "wall_s": time.time() - t0,
             "rows": rows, "runs": results}
+
+
+def colocated_roles(cfg: RunConfig) -> tuple:
+    """The models the colocated mode loads in this process: an emulated target has none."""
+    return ("draft",) if cfg.target_emulate else ("target", "draft")
+
+
+def colocated_device(cfg: RunConfig) -> str:
+    """Where the colocated mode's models go: the target's device, or the draft's beside an emulated target."""
+    return (cfg.draft_device or cfg.device) if cfg.target_emulate else cfg.device
 
 
 def probe_rtt_ms(addr: str, n: int = 30) -> float:
@@ -209,7 +234,8 @@ def _interval_and_model(row: dict) -> tuple[str, str]:
 
 def table(res: dict) -> str:
     """The comparison as aligned text (the CLI prints it)."""
-    out = [f"{res['acceptance']}; {res['hardware'].get('label')}",
+    target = res.get("target_emulation")
+    out = [f"{res['acceptance']}; {res['hardware'].get('label')}" + (f"; {target['label']}" if target else ""),
            f"{'mode':12s} {'tok/s':>8s} {'speedup':>8s} {'95% interval':>15s} {'predicted':>9s} {'alpha':>6s} "
            f"{'tokens':>7s} identical"]
     for r in res["rows"]:

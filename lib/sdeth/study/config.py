@@ -6,6 +6,7 @@ Each small language inside it is a typed value with its own parse and error:
     prompts          PromptSpec      sharegpt:N[:seed], humaneval:N[:seed], random:N:LEN[:seed]
     cache            CacheSpec       off | on | FANOUT[xDEPTH[xRANKS]]          (runtime.pipeline; or auto)
     draft_emulate    Emulation       PROFILE:SHAPE[:bf16|fp8]                   (runtime.emulated)
+    target_emulate   TargetTimes     PATH[:MODEL], measured target forward times (runtime.emulated)
     draft_fast, target_fast  FastOptions  scope=...,weights=...,head=...        (runtime.fastmodel)
 """
 from __future__ import annotations
@@ -98,6 +99,8 @@ class RunConfig:
     cache: str = "auto"             # pipelined: the outcome cache (runtime.pipeline), off | on | auto | FANOUT[xDEPTH[xRANKS]];
                                     # on: pipeline.CACHE_DEFAULT; auto: the target's event model turns CACHE_DEFAULT on
                                     # per request where it predicts a gain (costmodel.AdaptivePolicy.choose_cache)
+    target_emulate: str = ""        # an emulated target: no model, synthetic answers at the forward times measured in
+                                    # PATH[:MODEL] (a results JSON's target.points; runtime.emulated.TargetTimes)
 
     def check(self) -> "RunConfig":
         """This configuration if it can run; ConfigError naming the value and what to use otherwise."""
@@ -151,9 +154,25 @@ class RunConfig:
                                   f"continuations ({self.draft_chains!r} is missing; `python -m sdeth chains` records them)")
         if self.synthetic_alpha is not None and not 0 <= self.synthetic_alpha <= 1:
             raise ConfigError(f"synthetic_alpha={self.synthetic_alpha}: a probability in [0, 1]")
+        if self.target_emulate:
+            self._check_target_emulation()
         if self.synthetic_trace and not Path(self.synthetic_trace).exists():
             raise ConfigError(f"synthetic_trace={self.synthetic_trace!r}: no such file (the committed one is "
                               "reports/traces/embedded_greedy.json; `python -m sdeth trace` records another)")
+
+    def _check_target_emulation(self) -> None:
+        times = self.target_emulation           # raises on a bad spec or file
+        if self.acceptance_kind == "real" or self.draft_emulate:
+            raise ConfigError(f"target_emulate={self.target_emulate!r} answers with the synthetic target's tokens: "
+                              "set synthetic_alpha (or synthetic_trace), and no draft_emulate")
+        if self.temperature != 0 or self.engine != "sdeth":
+            raise ConfigError(f"target_emulate={self.target_emulate!r}: greedy decoding (temperature 0) in this "
+                              f"runtime (engine 'sdeth'), not temperature {self.temperature}, engine {self.engine!r}")
+        missing = [m for m in range(1, self.k + 2) if m not in times.step_ms]
+        if missing:             # every width 1..k+1 a round may verify (adaptive k takes any up to k)
+            raise ConfigError(f"k={self.k}: {times.source} has target times at widths {sorted(times.step_ms)}, "
+                              f"none at {missing}; use k <= {missing[0] - 2} with target_emulate, or a file measured "
+                              f"at every width 1..{self.k + 1}")
 
     def _check_cache(self) -> None:
         if self.cache != "auto" and self.cache_spec.on and (self.impl != "fast" or self.draft_emulate):
@@ -183,6 +202,15 @@ class RunConfig:
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
+    @property
+    def target_emulation(self):
+        """The emulated target's measured times (a runtime.emulated.TargetTimes), or None."""
+        from ..runtime.emulated import TargetTimes
+        try:
+            return TargetTimes.parse(self.target_emulate) if self.target_emulate else None
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
     def fast_options(self, role: str) -> FastOptions:
         """The fast decoder's levers for role 'draft' or 'target'."""
         try:
@@ -208,7 +236,7 @@ class RunConfig:
         return EngineConfig(impl=self.impl, compile_mode=self.compile or None, capacity=self.capacity,
                             synthetic_alpha=self.synthetic_alpha, synthetic_trace=self.synthetic_trace,
                             draft_fast=self.draft_fast, target_fast=self.target_fast, draft_emulate=self.draft_emulate,
-                            draft_chains=self.draft_chains)
+                            draft_chains=self.draft_chains, target_emulate=self.target_emulate)
 
     def engine_opts(self) -> dict:
         """engine_config() as make_engine's keyword arguments."""
@@ -233,6 +261,9 @@ class RunConfig:
         for f in ("synthetic_trace", "draft_chains"):
             if d[f]:
                 d[f] = str(Path(d[f]).resolve())
+        if self.target_emulate:
+            t = self.target_emulation
+            d["target_emulate"] = str(Path(t.source).resolve()) + self.target_emulate[len(t.source):]
         return d
 
     @property

@@ -26,6 +26,7 @@ import torch
 
 from .. import hardware
 from ..runtime.engine import Engine
+from .kernelprof import kernel_profile
 
 # a lever measured alone: its FastOptions on top of the base scope (and, for 'capacity', a cache
 # sized to the live context instead of the engine's capacity)
@@ -103,25 +104,6 @@ def timed_replays(graph, n: int = 50) -> float:
     e.record()
     e.synchronize()
     return s.elapsed_time(e) / n
-
-
-def kernel_profile(graph, replays: int = 10, top: int = 14) -> dict:
-    """Where a step's device time goes: kernels of `replays` graph replays grouped by name (us per step)."""
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            graph.replay()
-        torch.cuda.synchronize()
-    by: dict[str, list] = {}
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            k = by.setdefault(ev.name[:90], [0, 0.0])
-            k[0] += 1
-            k[1] += ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
-    rows = sorted(by.items(), key=lambda kv: -kv[1][1])
-    total = sum(v[1] for v in by.values()) / replays
-    return {"kernels_per_step": sum(v[0] for v in by.values()) / replays, "kernel_us_per_step": round(total, 1),
-            "top": [{"name": n, "per_step": c / replays, "us_per_step": round(t / replays, 1)} for n, (c, t) in rows[:top]]}
 
 
 def decode_run_ms(eng: Engine, start_tok: int, steps: int) -> float:
@@ -427,15 +409,18 @@ def graph_figures(graph, device, profile: bool) -> dict:
     if profile:
         prof = kernel_profile(graph, top=6)
         out.update(kernels_per_step=prof["kernels_per_step"], kernel_us_per_step=prof["kernel_us_per_step"],
-                   top_kernels=prof["top"])
+                   families=prof["families"], top_kernels=prof["top"])
     return out
 
 
 def kernel_chain(model, name: str, lever: str, context: int, compile_mode: str, bw: float, steps: int,
-                 profile: bool) -> tuple[dict, torch.Tensor]:
+                 profile: bool, capacity: int = 0) -> tuple[dict, torch.Tensor]:
     """Batch 1, one sequence of `context` tokens: the engine's decode step with kernels=lever (step ms with the
-    host's work, the graph's replay ms, kernels a step, the floor) and graph = eager. Returns (row, logits)."""
-    fast, capacity = f"kernels={lever}", context + steps + 64
+    host's work, the graph's replay ms, kernels a step, the floor) and graph = eager. capacity: the cache's
+    slots (0: the context and the steps, plus 64). Returns (row, logits)."""
+    fast, capacity = f"kernels={lever}", capacity or context + steps + 64
+    if capacity < context + steps + 1:
+        raise ValueError(f"capacity={capacity}: the chain needs at least context + steps + 1 = {context + steps + 1}")
     ids = bench_ids(model.config.vocab_size, context)
     eng = Engine(model, name, capacity=capacity, impl="fast", compile_mode=compile_mode or None, fast=fast)
     eng.start(capacity)
@@ -443,7 +428,7 @@ def kernel_chain(model, name: str, lever: str, context: int, compile_mode: str, 
     t0 = time.perf_counter()
     logits = eng.forward(ids[context:context + 1])[0].clone()
     float(logits.sum())                                 # waits for the first step (compile and capture)
-    row = {"model": name, "lever": lever, "rows": 1, "context": context,
+    row = {"model": name, "lever": lever, "rows": 1, "context": context, "capacity": capacity,
            "first_step_s": round(time.perf_counter() - t0, 2)}
     eng.rollback(context)
     row["graph_vs_eager"] = logits_diff(logits, eager_first_step(model, name, context, capacity, fast))
@@ -551,7 +536,7 @@ def kernel_setting(model, name: str, n_rows: int, context: int, levers, common: 
                 row = {"model": name, "lever": lever, "rows": n_rows, "context": context,
                        "error": f"{type(e).__name__}: {e}"[:400]}
         res["rows"].append(row)
-        progress({k: v for k, v in row.items() if k != "top_kernels"})
+        progress({k: v for k, v in row.items() if k not in ("top_kernels", "families")})
         if save:
             save(res)
         if torch.cuda.is_available():
