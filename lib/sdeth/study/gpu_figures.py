@@ -262,3 +262,67 @@ def kernel_sd():
                                  "identical to target-only": r["identical_to_target_only"],
                                  "requests x tokens": f"{g['config']['prompts']} x {g['config']['max_tokens']}"})
     return pd.DataFrame(rows).set_index("draft kernels") if rows else "no colocated SD run with fused kernels"
+
+
+def kernel_profile():
+    """Where a draft step's kernel time goes (reports/gpu/profile_step_kernels.json, torch.profiler over CUDA-graph
+    replays): per model, rows, lever and cache slots (None: the 16 rows' batch cache), each kernel family's share,
+    count and microseconds a step. The fused rows were profiled with the GEMV rule that preceded GEMV_TABLE (this
+    run's sweep made the table); tuned: 1.08 ms at batch 1, 1.84 ms at 16 rows, bench_step_kernels_4.json."""
+    import pandas as pd
+    prof = gpu_results().get("profile_step_kernels")
+    if not prof:
+        return "no kernel profile in reports/gpu (scripts/gpu_step_profile.py on a GPU host)"
+    rows = []
+    for s in prof["steps"]:
+        for fam, f in (s.get("families") or {}).items():
+            rows.append({"model": s["model"], "rows": s["rows"], "lever": s["lever"], "cache slots": s.get("capacity"),
+                         "step ms": s["step_ms"], "family": fam, "kernels a step": int(f["per_step"]),
+                         "us a step": f["us_per_step"], "share": f["share"]})
+    df = pd.DataFrame(rows)
+    df["cache slots"] = df["cache slots"].astype("Int64")
+    return df.set_index(["model", "rows", "lever", "cache slots", "step ms", "family"])
+
+
+def _emulated_row(g: dict) -> dict:
+    """What one bench_emulated_target_*.json says of its setting: the draft (model, kernels, GPU) and the target's
+    times (source hardware, time field, whether the host's argmax was taken off its pace)."""
+    from ..runtime.fastmodel import FastOptions
+    c, te = g["config"], g.get("target_emulation") or {}
+    resolved = next((r.get("config", {}).get("pair_resolved") for r in (g.get("runs") or {}).values()), None) or {}
+    draft = (c.get("draft") or resolved.get("draft") or c["pair"]).removeprefix("random:")
+    fast = (g.get("fast_options") or {}).get("draft")
+    kernels = FastOptions.parse(fast).kernels if fast else f"impl {c.get('impl')}"
+    # older files say it in prose only: "returns its time before the measured one" means taken off
+    subtracted = te.get("host_argmax_subtracted", "before the measured" in te.get("host", ""))
+    return {"draft": f"{draft} ({kernels})", "alpha set": c.get("synthetic_alpha"),
+            "draft GPU": (g.get("draft_hardware") or g.get("hardware") or {}).get("label"),
+            "target times": f"{te.get('model')} on {te.get('hardware')} ({te.get('time_field')})",
+            "host argmax taken off": "yes" if subtracted else "no"}
+
+
+def emulated_target_sd():
+    """SD against an emulated target (`bench sd --emulate-target`, reports/gpu/bench_emulated_target_*.json): the
+    draft on one GPU, the target's forwards paced at times measured on a GPU; per call and draft, each mode's
+    speedup over the same call's target-only, its interval, the event model's, identity, and the pipelined
+    round's wire, host and restart times. Replay-time files leave out the ~0.1 ms of launch and copy a GPU target
+    pays a forward (the 'target times' column names the field)."""
+    import pandas as pd
+    rows = []
+    for name, g in sorted(gpu_results().items()):
+        if not name.startswith("bench_emulated_target_"):
+            continue
+        setting, call = _emulated_row(g), name.rsplit("_", 1)[-1]
+        for r in g["rows"]:
+            if r["mode"] == "target-only":
+                continue
+            c = r.get("components_ms_per_round") or {}
+            rows.append({**setting, "call": int(call) if call.isdigit() else call, "mode": r["mode"],
+                         "tok/s": r["tokens_per_s"], "speedup": r["speedup"],
+                         "95% interval": f"[{r['speedup_ci95'][0]:.3f}, {r['speedup_ci95'][1]:.3f}]",
+                         "event model": r.get("predicted_speedup"), "identical": r["identical_to_target_only"],
+                         "wire ms a round": c.get("wire"), "target host ms a round": c.get("target_host"),
+                         "restart ms (mean)": (r.get("restart_ms") or {}).get("mean")})
+    if not rows:
+        return "no emulated-target run in reports/gpu (python -m sdeth bench sd --emulate-target ...)"
+    return pd.DataFrame(rows).set_index(["draft", "alpha set", "mode", "call"]).sort_index()

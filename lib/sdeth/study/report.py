@@ -22,11 +22,12 @@ from pathlib import Path
 from .figures import (draft_card, draft_variants, plot_breakdown, plot_design_map, plot_k_sweep,  # noqa: F401
                       plot_rtt_sweep, probe_table, summary_table, view)
 from .gpu_figures import (bench_components, bench_table, draft_loop, model_check, plot_bench,  # noqa: F401
-                          plot_gpu_rtt, rtt_points, step_goals, step_levers, kernel_levers, kernel_sd)
+                          plot_gpu_rtt, rtt_points, step_goals, step_levers, kernel_levers, kernel_sd,
+                          kernel_profile, emulated_target_sd)
 from .index import write_index
 from .notebook_run import TEST_PARAMETERS, render, test_copies  # noqa: F401
 from .results import (NOTEBOOKS, REPORTS, bench_sd_results, caption, gpu_costs, gpu_results,  # noqa: F401
-                      h200_costs, results_path, rtt_results, step_runs, write_results)
+                      h200_costs, results_path, rtt_results, step_runs, vllm_study_results, write_results)
 
 
 def main(argv=None) -> int:

@@ -44,6 +44,12 @@ def gpu_results() -> dict[str, dict]:
     return {f.stem: json.loads(f.read_text()) for f in sorted(d.glob("*.json"))} if d.exists() else {}
 
 
+def vllm_study_results() -> dict | None:
+    """The committed vLLM study (`python -m sdeth bench vllm`: reports/vllm_remote_cpu.json), or None."""
+    path = REPORTS / "vllm_remote_cpu.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def rtt_results() -> dict[str, dict]:
     """The `bench rtt` results of reports/gpu (bench_rtt_*.json)."""
     return {n: g for n, g in gpu_results().items() if g.get("bench") == "rtt"}

