@@ -763,9 +763,9 @@ def _main(job_path: str, out_path: str) -> None:
             if ph.get("restart_addr"):                  # the draft server again, same address, this engine running
                 restarted.append(_start_draft_server(Path(ph["restart_log"]), ph["restart_addr"])[0])
                 time.sleep(2 * VP.RETRY_S)              # the proposer says Hello again at most every RETRY_S
-            n = ph.get("n", 1)                          # parallel sampling: n child requests of one prompt
-            phases.append(_phase(llm, ph, job["prompts"], sp if n == 1 else SamplingParams(
-                temperature=0.0, max_tokens=job["max_tokens"], stop_token_ids=[job["eos"]], n=n)))
+            n = ph.get("n", 1)                          # parallel sampling: n child requests of one prompt (vLLM
+            phases.append(_phase(llm, ph, job["prompts"], sp if n == 1 else SamplingParams(   # refuses n > 1 greedy)
+                temperature=0.8, seed=0, max_tokens=job["max_tokens"], stop_token_ids=[job["eos"]], n=n)))
     finally:
         for proc in restarted:
             proc.kill()
@@ -848,14 +848,16 @@ def test_a_draft_server_killed_mid_run_leaves_the_outputs_and_stops_drafting(vll
 
 
 @slow
-def test_parallel_sampling_n2_gives_each_child_the_target_only_output(vllm_runs):
-    """n = 2 (vLLM's parallel sampling: two child requests per prompt, the same context side by side), greedy: every
-    child's output is target-only's, and the children were drafted for."""
+def test_parallel_sampling_n2_completes_every_child_with_drafts(vllm_runs):
+    """n = 2 (vLLM's parallel sampling: two child requests per prompt, the same prompt side by side, then apart; vLLM
+    allows it only when sampling, T = 0.8 here, so outputs are not compared token by token - the T = 0.8
+    distribution test is the OpenAI server's): every child finishes, and the children are drafted for."""
     ref, sd, _ = vllm_runs
     n2 = sd["n2"]
-    print(f"n=2: drafts {n2['drafts']}, accepted {n2['accepted']}")
+    print(f"n=2: drafts {n2['drafts']}, accepted {n2['accepted']}, lengths "
+          f"{[[len(c) for c in children] for children in n2['all_outputs']]}")
     assert [len(children) for children in n2["all_outputs"]] == [2] * len(ref["c4"]["outputs"])
-    assert all(child == want for children, want in zip(n2["all_outputs"], ref["c4"]["outputs"]) for child in children)
+    assert all(0 < len(c) <= MAX_TOKENS for children in n2["all_outputs"] for c in children)
     assert n2["drafts"] > 0 and n2["accepted"] > 0
 
 
