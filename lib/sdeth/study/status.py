@@ -178,7 +178,7 @@ def _latency(root: Path) -> Part | None:
         for i, (rel, f) in enumerate(repeats):
             pieces += [" and " if i else " ", f, f" ({f.date} UTC)"]
         pieces.append(".")
-    fused = [f for f in (_mode_fig(root, rel, "pipelined", f"the same against an emulated target, call {i}")
+    fused = [f for f in (_mode_fig(root, rel, "pipelined", f"fused draft on one H200, emulated target, call {i}")
                          for i, rel in ((2, EMULATED[0]), (3, EMULATED[1]))) if f]
     if fused:
         pieces.append(" With the draft's fused kernels (`kernels=auto`; 20_ethernet has the step, lever by lever) on "
@@ -290,7 +290,8 @@ def _through_vllm(root: Path) -> Part | None:
 
     def tps(config: str, c: int) -> Figure | None:
         at = ("points", {"config": config, "variant": "plain", "temperature": 0.0, "concurrency": c})
-        return _fig(root, VLLM_STUDY, at + ("tokens_per_s", "mean"), f"{config}, concurrency {c}", "{:.1f} tok/s",
+        return _fig(root, VLLM_STUDY, at + ("tokens_per_s", "mean"), f"vLLM on the CPU testbed, {config}, "
+                    f"concurrency {c}", "{:.1f} tok/s",
                     "measured", hw)
     figs = [(c, tps("target-only", c), tps("remote", c)) for c in (cs[0], cs[-1])] if cs else []
     if not all(a and b for _, a, b in figs):
@@ -339,7 +340,8 @@ def decision(ms: list[Milestone], root: Path = REPO) -> str:
     parts = answer(root)
     if not parts:
         return "Pending: no two-GPU result yet."
-    return ("Two H200s, random weights, batch 1 (python -m sdeth status has the conditions): "
+    return ("H200s with random weights at batch 1 unless a figure says otherwise (python -m sdeth status has each "
+            "figure's hardware and conditions): "
             + "; ".join(f"{f.label} {f.shown}" for p in parts for f in p.figures)
             + ". Real weights over a real link: pending.")
 
