@@ -11,6 +11,7 @@ probability alpha (a draft of k stops at the first rejection):
 """
 from __future__ import annotations
 
+import math
 import statistics
 
 # the user's vLLM figures (M1): draft acceptance rate at k=5 for a Qwen3-8B target with each draft
@@ -120,3 +121,12 @@ def ratio_ci(num: list[float], den: list[float], base_num: list[float] | None = 
 def user_alpha(draft: str) -> float:
     """The per-token alpha behind the user's rate for `draft` (0.238 at k=5 -> 0.56; 0.405 -> 0.71)."""
     return alpha_from_rate(USER_RATES[draft], USER_K)
+
+
+def percentile(xs, q: float):
+    """The q-th percentile (nearest rank: the smallest value with at least q% of the values at or below it);
+    None for no values."""
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    return xs[max(0, math.ceil(q / 100 * len(xs)) - 1)]

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import multiprocessing as mp
 import random
 import statistics
@@ -40,6 +39,7 @@ from pathlib import Path
 import torch
 
 from .. import hardware
+from ..metrics import percentile
 from ..models.presets import shape
 from ..runtime.batchdraft import BatchDrafter
 from ..runtime.batchmodel import BUCKETS, BatchDecoder, bucket
@@ -72,11 +72,9 @@ QUICK = dict(batches=(1, 16), reps=4, verify_ks=(1, 3, 5), colocated_batches=(1,
 
 
 def pct(xs, q: float):
-    """The q-th percentile (nearest rank); None for no values."""
-    if not xs:
-        return None
-    s = sorted(xs)
-    return round(s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))], 4)
+    """The q-th percentile (nearest rank, metrics.percentile) to 4 places; None for no values."""
+    v = percentile(xs, q)
+    return None if v is None else round(v, 4)
 
 
 def mean(xs):

@@ -27,6 +27,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from ..metrics import percentile  # noqa: F401  (nearest rank; the tests read it here too)
 from .vllm_baseline import SPEC_COUNTERS, scrape_spec_counters
 
 
@@ -115,15 +116,6 @@ def agree(a: Acceptance, b: Acceptance, z: float = 2.0) -> dict:
 
 
 # ------------------------------------------------------------------ timing from a server's stream
-
-def percentile(xs, q: float):
-    """The q-th percentile (nearest rank: the smallest value with at least q% of the values at or below it);
-    None for no values."""
-    xs = sorted(x for x in xs if x is not None)
-    if not xs:
-        return None
-    return xs[max(0, math.ceil(q / 100 * len(xs)) - 1)]
-
 
 def bootstrap(xs, q: float, n_boot: int = 2000, seed: int = 0) -> tuple | None:
     """(point, low, high): the q-th percentile of xs and its 95% percentile-bootstrap interval."""

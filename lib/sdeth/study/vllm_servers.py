@@ -20,7 +20,7 @@ def tail(path: Path, n: int = 25) -> str:
 
 
 def spawn(args: list[str], log_path: Path, env: dict | None = None) -> subprocess.Popen:
-    """args in a new process group (a session), stdout and stderr into log_path."""
+    """args as the leader of their own process group (start_new_session), stdout and stderr into log_path."""
     with open(log_path, "w") as log:              # the child keeps its own copy
         return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env or dict(os.environ),
                                 start_new_session=True)
