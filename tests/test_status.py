@@ -12,8 +12,8 @@ PARTS = ("Single-stream latency", "The round trip it survives", "Cost per GPU", 
 
 
 def read_back(f: status.Figure) -> float:
-    """The figure's number as its results JSON holds it (times its stated scale)."""
-    return status.dig(json.loads((REPO / f.source).read_text()), f.path) * f.scale
+    """The figure's number as its results JSON holds it (with its stated rule: scale, reciprocal, ratio)."""
+    return status.read_back(f, REPO)
 
 
 def test_every_figure_is_read_from_its_results_json_and_printed_as_read():
@@ -27,9 +27,11 @@ def test_every_figure_is_read_from_its_results_json_and_printed_as_read():
         assert f"**{f.shown}**" in md and f.source in md
     for f in (f for m in ms for f in m.figures):
         assert f.kind in md
+    figures += status.verdict().figures + [f for c in status.decision_table() for f in c.figures]
+    figures += [t.t1 for t in status.targets()]
     # every bold number in the summary is one of those figures (none typed in)
     bold = re.findall(r"\*\*([^*]+)\*\*", md)
-    assert set(bold) - {"The answer so far."} <= {f.shown for f in figures}
+    assert set(bold) - {"The answer so far, in parts.", "The decision table."} <= {f.shown for f in figures}
 
 
 def test_the_answer_has_its_labelled_parts_each_with_its_conditions():
@@ -46,7 +48,7 @@ def test_the_answer_has_its_labelled_parts_each_with_its_conditions():
     assert {f.source for f in rtt.figures} == set(status.SWEEPS.values())
     # per GPU is the headline over two GPUs, and the published figure sits beside it, labelled so
     assert cost.figures[0].value == head.value / 2 and cost.figures[0].kind == "arithmetic"
-    assert "published" in cost.plain() and status.PUBLISHED[0]["source"] in cost.plain()
+    assert "published" in cost.plain() and status.published(REPO)[0]["source"] in cost.plain()
     # the shared draft: emulated targets, its TPOT budget, and the ratio over colocated SD from the same results
     assert {f.source for f in shared.figures} == {status.SHARED}
     assert "emulated" in shared.plain() and "synthetic" in shared.plain()
@@ -65,12 +67,12 @@ def test_the_index_shows_the_same_answer_with_every_bold_figure_read_back(tmp_pa
     from sdeth.study import index
     monkeypatch.setattr(index, "REPORTS", tmp_path)
     page = index.write_index([]).read_text()
-    answer = page.split("<table")[0]
+    answer = page.split('<table class="milestones"')[0].split('id="parts"')[1]
     assert all(t in answer for t in PARTS)
     shown = {f.shown: f for p in status.answer() for f in p.figures}
     bold = re.findall(r"<b>([^<]+)</b>", answer)
-    assert bold[0] == "The answer so far" and len(bold) > 3
-    for b in bold[1:]:
+    assert len(bold) > 3
+    for b in bold:
         f = shown[b]                      # KeyError: a bold number that is no figure
         assert f.fmt.format(read_back(f)) == b.split(" [")[0]
         assert f.source in answer
@@ -80,8 +82,9 @@ def test_missing_results_are_pending_and_the_decision_waits(tmp_path):
     (tmp_path / "reports").mkdir()
     ms = status.milestones(tmp_path)
     assert [m.status for m in ms] == ["pending"] * 5
-    assert status.decision(ms, tmp_path).startswith("Pending")
-    assert status.answer(tmp_path) == []
+    assert status.decision(tmp_path).startswith("Pending")
+    assert status.answer(tmp_path) == [] and status.decision_table(tmp_path) == [] and status.verdict(tmp_path) is None
+    assert status.markdown(root=tmp_path).startswith("Pending")
     # one benchmark arrives: M2 moves, the rest stay pending; the answer has its first and last part
     (tmp_path / "reports" / "gpu").mkdir()
     shutil.copy(REPO / "reports" / "gpu" / "bench_sd_1.7b.json", tmp_path / "reports" / "gpu")
@@ -89,7 +92,13 @@ def test_missing_results_are_pending_and_the_decision_waits(tmp_path):
     by = {m.id: m for m in ms}
     assert by["M2"].status in ("in progress", "done") and len(by["M2"].figures) == 2
     assert by["M0"].status == by["M4"].status == "pending"
+    # Cost per GPU needs the published figures too
+    assert [p.title for p in status.answer(tmp_path)] == [PARTS[0]]
+    shutil.copy(REPO / status.sources.PUBLISHED_FILE, tmp_path / "reports")
     assert [p.title for p in status.answer(tmp_path)] == [PARTS[0], PARTS[2]]
+    # the decision table fills the 8B rows and no others, and the verdict speaks of the 8B alone
+    assert {c.target for c in status.decision_table(tmp_path)} == {"8B"}
+    assert status.verdict(tmp_path) and "32B" not in status.verdict(tmp_path).plain()
 
 
 def test_status_cli_prints_one_milestone_and_refuses_an_unknown_one(capsys):
