@@ -7,6 +7,54 @@ import json
 from .results import REPORTS, caption
 
 
+def alt_text(fig) -> str:
+    """A figure's alt text: its titles, then its caption (the line under it that names what and which hardware)."""
+    titles = [fig._suptitle.get_text()] if getattr(fig, "_suptitle", None) else []
+    titles += [ax.get_title() for ax in fig.axes if ax.get_title()]
+    words = [t.replace("\n", " ") for t in titles[:3]] + [t.get_text() for t in fig.texts if t is not fig._suptitle]
+    return "; ".join(w for w in words if w.strip()) or "a figure without title or caption"
+
+
+def show_figures_with_alt_text() -> bool:
+    """In a notebook's kernel: matplotlib figures render as PNG with their `alt_text` as the image's alt text
+    (papermill keeps it in the output's metadata; the HTML exporter writes it). False outside IPython."""
+    try:
+        from IPython import get_ipython
+        from IPython.core.pylabtools import print_figure
+        from matplotlib.figure import Figure
+    except ImportError:
+        return False
+    ip = get_ipython()
+    if ip is None:
+        return False
+    import matplotlib.pyplot as plt
+    plt.close(plt.figure())   # the inline backend sets its own formatter when it first draws: this one follows it
+    ip.display_formatter.formatters["image/png"].for_type(
+        Figure, lambda fig: (print_figure(fig, "png", bbox_inches="tight"), {"alt": alt_text(fig)}))
+    return True
+
+
+def clip_to_measured(fig, rows: list[dict], x: str = "tpot_ms", y: str = "tok_s_per_gpu") -> list[str]:
+    """Put a plot's axes on the measured points' scale: a modelled series (its label says "modelled") that runs
+    beyond them is clipped, with a note naming how far it goes. `rows`: the plotted points, each with `label`,
+    `x` and `y`. Returns the labels clipped."""
+    measured = [r for r in rows if "modelled" not in r["label"]]
+    if not measured:
+        return []
+    top, right = 1.15 * max(r[y] for r in measured), 1.15 * max(r[x] for r in measured)
+    over = {}
+    for r in rows:
+        if "modelled" in r["label"] and (r[y] > top or r[x] > right):
+            over[r["label"]] = max(over.get(r["label"], 0.0), r[y])
+    for ax in fig.axes:
+        ax.set_ylim(0, top)
+        ax.set_xlim(0, right)
+    if over:
+        fig.text(0.99, 0.99, "; ".join(f"off the top: {k}, up to {v:,.0f} tokens/s per GPU" for k, v in over.items()),
+                 fontsize=7, ha="right", va="top", color="#555")
+    return list(over)
+
+
 def view(df, digits: int = 3, na: str = "n/a", na_by_column: dict | None = None):
     """A table as a report shows it: floats to `digits` places, every cell whole (no "..."), and a missing value
     written as what it means (`na`, or per column: {"break-even ms": "never"}) instead of NaN."""

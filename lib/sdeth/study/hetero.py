@@ -80,7 +80,8 @@ def economics(speedup: float, base_tokens_per_s: float) -> dict:
             "replica tokens/s per device": base_tokens_per_s,
             "SD throughput per device vs replica": speedup / 2,
             "worth it when": "latency of one stream matters more than throughput" if speedup < 2 else
-            "always: faster per request and no less throughput per device"}
+            "if the modelled speedup held (modelled, not measured; at equal device prices): faster per request and "
+            "no less throughput per device"}
 
 
 def answer(alphas: dict[str, float], targets: dict[str, dict], rtt_s: float, points: list[dict], measured: dict) -> dict:

@@ -29,6 +29,7 @@ a.term{color:inherit;text-decoration:underline dotted}"""
 
 
 def _reports(rows: list[tuple[str, bool, str]]) -> str:
+    """A row per report: its page and results, the kind of its figures and its hardware, its status line."""
     items = []
     for name, ok, status in rows:
         js = f' · <a href="{name}.json">results JSON</a>' if (REPORTS / f"{name}.json").exists() else ""
@@ -36,9 +37,10 @@ def _reports(rows: list[tuple[str, bool, str]]) -> str:
         hw = (json.loads(res.read_text()).get("hardware") or {}).get("label", "") if res.exists() else ""
         about = html.escape("; ".join(x for x in (KINDS.get(name, ""), hw and f"on {hw}") if x))
         mark = "✓" if ok else "✗ failed:"
-        items.append(f'<li><a href="{name}.html">{name}</a>{js} <small>({about})</small><br>'
-                     f'<small>{mark} {html.escape(status)}</small></li>')
-    return "<ul>" + "".join(items) + "</ul>"
+        items.append(f'<tr><td><a href="{name}.html">{name}</a>{js}</td><td>{about}</td>'
+                     f'<td class="note">{mark} {html.escape(status)}</td></tr>')
+    return ('<table class="reports"><tr><th>report</th><th>its figures</th><th>its status line</th></tr>'
+            + "".join(items) + "</table>")
 
 
 def _milestones(ms) -> str:
@@ -57,8 +59,8 @@ def write_index(rows: list[tuple[str, bool, str]]) -> Path:
     v = st.verdict()
     verdict = f'<p class="verdict">{v.html()}</p>' if v else f"<p>{st.text.PENDING}</p>"
     parts = st.answer()
-    answer = ("<ul>" + "".join(f"<li>{p.html()}</li>" for p in parts)
-              + "<li>Real weights over a real link: pending.</li></ul>" if parts else f"<p>{st.text.PENDING}</p>")
+    answer = ("".join(f"<p>{p.html()}</p>" for p in parts) + "<p>Real weights over a real link: pending.</p>"
+              if parts else f"<p>{st.text.PENDING}</p>")
     page = f"""<!doctype html><html lang="en"><meta charset="utf-8"><title>{html.escape(TITLE)}</title>
 <style>{STYLE}</style>
 <h1>{html.escape(TITLE)}</h1>

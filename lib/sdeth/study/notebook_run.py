@@ -1,6 +1,7 @@
 """Running a notebook headless (papermill) and rendering it to reports/<name>.html; the notebooks' test copies."""
 from __future__ import annotations
 
+import html
 import json
 import os
 from pathlib import Path
@@ -18,7 +19,6 @@ def render(name: str, parameters: dict | None = None) -> tuple[bool, str]:
     """Execute notebooks/<name>.ipynb headless and render reports/<name>.html. Returns (ok, status)."""
     import nbformat
     import papermill as pm
-    from nbconvert import HTMLExporter
     src = NOTEBOOKS / f"{name}.ipynb"
     executed = REPORTS / f"{name}.ipynb"
     REPORTS.mkdir(exist_ok=True)
@@ -30,13 +30,56 @@ def render(name: str, parameters: dict | None = None) -> tuple[bool, str]:
     except Exception as e:  # a failed notebook is still rendered, with its error
         ok, err = False, f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
     if executed.exists():
-        body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(executed), as_version=4))
-        (REPORTS / f"{name}.html").write_text(body)
+        (REPORTS / f"{name}.html").write_text(to_html(nbformat.read(str(executed), as_version=4)))
     status = err
     if ok:
         res = results_path(name)
         status = json.loads(res.read_text()).get("status", "ran") if res.exists() else "ran (no results JSON)"
     return ok, status
+
+
+def title_of(nb) -> str:
+    """The notebook's first Markdown heading, without its '#'s: the rendered page's title."""
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("#"):
+                    return line.lstrip("#").strip().replace("`", "")
+    return "sd-ethernet report"
+
+
+NO_ALT = 'alt="No description has been provided for this image"'
+
+
+def add_alt_text(nb) -> list[str]:
+    """Every image output's alt text, in order: its own (figures drawn through `report` carry their titles and
+    caption), else the heading of the section it sits in, which is then written into the output's metadata."""
+    heading, alts = title_of(nb), []
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            heads = [ln.lstrip("#").strip() for ln in cell.source.splitlines() if ln.startswith("#")]
+            heading = heads[-1].replace("`", "") if heads else heading
+            continue
+        for out in cell.get("outputs", []):
+            for mime in ("image/png", "image/jpeg", "image/svg+xml"):
+                if mime in out.get("data", {}):
+                    md = out.setdefault("metadata", {}).setdefault(mime, {})
+                    md["alt"] = md.get("alt") or f"Figure: {heading}"
+                    alts.append(md["alt"])
+    return alts
+
+
+def to_html(nb) -> str:
+    """A executed notebook as the report shows it: its first heading as the page's title, the code cells hidden
+    (they stay in the notebook), alt text on every figure, and each glossary term's first use linked."""
+    from nbconvert import HTMLExporter
+    from .status.glossary import link_first_use
+    alts = add_alt_text(nb)
+    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title_of(nb)}})
+    for alt in alts:         # the lab template writes no alt text; the exporter then puts in a placeholder
+        body = body.replace(NO_ALT, f'alt="{html.escape(alt, quote=True)}"', 1)
+    return link_first_use(body)
 
 
 # the notebooks' test runs (make test): every cell and code path of the report runs, on fewer and shorter

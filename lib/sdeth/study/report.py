@@ -19,8 +19,8 @@ import time
 import traceback
 from pathlib import Path
 
-from .figures import (draft_card, draft_variants, plot_breakdown, plot_design_map, plot_k_sweep,  # noqa: F401
-                      plot_rtt_sweep, probe_table, summary_table, view)
+from .figures import (clip_to_measured, draft_card, draft_variants, plot_breakdown, plot_design_map, plot_k_sweep,  # noqa: F401
+                      plot_rtt_sweep, probe_table, show_figures_with_alt_text, summary_table, view)
 from .gpu_figures import (bench_components, bench_table, draft_loop, model_check, plot_bench,  # noqa: F401
                           plot_gpu_rtt, rtt_points, step_goals, step_levers, kernel_levers, kernel_sd,
                           kernel_profile, emulated_target_sd)
@@ -28,6 +28,8 @@ from .index import write_index
 from .notebook_run import TEST_PARAMETERS, render, test_copies  # noqa: F401
 from .results import (NOTEBOOKS, REPORTS, bench_sd_results, caption, gpu_costs, gpu_results,  # noqa: F401
                       h200_costs, results_path, rtt_results, step_runs, vllm_study_results, write_results)
+
+show_figures_with_alt_text()      # in a notebook's kernel: every figure's caption becomes its alt text
 
 
 def main(argv=None) -> int:

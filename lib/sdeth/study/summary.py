@@ -343,6 +343,8 @@ def crossover(table: list[dict], curves: list[dict]) -> dict:
     """Up to which round trip each link mode beats target-only, measured and by the model."""
     link = [r for r in table if r["placement"] == "ethernet"]
     out = {mode: {"measured_beats_target_only_up_to_ms": beats_up_to(link, mode),
+                  "measured_above_1_at_ms": [r["rtt_ms"] for r in link if r["mode"] == mode and r["speedup"] > 1.0],
+                  "measured_at_or_below_1_at_ms": [r["rtt_ms"] for r in link if r["mode"] == mode and r["speedup"] <= 1.0],
                   "model_beats_target_only_up_to_ms": beats_up_to(curves, mode)} for mode in ("sync SD", "pipelined SD")}
     col = next(r for r in table if r["mode"] == "sync SD (colocated)")
     out["colocated SD beats target-only"] = bool(col["speedup"] > 1)
@@ -353,9 +355,13 @@ def crossover(table: list[dict], curves: list[dict]) -> dict:
 
 
 def crossover_lines(c: dict) -> str:
-    said = lambda v: "at no round trip measured" if v is None else f"up to {v:g} ms"  # noqa: E731
-    lines = [f"{mode} over the link beats target-only: measured {said(c[mode]['measured_beats_target_only_up_to_ms'])}; "
-             f"model {said(c[mode]['model_beats_target_only_up_to_ms'])}" for mode in ("sync SD", "pipelined SD")]
+    """Where each link mode is above the target alone: the measured round trips on each side of 1x (noise can put
+    a small round trip below and a larger one above), and the model's crossover."""
+    said = lambda v: "at no round trip" if v is None else f"up to {v:g} ms"  # noqa: E731
+    at = lambda xs: ", ".join(f"{x:g}" for x in xs) + " ms" if xs else "none"  # noqa: E731
+    lines = [f"{mode} over the link against target-only, measured: above 1x at {at(c[mode].get('measured_above_1_at_ms', []))}"
+             f"; at or below 1x at {at(c[mode].get('measured_at_or_below_1_at_ms', []))}; model: above 1x "
+             f"{said(c[mode]['model_beats_target_only_up_to_ms'])}" for mode in ("sync SD", "pipelined SD")]
     lines += [f"colocated SD beats target-only: {c['colocated SD beats target-only']}",
               "largest gap between predicted and measured speedup over the sweep: "
               + (f"{c['largest_model_gap']:.1%}" if c["largest_model_gap"] is not None else "no prediction")]

@@ -186,14 +186,3 @@ def answer(root: Path = REPO) -> list[Part]:
     """The answer the study is for, in labelled parts. Parts whose results are missing are left out."""
     root = Path(root)
     return [p for p in (_latency(root), _round_trip(root), _per_gpu(root), _shared(root), _through_vllm(root)) if p]
-
-
-def decision(root: Path = REPO) -> str:
-    """The answer in one plain line (a notebook's status line)."""
-    parts = answer(root)
-    if not parts:
-        return "Pending: no two-GPU result yet."
-    return ("H200s with random weights at batch 1 unless a figure says otherwise (python -m sdeth status has each "
-            "figure's hardware and conditions): "
-            + "; ".join(f"{f.label} {f.shown}" for p in parts for f in p.figures)
-            + ". Real weights over a real link: pending.")

@@ -49,7 +49,7 @@ _SKIP = re.compile(r"<(style|script|a|title|dt)\b.*?</\1>", re.S | re.I)
 
 
 def _pattern(term: str) -> re.Pattern:
-    return re.compile(r"(?<![\w:-])" + re.escape(term) + r"(?![\w:-])")
+    return re.compile(r"(?<![\w:-])" + re.escape(term) + r"(?![\w-]|:\w)")
 
 
 def link_first_use(page: str, href: str = "index.html") -> str:
@@ -64,7 +64,7 @@ def _link_one(page: str, term: str, target: str, definition: str) -> str:
     rx = _pattern(term)
     skip = [m.span() for m in _SKIP.finditer(page)]
     for text in re.finditer(r">([^<]+)<", page):
-        if any(a <= text.start() < b for a, b in skip):
+        if any(a <= text.start(1) < b for a, b in skip):
             continue
         m = rx.search(text.group(1))
         if m:

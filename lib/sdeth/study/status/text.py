@@ -51,6 +51,16 @@ def verdict(root: Path = REPO) -> Part | None:
     return Part("Verdict", pieces)
 
 
+def decision(root: Path = REPO) -> str:
+    """The decision in one plain line (a notebook's status line): the same-GPU pick of every cell."""
+    cells = [c for c in table(root) if c.hardware == "same GPU type"]
+    if not cells:
+        return PENDING
+    picks = [f"{c.target} {c.goal}: {c.option or 'the evidence cannot fill it'}" for c in cells]
+    return ("Decision (H200s, batch 1, random weights; python -m sdeth status has every figure): " + "; ".join(picks)
+            + ". Real weights over a real link: pending.")
+
+
 def _groups(figs: list[Figure]) -> list[tuple[str, str, list[Figure]]]:
     """Consecutive figures of one kind and source, together: [(kind, source, figures)]."""
     return [(k, s, list(g)) for (k, s), g in groupby(figs, key=lambda f: (f.kind, f.source))]
