@@ -94,3 +94,17 @@ def test_status_opens_with_the_verdict_then_the_table():
     assert md.startswith("*Verdict.*") and md.index("| target") < md.index("*Single-stream latency.*")
     v = status.verdict().plain()
     assert "loopback" in v and "vLLM runs a proposer synchronously" in v and "not measured" in v
+
+
+NUMBER = re.compile(r"(\d+(?:\.\d+)?) ?(x|ms|tok/s)\b")
+
+
+def test_the_readme_answer_quotes_the_verdict_figures():
+    """Every number of the README's five-line answer is one of the verdict's figures, as the status prints it."""
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("## The answer, in five lines")[1].split("\n## ")[0]
+    quoted = set(NUMBER.findall(block))
+    shown = {m for f in status.verdict().figures for m in NUMBER.findall(f.fmt.format(f.value))}
+    assert len(quoted) >= 8 and quoted <= shown, quoted - shown
+    assert NUMBER.findall("1.23x [1.20, 1.27], 114 tok/s per GPU, 5.20 ms") == [("1.23", "x"), ("114", "tok/s"),
+                                                                             ("5.20", "ms")]
