@@ -141,3 +141,28 @@ def test_the_check_catches_an_upward_import_and_a_cycle(tmp_path):
 def test_place_layer_knows_nothing_of_torch(mod):
     g = graph()
     assert not any(d.split(".")[0] in ("torch", "transformers") for d in g[mod])
+
+
+# inside study.status, lowest first: a module imports only those before it (its __init__ re-exports them all)
+STATUS_ORDER = ["sources", "glossary", "figures", "answer", "decide", "milestones", "text"]
+
+
+def order_violations(g: dict[str, set[str]], pkg: str, order: list[str]) -> list[str]:
+    rank = {f"{pkg}.{m}": i for i, m in enumerate(order)}
+    return [f"{mod} imports {d}, which comes after it in {pkg}" for mod, deps in g.items() if mod in rank
+            for d in deps if d in rank and rank[d] >= rank[mod] and d != mod]
+
+
+def test_the_status_package_imports_in_its_order_even_inside_functions(tmp_path):
+    g = graph()
+    assert set(STATUS_ORDER) == {m.rsplit(".", 1)[1] for m in g if m.startswith("sdeth.study.status.")}
+    assert order_violations(g, "sdeth.study.status", STATUS_ORDER) == []
+    # the check itself: a function-level import of a later module is caught
+    root = tmp_path / "sdeth"
+    (root / "study" / "status").mkdir(parents=True)
+    for f in ("__init__.py", "study/__init__.py", "study/status/__init__.py", "study/status/text.py"):
+        (root / f).write_text("")
+    (root / "study" / "status" / "sources.py").write_text("def f():\n    from .text import x\n")
+    bad = order_violations(graph(root), "sdeth.study.status", STATUS_ORDER)
+    assert bad == ["sdeth.study.status.sources imports sdeth.study.status.text, which comes after it in "
+                   "sdeth.study.status"]

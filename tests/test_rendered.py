@@ -95,7 +95,7 @@ def test_the_index_opens_with_the_verdict_and_the_decision_table():
             assert f.shown in text and f"({f.kind}; {f.source.removeprefix('reports/')})" in text, f.label
 
 
-GOAL = re.compile(r"\bgoals?\b[^.;:\n]{0,40}?(\d+(?:\.\d+)?)x|(\d+(?:\.\d+)?)x[^.;\n]{0,12}\(the goal\)", re.I)
+GOAL = re.compile(r"\bgoals?\b[^.;\n]{0,40}?(\d+(?:\.\d+)?)x|(\d+(?:\.\d+)?)x[^.;\n]{0,12}\(the goal\)", re.I)
 
 
 def goals_stated(text: str) -> set[float]:
