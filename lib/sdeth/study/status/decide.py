@@ -75,13 +75,13 @@ def _eagle(root: Path) -> Option | None:
     """The published EAGLE-3 head for Qwen3-8B (one H200, SGLang)."""
     at = ("figures", {"id": "eagle3-qwen3-8b-sglang-h200"})
     hw = "one H200, SGLang, batch not stated"
-    tpot = fig(root, src.PUBLISHED_FILE, at + ("with SD tok/s",), "EAGLE-3 head: TPOT (1000 / tok/s)", "{:.2f} ms",
+    tpot = fig(root, src.PUBLISHED_FILE, at + ("with SD tok/s",), "EAGLE-3-style head: TPOT (1000 / tok/s)", "{:.2f} ms",
                "published", hw, scale=1000.0, reciprocal=True)
-    tok = fig(root, src.PUBLISHED_FILE, at + ("with SD tok/s",), "EAGLE-3 head: tokens/s", "{:.0f} tok/s",
+    tok = fig(root, src.PUBLISHED_FILE, at + ("with SD tok/s",), "EAGLE-3-style head: tokens/s", "{:.0f} tok/s",
               "published", hw)
-    ratio = fig(root, src.PUBLISHED_FILE, at + ("with SD tok/s",), "EAGLE-3 head: over the target alone", "{:.2f}x",
+    ratio = fig(root, src.PUBLISHED_FILE, at + ("with SD tok/s",), "EAGLE-3-style head: over the target alone", "{:.2f}x",
                 "published", hw, per=at + ("target-only tok/s",))
-    note = "published (a Qwen3-8B head; its acceptance length, about 2.0, is its own, not modelled here)"
+    note = "published, another engine"
     return Option("EAGLE-3-style head", tpot, tok, ratio, 1, note) if tpot and tok and ratio else None
 
 
@@ -89,14 +89,13 @@ def _target_8b(root: Path) -> Target | None:
     loop = "two GPUs of one host, TCP on loopback"
     opts = [_bench_option(root, "replicas", "target-only", 1), _bench_option(root, "colocated SD", "colocated", 1),
             _eagle(root), _bench_option(root, "remote sync", "sync", 2, loop),
-            _bench_option(root, "remote pipelined", "pipelined", 2, loop + "; not through vLLM today (it runs a "
-                          "proposer synchronously)")]
+            _bench_option(root, "remote pipelined", "pipelined", 2, loop + "; not through vLLM today")]
     opts = [o for o in opts if o]
     base = next((o for o in opts if o.name == "replicas"), None)
     if not base:
         return None
     cross = shared_figs(root, ("replicas_win_above_ms", "colocated", "tpot_ms"),
-                        "batched replicas give more tokens/s per GPU than colocated SD above", "{:.2f} ms")
+                        "batched replicas win above", "{:.2f} ms")
     return Target("8B", "Qwen3-8B shape, bf16, H200s, 1.7B-shaped draft, alpha 0.71", base.tpot, opts, cross)
 
 
@@ -119,13 +118,14 @@ def _big(root: Path, name: str, model: str, weights: str) -> Target | None:
              scale=1000.0, reciprocal=True)
     base = Option("replicas", t1, fig(root, rel, only, f"{name} alone: tokens/s", "{:.1f} tok/s", "measured", hw),
                   fig(root, rel, only, f"{name} alone: over itself", "{:.2f}x", "arithmetic", hw, per=only), 1)
-    col = Option("colocated SD", fig(root, rel, at + ("tokens_per_s",), f"colocated SD over the {name}: TPOT "
+    col = Option("colocated SD", fig(root, rel, at + ("tokens_per_s",), f"colocated SD: TPOT over the {name} "
                                      "(1000 / tok/s)", "{:.1f} ms", "synthetic", hw, scale=1000.0, reciprocal=True),
-                 fig(root, rel, at + ("tokens_per_s",), f"colocated SD over the {name}: tokens/s", "{:.1f} tok/s",
+                 fig(root, rel, at + ("tokens_per_s",), f"colocated SD: tokens/s over the {name}", "{:.1f} tok/s",
                      "synthetic", hw),
-                 fig(root, rel, at + ("speedup",), f"colocated SD over the {name}: over the target alone", "{:.2f}x",
+                 fig(root, rel, at + ("speedup",), f"colocated SD: over the {name} alone", "{:.2f}x",
                      "synthetic", hw, interval=at + ("speedup_ci95",)), 1, "1.7B-shaped draft, k = 3, alpha 0.71")
-    return Target(name, f"{model} shape, {weights}, one H200", t1, [base, col])
+    return Target(name, f"{model} shape, {weights}, one H200; batch 1 only (batched runs at this size not measured)",
+                  t1, [base, col])
 
 
 def targets(root: Path = REPO) -> list[Target]:
@@ -141,8 +141,7 @@ def _same_gpu(t: Target, goal: str) -> Cell:
     if goal == "relaxed" and cross and t.options[0].name == "replicas":
         o = t.options[0]
         return Cell(t.name, goal, "same GPU type", "replicas, batched", o.figures + cross,
-                    "the target alone meets the goal, and batching replicas gives more tokens/s per GPU than SD above "
-                    "that TPOT (emulated targets, 25_draft_server)")
+                    "batched replicas give more tokens/s per GPU than SD above that TPOT (emulated targets)")
     fits = sorted((o for o in t.options if o.meets(need)), key=lambda o: -o.per_gpu)
     if not fits:
         best = max(t.options, key=lambda o: o.ratio.value)
@@ -157,8 +156,6 @@ def _same_gpu(t: Target, goal: str) -> Cell:
             note += f"; measured here: {measured[0].name}" + (f" ({measured[0].note})" if measured[0].note else "")
         else:
             note += "; nothing measured here reaches it"
-    if goal == "relaxed" and not cross:
-        note += "; at batch 1: batched runs at this size are not measured"
     return Cell(t.name, goal, "same GPU type", pick.name, figures, note.strip("; "))
 
 
@@ -168,34 +165,34 @@ def _cheaper(root: Path, t: Target, goal: str, same: Cell) -> Cell:
     device; the cell says what a remote draft on a cheaper card would have to deliver."""
     if goal == "relaxed" or t.name != "8B":
         why = "no draft device in it" if same.option else "the evidence cannot fill it"
-        extra = "" if goal == "relaxed" else "; a remote draft on a cheaper card is not measured at this size"
+        extra = "" if t.name == "8B" else "; a remote draft on a cheaper card is not measured at this size"
         return Cell(t.name, goal, "a cheaper card", same.option, [], f"as on the same GPU type: {why}{extra}")
     cpu_hw = bench_hw(root, src.CPU_DRAFT)
-    cpu = [fig(root, src.CPU_DRAFT, ("runs", "pipelined", "summary", "tpot_ms"), "CPU draft: TPOT", "{:.1f} ms",
+    cpu = [fig(root, src.CPU_DRAFT, ("runs", "pipelined", "summary", "tpot_ms"), "a 16-core CPU draft, pipelined: TPOT", "{:.1f} ms",
                bench_kind(root, src.CPU_DRAFT), cpu_hw),
-           fig(root, src.CPU_DRAFT, ("rows", {"mode": "pipelined"}, "tokens_per_s"), "CPU draft: tokens/s",
+           fig(root, src.CPU_DRAFT, ("rows", {"mode": "pipelined"}, "tokens_per_s"), "a 16-core CPU draft, pipelined: tokens/s",
                "{:.1f} tok/s", bench_kind(root, src.CPU_DRAFT), cpu_hw),
-           mode_fig(root, src.CPU_DRAFT, "pipelined", "a 16-core CPU draft (0.6B shape), pipelined, over an H200 "
-                    "target")]
+           mode_fig(root, src.CPU_DRAFT, "pipelined", "a 16-core CPU draft, pipelined: over an H200 target alone "
+                    "(0.6B shape)")]
     at = ("testbed", {"run": "sd, draft: corsair:Qwen3-1.7B:fp8 (emulated)"})
     bed = "CPU testbed, the embedded pair, the draft's step emulated as a Corsair-class card's (modelled step)"
-    corsair = [fig(root, src.HETERO, at + ("tokens/s",), "Corsair-class draft: TPOT (1000 / tok/s)", "{:.0f} ms",
+    corsair = [fig(root, src.HETERO, at + ("tokens/s",), "a Corsair-class draft, emulated: TPOT (1000 / tok/s)", "{:.0f} ms",
                    "emulated", bed, scale=1000.0, reciprocal=True),
-               fig(root, src.HETERO, at + ("tokens/s",), "Corsair-class draft: tokens/s", "{:.2f} tok/s", "emulated",
+               fig(root, src.HETERO, at + ("tokens/s",), "a Corsair-class draft, emulated: tokens/s", "{:.2f} tok/s", "emulated",
                    bed),
-               fig(root, src.HETERO, at + ("speedup",), "Corsair-class draft: over the target alone", "{:.2f}x",
+               fig(root, src.HETERO, at + ("speedup",), "a Corsair-class draft, emulated: over the target alone", "{:.2f}x",
                    "emulated", bed)]
     remote = next((o for o in t.options if o.name == "remote pipelined"), None)
-    price = remote and fig(root, src.HEADLINE, remote.ratio.path, "the price ratio (draft card / target GPU) under "
-                           "which a second device pays per token: speedup - 1, with an H200-fast draft", "{:.2f}",
+    price = remote and fig(root, src.HEADLINE, remote.ratio.path, "the most a draft card may cost, as a share of the "
+                           "target GPU: speedup - 1, with an H200-fast draft", "{:.2f}",
                            "arithmetic", remote.ratio.hardware, offset=-1.0)
-    step = fig(root, src.HETERO, ("summary", "draft_step_for_2x_ms"), "draft step needed for 2x (pipelined, alpha "
-               "0.71, 0.2 ms round trip)", "{:.2f} ms", "modelled", "event model; the 8B step measured on an H200")
+    step = fig(root, src.HETERO, ("summary", "draft_step_for_2x_ms"), "the draft step 2x needs: pipelined, alpha "
+               "0.71, 0.2 ms round trip", "{:.2f} ms", "modelled", "event model; the 8B step measured on an H200")
     figures = [f for f in (*cpu, *corsair, price, step) if f]
     keep = f"keep {same.option}: " if same.option else ""
     return Cell(t.name, goal, "a cheaper card", same.option, figures,
-                keep + "no cheaper card was run; a CPU draft loses, an emulated Corsair-class card at best breaks "
-                "even, and a card pays per token only below the price ratio shown, if it drafts as fast as an H200")
+                keep + "no cheaper card was run: a CPU draft loses, an emulated Corsair-class card breaks even at best; "
+                "a card pays per token only below the price ratio shown, and only if it drafts as fast as an H200")
 
 
 def table(root: Path = REPO) -> list[Cell]:

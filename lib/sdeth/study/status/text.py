@@ -68,7 +68,7 @@ def _groups(figs: list[Figure]) -> list[tuple[str, str, list[Figure]]]:
 
 def _goal_text(t: Target, goal: str) -> str:
     frac = src.TPOT_GOALS[goal]
-    return f"{goal}: TPOT <= {frac * t.t1.value:.2f} ms ({frac:g} t(1), needs {1 / frac:.2f}x)"
+    return f"{goal}: <= {frac * t.t1.value:.2f} ms ({frac:g} t(1), {1 / frac:.2f}x)"
 
 
 def _cell_md(c: Cell) -> str:
@@ -93,32 +93,57 @@ def decision_markdown(root: Path = REPO) -> str:
     return "\n".join(out) + "\n"
 
 
+def _subject(f: Figure, option: str | None) -> str:
+    """What a group of figures is about (its first label up to the colon), unless it is the cell's option."""
+    subject = f.label.split(":")[0].split(" (")[0]
+    return "" if subject == option else f"{html.escape(subject)}: "
+
+
 def _cell_html(c: Cell) -> str:
     head = (f'<span class="opt">{html.escape(c.option)}</span>' if c.option
             else '<span class="gap">the evidence cannot fill it</span>')
-    body = "<br>".join(", ".join(f"<b>{html.escape(f.shown)}</b>" for f in fs)
+    body = "<br>".join(_subject(fs[0], c.option) + ", ".join(f"<b>{html.escape(f.shown)}</b>" for f in fs)
                        + f' <span class="src">({html.escape(k)}; {html.escape(s.removeprefix("reports/"))})</span>'
                        for k, s, fs in _groups(c.figures))
     note = f'<br><span class="note">{html.escape(c.note)}</span>' if c.note else ""
     return head + (f"<br>{body}" if body else "") + note
 
 
+def _spans(cells: list[str]) -> list[tuple[str, int] | None]:
+    """Runs of identical cells merged: (cell, rows it spans) for the first of a run, None for the rest."""
+    out: list[tuple[str, int] | None] = []
+    for c in cells:
+        last = next((i for i in range(len(out) - 1, -1, -1) if out[i] is not None), None)
+        if last is not None and out[last][0] == c:
+            out[last] = (c, out[last][1] + 1)
+            out.append(None)
+        else:
+            out.append((c, 1))
+    return out
+
+
+def _td(span: tuple[str, int] | None) -> str:
+    if span is None:
+        return ""
+    return f'<td rowspan="{span[1]}">{span[0]}</td>' if span[1] > 1 else f"<td>{span[0]}</td>"
+
+
 def decision_html(root: Path = REPO) -> str:
-    """The decision table as an HTML table (the index and 30_writeup)."""
+    """The decision table as an HTML table (the index and 30_writeup); equal neighbouring cells merged."""
     ts = {t.name: t for t in targets(root)}
     cells = table(root)
     if not cells:
         return f"<p>{PENDING}</p>"
     rows = []
-    for (name, goal), pair in groupby(cells, key=lambda c: (c.target, c.goal)):
-        same, cheap = list(pair)
-        t = ts[name]
-        first = goal == next(iter(src.TPOT_GOALS))
-        lead = (f'<th rowspan="{len(src.TPOT_GOALS)}">{html.escape(name)}<br><span class="note">{html.escape(t.what)}'
-                f'</span><br>t(1) <b>{html.escape(t.t1.shown)}</b> <span class="src">({t.t1.kind}; '
-                f'{html.escape(t.t1.source.removeprefix("reports/"))})</span></th>') if first else ""
-        rows.append(f"<tr>{lead}<td>{html.escape(_goal_text(t, goal))}</td><td>{_cell_html(same)}</td>"
-                    f"<td>{_cell_html(cheap)}</td></tr>")
+    for name, group in groupby(cells, key=lambda c: c.target):
+        group, t = list(group), ts[name]
+        same = _spans([_cell_html(c) for c in group if c.hardware == "same GPU type"])
+        cheap = _spans([_cell_html(c) for c in group if c.hardware == "a cheaper card"])
+        for i, goal in enumerate(src.TPOT_GOALS):
+            lead = (f'<th rowspan="{len(src.TPOT_GOALS)}">{html.escape(name)}<br><span class="note">'
+                    f'{html.escape(t.what)}</span><br>t(1) <b>{html.escape(t.t1.shown)}</b> <span class="src">'
+                    f'({t.t1.kind}; {html.escape(t.t1.source.removeprefix("reports/"))})</span></th>') if i == 0 else ""
+            rows.append(f"<tr>{lead}<td>{html.escape(_goal_text(t, goal))}</td>{_td(same[i])}{_td(cheap[i])}</tr>")
     return ('<table class="decision"><tr><th>target</th><th>TPOT goal</th><th>draft on the same GPU type</th>'
             '<th>draft on a cheaper card</th></tr>' + "".join(rows) + "</table>")
 
