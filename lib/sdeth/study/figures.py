@@ -212,7 +212,7 @@ def draft_variants():
     return pd.DataFrame(d["rows"]).set_index("variant")[["dtype", "fast", "greedy_agreement", "se", "cost", "positions"]]
 
 
-def _device_labels(points: list[dict], rel: float = 0.3) -> list[tuple[float, str]]:
+def _device_labels(points: list[dict], rel: float = 0.5) -> list[tuple[float, str]]:
     """One label per group of device profiles whose draft steps lie within `rel` of each other (they would
     overlap on a log axis): (step ms, "dev1 fp8 / dev2 bf16")."""
     groups: list[list[dict]] = []
@@ -248,11 +248,16 @@ def plot_design_map(maps: dict, draft_steps_ms, rtts_ms, points: list[dict], mea
         target, _, alpha = title.rpartition(", ")
         ax.set(xscale="log", yscale="log", xlabel="round trip (ms)")
         ax.set_title(f"{target}\n{alpha}", fontsize=9)
-    for step, label in _device_labels(points):
-        axes[0][-1].text(rtts_ms[-1] * 1.15, step, label, fontsize=7, va="center")
+    lo, hi = min(draft_steps_ms), max(draft_steps_ms)
+    labels = _device_labels(points)
+    for step, label in labels:
+        if lo <= step <= hi:          # a label off the map would sit on the colour bar: the caption names those
+            axes[0][-1].text(rtts_ms[-1] * 1.15, step, label, fontsize=7, va="center")
+    off = [f"{label} ({step:.1f} ms)" for step, label in labels if not lo <= step <= hi]
     axes[0][0].set_ylabel("draft step (ms)")
     fig.colorbar(im, ax=axes[0].tolist(), label="speedup over target-only (modelled)", pad=0.18)
     marks = {"measured": "star: measured", "emulated": "square: emulated"}
     fig.text(0.01, -0.08, "modelled: sdeth.costmodel's pipelined event model; dotted lines: device profiles' draft steps "
-             "(params/devices)" + "".join(f"; {marks[k]}" for k in marks if k in drawn), fontsize=8)
+             "(params/devices)" + "".join(f"; {marks[k]}" for k in marks if k in drawn)
+             + (f"; off the map: {', '.join(off)}" if off else ""), fontsize=8, wrap=True)
     plt.show()
