@@ -50,8 +50,8 @@ def clip_to_measured(fig, rows: list[dict], x: str = "tpot_ms", y: str = "tok_s_
         ax.set_ylim(0, top)
         ax.set_xlim(0, right)
     if over:
-        fig.text(0.99, 0.99, "; ".join(f"off the top: {k}, up to {v:,.0f} tokens/s per GPU" for k, v in over.items()),
-                 fontsize=7, ha="right", va="top", color="#555")
+        fig.text(0.01, -0.07, "; ".join(f"off the scale: {k}, up to {v:,.0f} tokens/s per GPU" for k, v in over.items()),
+                 fontsize=7, va="top", color="#444")
     return list(over)
 
 
