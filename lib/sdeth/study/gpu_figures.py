@@ -129,7 +129,7 @@ def plot_gpu_rtt(sweeps: dict[str, dict]):
                                   "event model for the pipelined modes (study.modelcheck), from each run's own components"),
              fontsize=8)
     plt.show()
-    return pd.DataFrame([{"run": n, **{f"{m} break-even ms": "never" if v is None else v
+    return pd.DataFrame([{"run": n, **{f"{m} break-even ms (interpolated)": "never" if v is None else v
                                        for m, v in b["break_even"].items()}}
                          for n, b in sweeps.items()])
 

@@ -288,6 +288,15 @@ def model_curves(runs: list[dict], rtts) -> list[dict]:
     return rows
 
 
+def testbed_line(testbed: dict | None) -> str:
+    """The testbed a run used, in one line (nested fields as key=value), not a raw dict."""
+    if not testbed:
+        return "none (one process)"
+    def val(v):
+        return ", ".join(f"{k} {x}" for k, x in v.items()) if isinstance(v, dict) else str(v)
+    return "; ".join(f"{k.replace('_', ' ')}: {val(v)}" for k, v in testbed.items())
+
+
 def identical_to(runs: dict[str, dict], reference: dict) -> dict[str, bool]:
     """Each run's output tokens against the reference run's (label -> identical)."""
     return {label: identical_outputs(r, reference) for label, r in runs.items()}
