@@ -133,3 +133,9 @@ def test_design_map_labels_neither_overlap_nor_leave_the_map():
     assert ys and all(0.05 <= y <= 5.0 for y in ys)
     assert any("off the map: cpu fp8 (5.6 ms)" in t.get_text() for t in fig.texts)
     plt.close(fig)
+
+
+def test_the_vllm_study_table_renders_in_25():
+    page = (ROOT / "reports" / "25_draft_server.html").read_text()
+    after = page[page.index("Through vLLM"):]
+    assert "<table" in after and "TPOT p99 ms" in visible(after) and "p99 within bound" in visible(after)

@@ -167,13 +167,13 @@ def _cheaper(root: Path, t: Target, goal: str, same: Cell) -> Cell:
         why = "no draft device in it" if same.option else "the evidence cannot fill it"
         extra = "" if t.name == "8B" else "; a remote draft on a cheaper card is not measured at this size"
         return Cell(t.name, goal, "a cheaper card", same.option, [], f"as on the same GPU type: {why}{extra}")
-    cpu_hw = bench_hw(root, src.CPU_DRAFT)
-    cpu = [fig(root, src.CPU_DRAFT, ("runs", "pipelined", "summary", "tpot_ms"), "a 16-core CPU draft, pipelined: TPOT", "{:.1f} ms",
-               bench_kind(root, src.CPU_DRAFT), cpu_hw),
-           fig(root, src.CPU_DRAFT, ("rows", {"mode": "pipelined"}, "tokens_per_s"), "a 16-core CPU draft, pipelined: tokens/s",
-               "{:.1f} tok/s", bench_kind(root, src.CPU_DRAFT), cpu_hw),
-           mode_fig(root, src.CPU_DRAFT, "pipelined", "a 16-core CPU draft, pipelined: over an H200 target alone "
-                    "(0.6B shape)")]
+    cpu_hw, cpu_kind, who = bench_hw(root, src.CPU_DRAFT), bench_kind(root, src.CPU_DRAFT), "a 16-core CPU draft"
+    pipe = ("rows", {"mode": "pipelined"})
+    cpu = [fig(root, src.CPU_DRAFT, ("runs", "pipelined", "summary", "tpot_ms"), f"{who}, pipelined: TPOT",
+               "{:.1f} ms", cpu_kind, cpu_hw),
+           fig(root, src.CPU_DRAFT, pipe + ("tokens_per_s",), f"{who}, pipelined: tokens/s", "{:.1f} tok/s",
+               cpu_kind, cpu_hw),
+           mode_fig(root, src.CPU_DRAFT, "pipelined", f"{who}, pipelined: over an H200 target alone (0.6B shape)")]
     at = ("testbed", {"run": "sd, draft: corsair:Qwen3-1.7B:fp8 (emulated)"})
     bed = "CPU testbed, the embedded pair, the draft's step emulated as a Corsair-class card's (modelled step)"
     corsair = [fig(root, src.HETERO, at + ("tokens/s",), "a Corsair-class draft, emulated: TPOT (1000 / tok/s)", "{:.0f} ms",
