@@ -350,3 +350,108 @@ def test_a_sampled_drafts_reply_is_bounded_and_q_top_0_refused_where_it_would_no
     replies = [m for _, m in _drive(server)]
     assert [len(r.q_idx[0]) for m in replies for r in m.rows if r.q_idx] == [most, most]
     assert all(len(W.encode(m)) <= lim.reply_bytes for m in replies)
+
+
+# ------------------------------------------------------------------ fairness under a flood from one host
+
+def _serve_plain(addr: str, seconds: float) -> None:
+    torch.set_num_threads(1)
+    tiny_server(tiny_qwen3(0), rows=8, capacity=256).serve(addr, max_seconds=seconds)
+
+
+def _flood_host(addr: str, kind: str, conns: int, go, sent, window: int = 64) -> None:
+    """While `go` is set: `conns` connections of this host send Pings (kind 'ping') or Open/End pairs ('open-end') at
+    the server's own processing rate: each keeps `window` messages unanswered, and sends one more for each answer.
+    sent: the answers so far."""
+    import uuid
+
+    import zmq
+    socks = []
+    for _ in range(conns):
+        s = zmq.Context.instance().socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
+        s.connect(addr)
+        s.send(W.encode(HELLO))
+        s.recv()
+        socks.append(s)
+    msgs = ([W.encode(W.Ping(0.0))] if kind == "ping" else
+            [W.encode(W.Open("f", 0, [1, 2, 3, 4])), W.encode(W.End("f"))])
+    poller = zmq.Poller()
+    for s in socks:
+        poller.register(s, zmq.POLLIN)
+    out, n = {s: 0 for s in socks}, 0
+    while True:
+        go.wait()
+        for s in socks:
+            while out[s] < window:
+                for m in msgs:
+                    s.send(m)
+                out[s] += 1
+        for s, _ in poller.poll(100):
+            while s.poll(0):
+                s.recv()
+                out[s] -= 1
+                n += 1
+        sent.value = n
+
+
+def _rounds(c, lat: list, n: int) -> None:
+    """n rounds of one sequence (k=3, a token each), each round's latency (s) into lat."""
+    t = c.open(f"s{len(lat)}", [1, 2, 3, 4])
+    for i in range(n):
+        t0 = time.perf_counter()
+        got = c.rounds([(t, 0, [5 + i % 7], 3)])[0]
+        lat.append(time.perf_counter() - t0)
+        assert not got.error and len(got.tokens) == 3, got
+    c.end(t)
+
+
+@pytest.mark.parametrize("kind,conns", [("ping", 1), ("open-end", 3)])
+def test_a_flood_from_one_host_leaves_a_neighbours_rounds_within_2x_of_alone(kind, conns, tmp_path):
+    """The server, the flooding host's connections and the neighbour on one address (plain TCP: the budget is per
+    connection, the turns per connection), one thread each on this CPU: the neighbour's round p50 and p99 alone and
+    under the flood, in alternating blocks; the figures printed and written to flood.json."""
+    import json
+    import multiprocessing
+    from sdeth.place.testbed import free_port
+    from sdeth.wire.draft_client import DraftServerClient
+    torch.set_num_threads(1)
+    mp = multiprocessing.get_context("spawn")
+    addr, go, sent = f"tcp://127.0.0.1:{free_port()}", mp.Event(), mp.Value("q", 0)
+    procs = [mp.Process(target=_serve_plain, args=(addr, 300), daemon=True),
+             mp.Process(target=_flood_host, args=(addr, kind, conns, go, sent), daemon=True)]
+    for p in procs:
+        p.start()
+    try:
+        c = DraftServerClient(addr, HELLO, timeout_s=60)
+        _rounds(c, [], 5)                                       # warm
+        lat, seconds, n0 = {"alone": [], "flood": []}, 0.0, sent.value
+        for _ in range(4):
+            for state in ("alone", "flood"):
+                t0 = time.time()
+                if state == "flood":
+                    go.set()
+                    time.sleep(0.3)
+                _rounds(c, lat[state], 40)
+                if state == "flood":
+                    go.clear()
+                    seconds += time.time() - t0
+                    time.sleep(0.3)                             # its last messages drained
+        flood_rate = (sent.value - n0) / seconds              # answered: the server's own rate
+        c.close()
+    finally:
+        for p in procs:
+            p.kill()
+    ms = {s: {"p50": _pct(v, .5), "p99": _pct(v, .99), "rounds": len(v)} for s, v in lat.items()}
+    figures = {"flood": kind, "connections": conns, "flood_answered_per_s": round(flood_rate), "round_ms": ms,
+               "measured": "this host's CPU, one thread each (server, flooder, neighbour), tiny 2-layer Qwen3 draft, "
+                           "k=3, loopback TCP"}
+    (tmp_path / "flood.json").write_text(json.dumps(figures, indent=1))
+    print(f"\n{json.dumps(figures)}")
+    assert flood_rate > 100                                      # a flood, as fast as the server answered it
+    assert ms["flood"]["p50"] <= 2 * ms["alone"]["p50"] and ms["flood"]["p99"] <= 2 * ms["alone"]["p99"], figures
+
+
+def _pct(v: list, q: float) -> float:
+    return round(sorted(v)[min(int(q * len(v)), len(v) - 1)] * 1e3, 2)

@@ -116,7 +116,8 @@ def key_of(peer: str) -> str:
 
 
 IDLE_EVERY_S = 0.001     # while messages keep arriving, background work still runs this often (see serve_requests)
-DRAIN = 256              # messages taken off the socket in one pass (serve_requests with per_pass)
+DRAIN = 64               # messages taken off the socket in one pass (serve_requests with per_pass; zmq takes
+                         # them from the connections in turn)
 QUEUED = 64              # ... and held for one connection at most (more are refused, told once a second)
 
 
