@@ -77,4 +77,4 @@ def test_remote_point_against_a_real_draft_server(fast):
     assert p["new_sequence"]["count"] > 0 and p["new_sequence"]["open_to_first_draft_ms_p50"] > 0
     em = p["emulation"]
     assert 0 <= em["t_v_over_intended_mean"] < 1.0          # loose: a shared CPU oversleeps, never undersleeps
-    assert not drafter.seqs                                 # each target ended its sequences (End, Ended)
+    assert not server.d.seqs                                # each target ended its sequences (End, Ended)
