@@ -39,13 +39,12 @@ from dataclasses import asdict
 from ..runtime.batchdraft import MAX_CATCH_UP, BatchDrafter, Desync, Full, Overflow
 from ..runtime.verify import Sampling
 from . import protocol
-from .admission import Client, Shares, address_of, in_turn, no_room, owner_key
+from .admission import Client, Shares, address_of, in_turn, no_room
 from .draft_worker import welcome
-from .server_config import MAX_K, DraftServerConfig, ServerLimits
+from .server_config import DraftServerConfig, ServerLimits
 from .transport import Log, PeerLimits, key_of, reply, serve_requests
 
-__all__ = ["MAX_K", "Client", "DraftServer", "DraftServerConfig", "ServerLimits", "build_server", "in_turn",
-           "owner_key", "pair_server", "serve_draft_server"]
+__all__ = ["DraftServer", "DraftServerConfig", "ServerLimits", "build_server", "pair_server", "serve_draft_server"]
 DECODE = protocol.Decoder("a draft server", protocol.SERVER_TAKES)
 SWEEP_S = 1.0            # how often the TTL sweep runs
 GONE_S = 2.0             # a closed connection's client is forgotten this long after (unless it speaks again: a
