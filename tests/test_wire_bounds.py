@@ -164,7 +164,7 @@ def test_curve_serves_only_authorized_keys_and_logs_the_refusals(tmp_path):
                 c.call(W.Ping(0.0))
             c.close()
         assert any("refused (auth): CURVE key refused" in line for line in lines), lines
-        failed = [line for line in lines if "refused (handshake): a peer failed the CURVE handshake" in line]
+        failed = [line for line in lines if "refused (auth): a peer failed the CURVE handshake" in line]
         assert failed and all(line.startswith(("127.0.0.1 ", "an unknown address ")) for line in failed), lines
         assert any(line.startswith("127.0.0.1 ") for line in failed), failed     # the peer, not this server's endpoint
     assert not any("PLAIN TCP" in line for line in lines)

@@ -35,7 +35,7 @@ class Log:
 
     def __init__(self, who: str, burst: int = 5, per_s: float = 10.0):
         self.who, self.burst, self.per_s = who, burst, per_s
-        self._seen: dict[tuple, list] = {}      # (peer, code) -> [window start, lines in it, left out]
+        self._seen: dict[tuple, list] = {}      # (peer, kind) -> [window start, lines in it, left out]
         self._lock = threading.Lock()           # the CURVE authenticator's thread logs too
 
     def line(self, text: str, peer: str = "") -> None:
@@ -43,13 +43,14 @@ class Log:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1e3) % 1000:03d}Z"
         print(f"{stamp} sdeth {self.who}{f' peer={peer}' if peer else ''}: {text}", flush=True)
 
-    def refused(self, peer: str, code: str, text: str) -> None:
+    def refused(self, peer: str, code: str, text: str, kind: str = "") -> None:
+        """kind: rate-limited apart from the code's other refusals (default: the code)."""
         with self._lock:
-            self._refused(peer, code, text)
+            self._refused(peer, code, text, kind or code)
 
-    def _refused(self, peer: str, code: str, text: str) -> None:
+    def _refused(self, peer: str, code: str, text: str, kind: str) -> None:
         now = time.time()
-        w = self._seen.setdefault((peer, code), [now, 0, 0])
+        w = self._seen.setdefault((peer, kind), [now, 0, 0])
         if now - w[0] > self.per_s:
             if w[2]:
                 self.line(f"{w[2]} more refusals ({code}) left out of the log in {self.per_s:.0f} s", peer)
@@ -291,9 +292,9 @@ class _Server:
                 addr, idents = self.addrs.pop(fd, ""), self.fds.pop(fd, set())
                 if self.failed and not idents:
                     self.failed -= 1
-                    self.log.refused(addr or "an unknown address", "handshake", "a peer failed the CURVE handshake "
-                                     "(no key, or keys of another deployment)")   # (its own code: rate-limited apart
-                                                                                  # from the authenticator's refusals)
+                    self.log.refused(addr or "an unknown address", "auth", "a peer failed the CURVE handshake (no "
+                                     "key, or keys of another deployment)", kind="handshake")   # (rate-limited apart
+                                                                                # from the authenticator's refusals)
                 for ident in idents if closed else ():
                     closed(ident)
 
