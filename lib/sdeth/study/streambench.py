@@ -328,18 +328,19 @@ def serve_random(name: str, device: str, addr: str, ready, seconds: float, rows:
     """A draft server process: the named draft shape (random bf16 weights) on `device`, its graphs captured and
     a prompt's prefill run once before `ready` is told; serves `addr` for `seconds`."""
     from ..runtime.randomweights import fused_random
-    from ..wire.draft_server import DraftServer, ServerLimits
+    from ..wire.draft_server import DraftServerConfig, ServerLimits, build_server
     try:
         if torch.device(device).type == "cuda":
             torch.cuda.set_device(device)
         allow_recompiles()
         t0 = time.perf_counter()
         fast = FastDecoder(fused_random(name, device, "bf16", seed=1), 8)
-        dec = BatchDecoder(fast, rows, capacity, compile_mode=compile_mode)
+        server = build_server(fast, welcome(name, fast.vocab, rows), DraftServerConfig(
+            rows, capacity, ttl_s=120, prefill_chunk=PREFILL_CHUNK, compile_mode=compile_mode or "none", warm=False,
+            spin_s=spin_s, limits=ServerLimits(sequences_per_client=rows, reserve=0)))
+        dec = server.d.dec
         dec.warm(widths=(1, 2), spans=(dec.span_for(CONTEXT),))
         prefill_ms = prompt_prefill_ms(dec)
-        server = DraftServer(BatchDrafter(dec, fast.vocab, chunk=PREFILL_CHUNK), welcome(name, fast.vocab, rows),
-                             ServerLimits(sequences_per_client=rows), ttl_s=120)
         ready.put({"vocab": fast.vocab, "build_and_warm_s": round(time.perf_counter() - t0, 1),
                    "prompt_prefill_ms": prefill_ms, "prefill_tokens_between_steps": PREFILL_CHUNK,
                    "graphs": len(dec.graphs), "gpu_mem_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 1)
