@@ -457,3 +457,73 @@ def test_a_flood_from_one_host_leaves_a_neighbours_rounds_near_alone(kind, conns
 
 def _pct(v: list, q: float) -> float:
     return round(sorted(v)[min(int(q * len(v)), len(v) - 1)] * 1e3, 2)
+
+
+# ------------------------------------------------------------------ a closed connection stays closed
+
+def _dealer(addr: str):
+    import uuid
+    import zmq
+    d = zmq.Context.instance().socket(zmq.DEALER)
+    d.setsockopt(zmq.LINGER, 0)
+    d.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
+    d.connect(addr)
+    return d
+
+
+def _take(srv, server):
+    """The next message on srv's socket through note_fd and the server's dispatch: (its ident, whether it was
+    served)."""
+    assert srv.sock.poll(2000)
+    frames = srv.sock.recv_multipart(copy=False)
+    ident = frames[0].bytes
+    live = srv.note_fd(ident, frames[-1])
+    if live:
+        server.dispatch(ident, W.decode(frames[-1].bytes), time.time(), "127.0.0.1")
+    return ident, live
+
+
+def test_a_killed_clients_last_messages_do_not_keep_its_rows_and_a_reused_fd_is_not_taken_for_closed():
+    """libzmq hands out a closed connection's last messages after its close was reported: they are dropped and do
+    not make the client live again (its rows go GONE_S after the close). A new connection on the closed one's file
+    descriptor, whose message is read before that close, is not taken for closed."""
+    import sdeth.wire.draft_server as ds
+    from sdeth.wire.transport import Log, _Server
+    from test_draft_server import free_port
+    server = tiny_server(tiny_qwen3(0), rows=4, capacity=CAP, ttl_s=60)
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    srv = _Server(addr, None, Log("test"), server.closed)
+    try:
+        a = _dealer(addr)
+        a.send(W.encode(HELLO))
+        ident_a, live = _take(srv, server)
+        assert live and ident_a in server.clients
+        fd_a = next(fd for fd, ids in srv.fds.items() if ident_a in ids)
+        a.send(W.encode(W.Open("s", 0, [1, 2, 3])))
+        _take(srv, server)
+        for _ in range(3):
+            a.send(W.encode(W.Ping(1.0)))
+        time.sleep(0.3)
+        a.close()                                       # killed: its Pings are still readable on the server
+        time.sleep(0.3)
+        srv.read_events()                               # the close is read first
+        assert server.clients[ident_a].gone
+        gone_at = server.clients[ident_a].gone
+        assert [_take(srv, server)[1] for _ in range(3)] == [False] * 3
+        assert server.clients[ident_a].gone == gone_at  # still closed, since the first close
+        b = _dealer(addr)                               # (the OS hands out the lowest free fd: a's again)
+        b.send(W.encode(HELLO))
+        time.sleep(0.3)
+        ident_b, live = _take(srv, server)              # b's message before anything of the monitor's
+        assert live and ident_b in server.clients and not server.clients[ident_b].gone
+        assert ident_b in srv.fds[fd_a]                 # the race: a reused fd
+        b.send(W.encode(W.Open("t", 0, [1, 2, 3])))
+        _take(srv, server)
+        server.clients[ident_a].gone -= ds.GONE_S
+        server.t_sweep = 0
+        server.expire()
+        assert ident_a not in server.clients and ident_b in server.clients
+        assert sorted(server.d.seqs) == [(ident_b, "t")]
+        b.close()
+    finally:
+        srv.close()

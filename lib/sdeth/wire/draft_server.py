@@ -145,9 +145,10 @@ class DraftServer:
 
     def closed(self, ident: bytes) -> None:
         """The connection that carried ident closed (transport's monitor): its client is forgotten GONE_S later
-        unless it speaks again first."""
+        unless it speaks again first over a live connection (the transport drops the closed one's last messages,
+        naming it again: the first close counts)."""
         c = self.clients.get(ident)
-        if c is not None:
+        if c is not None and not c.gone:
             c.gone = time.time()
 
     def owned(self, c: Client, but: str = "") -> int:
@@ -262,7 +263,7 @@ class DraftServer:
             elif not 0 <= row.token < self.me.vocab_size:
                 self._refuse(c, row.seq, row.gen, "bad-message", "token", f"token id {row.token} outside the "
                              f"vocabulary [0, {self.me.vocab_size})")
-            elif seq.base + row.pos + self.limits.k + 1 > self.limits.context - 1:
+            elif seq.base + row.pos + 2 > self.limits.context - 1:      # (a stream drafts one token a step)
                 self._refuse(c, row.seq, row.gen, "limit", "context", f"stream {row.seq!r} reaches position "
                              f"{seq.base + row.pos}, past this server's {self.limits.context} tokens: end it")
             else:

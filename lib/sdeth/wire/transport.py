@@ -91,8 +91,9 @@ class PeerLimits:
         u[2] += nbytes
         if u[1] <= self.messages_per_s and u[2] <= self.bytes_per_s:
             return None, False
-        why = (f"more than {self.messages_per_s} messages or {self.bytes_per_s >> 20} MiB in one second from this "
-               f"peer (the server's per-peer limit): messages refused for the rest of the second")
+        why = (f"messages_per_s: more than {self.messages_per_s} messages" if u[1] > self.messages_per_s else
+               f"bytes_per_s: more than {self.bytes_per_s >> 20} MiB")
+        why += " in one second from this peer (the server's per-peer limit): messages refused for the rest of the second"
         tell = conn not in u[3] and len(u[3]) < 64
         u[3].add(conn)
         return why, tell
@@ -174,8 +175,7 @@ def _in_order(server, decode, log, limits, idle, spin_s, max_seconds, idle_every
         frames = server.sock.recv_multipart(copy=False)
         t_recv, t_last = time.time(), time.perf_counter()
         got = screen(server.sock, frames, decode, log, limits, t_recv)
-        if got is not None:
-            server.note_fd(got[0], frames[-1])
+        if got is not None and server.note_fd(got[0], frames[-1]):
             yield server.sock, got[0], got[1], t_recv, got[2]
 
 
@@ -184,12 +184,18 @@ def _in_turn(server, decode, log, limits, idle, spin_s, max_seconds, per_pass, c
     t_end = time.time() + max_seconds if max_seconds else float("inf")
     queues: dict[bytes, collections.deque] = {}
     told: dict[bytes, int] = {}
+
+    def gone(ident: bytes) -> None:          # a closed connection's queued messages are dropped, never served
+        queues.pop(ident, None), told.pop(ident, None)
+        if closed is not None:
+            closed(ident)
+    server.closed = gone
     busy, t_last = False, 0.0
     while time.time() < t_end:
         spinning = spin_s and time.perf_counter() - t_last < spin_s
         if not server.wait(0 if busy or spinning or queues else 500):
             busy = _idle(idle, server.sock, log)
-            server.read_events(closed)
+            server.read_events()
             if not queues:
                 continue
         for _ in range(DRAIN):
@@ -198,16 +204,16 @@ def _in_turn(server, decode, log, limits, idle, spin_s, max_seconds, per_pass, c
             frames = server.sock.recv_multipart(copy=False)
             t_recv, t_last = time.time(), time.perf_counter()
             got = screen(server.sock, frames, decode, log, limits, t_recv)
-            if got is None:
+            if got is None or not server.note_fd(got[0], frames[-1]):
                 continue
-            server.note_fd(got[0], frames[-1])
             q = queues.setdefault(got[0], collections.deque())
             if len(q) < QUEUED:
                 q.append((got[1], t_recv, got[2]))
             elif told.get(got[0]) != int(t_recv):
                 told[got[0]] = int(t_recv)
-                why = (f"queue: {QUEUED} messages of this connection wait to be served, the most: wait for the "
-                       f"answers you have asked for (messages past it are refused)")
+                why = (f"per_pass: {QUEUED} messages of this connection wait to be served (the server takes per_pass "
+                       f"of each connection's in turn and holds {QUEUED} at most): wait for the answers you have asked "
+                       f"for (messages past it are refused)")
                 log.refused(got[2], "limit", why)
                 reply(server.sock, got[0], protocol.Error("limit", why))
         for ident in list(queues):
@@ -215,10 +221,11 @@ def _in_turn(server, decode, log, limits, idle, spin_s, max_seconds, per_pass, c
             for _ in range(min(per_pass, len(q))):
                 msg, t_recv, peer = q.popleft()
                 yield server.sock, ident, msg, t_recv, peer
-            if not q:
+            if not q and queues.get(ident) is q:     # (gone() may have dropped it while its messages were served)
                 del queues[ident]
+                told.pop(ident, None)
         busy = _idle(idle, server.sock, log)
-        server.read_events(closed)
+        server.read_events()
 
 
 class _Server:
@@ -231,10 +238,15 @@ class _Server:
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)   # larger frames: the connection is dropped
-        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)   # a client reconnecting under its routing id takes it over
+        # plain TCP: a client reconnecting under its routing id takes it over. Not under CURVE: there another authorised
+        # key presenting a victim's routing id would take over its replies (its reconnection waits for the old
+        # connection's close instead)
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 0 if keys else 1)
         self.log, self.auth, self.events, self.closed = log, None, None, closed
         self.fds: dict[int, set] = {}        # a connection's file descriptor -> the routing ids seen on it
         self.addrs: dict[int, str] = {}      # ... -> its peer's address (read when it was accepted)
+        self.dead: set[int] = set()          # file descriptors whose close was read (until one is accepted again):
+                                             # libzmq still hands out a closed connection's last messages
         self.failed = 0                      # failed handshakes whose connection has not closed yet
         try:
             if keys is None:
@@ -264,18 +276,28 @@ class _Server:
             self.read_events(self.closed)
         return bool(self.sock.poll(0))
 
-    def note_fd(self, ident: bytes, frame) -> None:
-        """The connection (file descriptor) a message came over, so that its close names its routing ids."""
+    def note_fd(self, ident: bytes, frame) -> bool:
+        """The connection (file descriptor) a message came over, so that its close names its routing ids; False for a
+        message over a connection already closed (closed(ident) is called again, and the message is to be dropped).
+        A new (routing id, fd) pair reads the monitor's events first: a connection's accept is queued there before
+        its first message can be received, so a reused fd's old close is read before its new connection is noted."""
         if self.events is None:
-            return
+            return True
         try:
             fd = frame.get(zmq.SRCFD)
         except Exception:             # (a test's frame, or a libzmq without it)
-            return
-        if ident not in self.fds.get(fd, ()):
-            for held in self.fds.values():
-                held.discard(ident)
-            self.fds.setdefault(fd, set()).add(ident)
+            return True
+        if ident in self.fds.get(fd, ()):
+            return True
+        self.read_events()
+        if fd in self.dead:
+            if self.closed is not None:
+                self.closed(ident)
+            return False
+        for held in self.fds.values():
+            held.discard(ident)
+        self.fds.setdefault(fd, set()).add(ident)
+        return True
 
     def read_events(self, closed=None) -> None:
         """The monitor's events so far: a closed connection's routing ids to closed(ident); a failed handshake
@@ -286,10 +308,12 @@ class _Server:
             kind, fd = event["event"], int(event["value"])
             if kind == zmq.EVENT_ACCEPTED:
                 self.addrs[fd] = _address(fd)
+                self.dead.discard(fd)
             elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
                 self.failed += 1
             elif kind == zmq.EVENT_DISCONNECTED:
                 addr, idents = self.addrs.pop(fd, ""), self.fds.pop(fd, set())
+                self.dead.add(fd)
                 if self.failed and not idents:
                     self.failed -= 1
                     self.log.refused(addr or "an unknown address", "auth", "a peer failed the CURVE handshake (no "
