@@ -258,6 +258,25 @@ def test_one_client_cannot_hold_every_row_and_freed_rows_pass_to_the_client_wait
     assert server.me.limits["reserve"] == 1 and server.me.limits["sequences_per_client"] == 7
 
 
+def test_a_client_that_waited_stops_blocking_others_once_it_is_admitted_or_gone():
+    """A client refused a row waits (others at their fair share are refused) only until it is admitted one, or
+    leaves: never for the rest of the few seconds its wait counts."""
+    server = tiny_server(tiny_qwen3(0), rows=8, capacity=CAP, limits=ServerLimits(reserve=0))
+    for i, peer in ((b"a", "10.0.0.1"), (b"b", "10.0.0.2"), (b"c", "10.0.0.3")):
+        _hello(server, i, peer)
+    assert [_open(server, b"a", f"a{i}", "10.0.0.1") for i in range(8)] == [""] * 8
+    assert _open(server, b"b", "b0", "10.0.0.2").startswith("sequences:")           # b waits
+    server.forget(server.clients[b"b"], "left")
+    server.dispatch(b"a", W.End("a0"), time.time(), "10.0.0.1")
+    assert _open(server, b"a", "a8", "10.0.0.1") == ""                              # b left: nobody waits
+    assert _open(server, b"c", "c0", "10.0.0.3").startswith("sequences:")           # c waits
+    server.dispatch(b"a", W.End("a1"), time.time(), "10.0.0.1")
+    assert _open(server, b"a", "a9", "10.0.0.1").startswith("fair_share:")
+    assert _open(server, b"c", "c0", "10.0.0.3") == ""                              # c admitted: waits no longer
+    server.dispatch(b"a", W.End("a2"), time.time(), "10.0.0.1")
+    assert _open(server, b"a", "a9", "10.0.0.1") == ""
+
+
 def test_connections_are_bounded_per_address():
     server = tiny_server(tiny_qwen3(0), limits=ServerLimits(clients_per_peer=3))
     for i in range(3):

@@ -79,7 +79,8 @@ class Shares:
 
     def __init__(self, lim: ServerLimits):
         self.lim = lim
-        self.wanting: dict = {}          # owner -> when it was last refused a row while under its fair share
+        self.wanting: dict = {}          # owner -> when it was last refused a row while under its fair share (dropped
+                                         # when it is admitted one, or leaves)
 
     def fair(self, clients: dict) -> int:
         return max(1, self.lim.sequences // max(1, len({c.owner for c in clients.values()})))
@@ -89,7 +90,8 @@ class Shares:
         sequences held in all, owned: c's owner's (neither counting the sequence re-opened)."""
         lim, now = self.lim, now or time.time()
         fair, free = self.fair(clients), lim.sequences - held
-        self.wanting = {o: t for o, t in self.wanting.items() if now - t < WANT_S}
+        present = {x.owner for x in clients.values()}       # (an owner that left waits for nothing)
+        self.wanting = {o: t for o, t in self.wanting.items() if now - t < WANT_S and o in present}
         others_wait = any(o != c.owner for o in self.wanting)
         if free <= 0:
             why = ("sequences", f"this server holds {lim.sequences} sequences, its most: send again later (a client "
@@ -103,6 +105,7 @@ class Shares:
                                  + ("others wait" if others_wait else f"{free} rows are kept for others")
                                  + ": End one first, or send again later")
         else:
+            self.wanting.pop(c.owner, None)                  # admitted: it waits no longer
             return "", ""
         if owned < fair:
             self.wanting[c.owner] = now
