@@ -197,6 +197,29 @@ def test_random_requests_near_every_limit_from_several_clients_never_stop_the_se
 
 
 
+def test_an_error_feeding_one_prompt_refuses_that_prompt_only(monkeypatch):
+    """A prefill that fails on one prompt refuses (and frees) that sequence; the other prompts waiting are fed and
+    drafted."""
+    server = tiny_server(tiny_qwen3(0), rows=4, capacity=CAP)
+    for i in (b"a", b"b"):
+        _hello(server, i)
+    server.dispatch(b"a", W.Open("bad", 0, list(range(1, 12))), time.time(), "p")
+    server.dispatch(b"b", W.Open("good", 0, list(range(1, 40))), time.time(), "p")
+    feed = server.d._feed
+
+    def fails_on_bad(seq, ids):
+        if seq.key == (b"a", "bad"):
+            raise RuntimeError("device fault")
+        feed(seq, ids)
+    monkeypatch.setattr(server.d, "_feed", fails_on_bad)
+    got = [(i, r) for i, m in _drive(server) for r in m.rows]
+    assert [(i, r.seq, r.error) for i, r in got] == [(b"a", "bad", "internal")]
+    assert got[0][1].message.startswith("prefill: sequence 'bad': RuntimeError: device fault")
+    assert sorted(server.d.seqs) == [(b"b", "good")] and server.d.seqs[(b"b", "good")].ready
+    server.dispatch(b"b", W.Rounds([W.Row("good", 0, 39, 0, [4], 3)]), time.time(), "p")
+    assert [len(r.tokens) for _, m in _drive(server) for r in m.rows] == [3]
+
+
 # ------------------------------------------------------------------ one config, from the command line to the server
 
 def test_every_setting_travels_from_the_command_line_to_the_running_server():

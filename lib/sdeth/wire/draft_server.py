@@ -286,25 +286,29 @@ class DraftServer:
 
     def idle(self, sock) -> bool:
         """Between messages: the TTL sweep, one draft step over the waiting rows (and one over the streams), the
-        refusals a step made, one chunk of prefill. True while work remains."""
+        refusals a step made, one chunk of prefill. True while work remains (refusals the prefill made included)."""
         self.expire()
         out = self.step() + self.stream_step()
         out += [(c.ident, self._drafts(c, [])) for c in self.clients.values() if c.refused]
         for ident, m in out:
             reply(sock, ident, m)
         fed = self._prefill()
-        return (bool(fed) or any(any(s.ready for s, _, _ in c.waiting) for c in self.clients.values())
+        return (bool(fed) or any(c.refused or any(s.ready for s, _, _ in c.waiting) for c in self.clients.values())
                 or any(self._may_stream(s) for s in self.d.seqs.values()))
 
     def _prefill(self) -> int:
-        """One budget of prompt tokens fed; an error there refuses (and frees) the prompts that wait."""
+        """One budget of prompt tokens fed; an error there refuses (and frees) the prompt being fed, the others
+        wait on."""
         if not self.d.waiting():
             return 0
         try:
             return self.d.prefill(self.cfg.prefill_budget or self.cfg.prefill_chunk)
-        except Exception as e:       # contained: the waiting prompts are refused, the server serves on
-            self._fail([s for s in self.d.seqs.values() if len(s.pending) > MAX_CATCH_UP], "internal", "prefill",
-                       f"{type(e).__name__}: {e}")
+        except Exception as e:       # contained: the prompt it was feeding is refused, the server serves on
+            # (BatchDrafter.prefill feeds the waiting prompts shortest first, each until it is fed: the one it failed
+            # on is the shortest still waiting, as it was the shortest when the call began)
+            seq = min((s for s in self.d.seqs.values() if len(s.pending) > MAX_CATCH_UP), key=lambda s: len(s.pending),
+                      default=None)
+            self._fail([seq] if seq else [], "internal", "prefill", f"{type(e).__name__}: {e}")
             return 0
 
     def _may_stream(self, seq) -> bool:
