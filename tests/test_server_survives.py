@@ -123,6 +123,30 @@ def test_a_stream_near_the_cache_end_is_refused_at_open_or_stops_at_its_end():
     assert seq is None or seq.n <= CAP - 1
 
 
+def test_commits_inside_a_window_admitted_at_open_are_taken_near_the_cache_end():
+    """A stream drafts one token a step: its commits are bounded by that token, not by k (16), so a stream opened
+    near the cache's end with a small window commits every position up to the one that fills the cache."""
+    server = tiny_server(tiny_qwen3(0), rows=4, capacity=CAP)
+    _hello(server, b"a")
+    n = CAP - 8                                          # n + window + 1 = CAP - 3: admitted at Open
+    assert not server.dispatch(b"a", W.Open("w", 0, list(range(1, n + 1)), stream=True, window=4), time.time(), "p")
+    taken, refused = [], []
+
+    def commit(pos, token):
+        out = server.dispatch(b"a", W.Commits([W.CommitRow("w", 0, pos, token)]), time.time(), "p")
+        bad = [r.message for m in out if isinstance(m, W.Drafts) for r in m.rows if r.error]
+        (refused if bad else taken).append(pos)
+        assert all(b.startswith("context:") for b in bad)
+    commit(0, 5)
+    for _ in range(20):
+        streamed = [r for _, m in _drive(server) if isinstance(m, W.Streamed) for r in m.rows]
+        if not streamed:
+            break
+        for r in streamed:
+            commit(r.pos, r.token)
+    assert taken == list(range(CAP - 2 - n)) and refused == [CAP - 2 - n]    # n + pos + 2 <= CAP - 1: taken
+
+
 def test_an_error_inside_a_step_refuses_its_rows_and_the_server_serves_on(monkeypatch, capsys):
     server = tiny_server(tiny_qwen3(0), rows=4, capacity=CAP)
     for i in (b"a", b"b"):
