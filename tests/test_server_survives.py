@@ -279,6 +279,16 @@ def test_every_setting_travels_from_the_command_line_to_the_running_server():
     assert asdict(server.cfg.limits) == lim and server.d.dec.rows == 6 and server.d.dec.capacity == 80
 
 
+@pytest.mark.parametrize("lim,flag", [(dict(k=0), "--limit-k 0"),
+                                      (dict(sequences_per_client=-1), "--limit-sequences-per-client -1"),
+                                      (dict(reply_bytes=1000), "--limit-reply-bytes 1000")])
+def test_limits_a_server_cannot_serve_under_are_refused_at_start_naming_the_flag(lim, flag):
+    from sdeth.wire.server_config import DraftServerConfig
+    with pytest.raises(ValueError, match=f"^{flag}: .*use "):
+        DraftServerConfig(rows=8, limits=ServerLimits(**lim)).check()
+    assert DraftServerConfig(rows=8, limits=ServerLimits(reply_bytes=7 * 16 * 78)).check()     # q_top 1 fits
+
+
 # ------------------------------------------------------------------ admission that cannot be monopolised
 
 def _open(server, ident, seq, peer="127.0.0.1", **kw) -> str:

@@ -87,6 +87,23 @@ class DraftServerConfig:
         if not 1 <= self.limits.reply_bytes <= MAX_MESSAGE_BYTES:
             raise ValueError(f"limits.reply_bytes {self.limits.reply_bytes}: use 1 to the protocol's frame limit "
                              f"{MAX_MESSAGE_BYTES} (a larger reply is refused by its client)")
+        return self._check_limits()
+
+    def _check_limits(self) -> "DraftServerConfig":
+        """The limits a server can serve under: a round drafts a token, a client holds a sequence, and a sampled
+        draft's reply fits q_top 1 (each error names the flag and the fix)."""
+        lim = self.limits
+        if lim.k < 1:
+            raise ValueError(f"--limit-k {lim.k}: a round drafts at least one token: use 1 or more (default {MAX_K})")
+        if lim.sequences_per_client < 0:
+            raise ValueError(f"--limit-sequences-per-client {lim.sequences_per_client}: use at least 1 (0: the rows "
+                             f"less the reserve)")
+        res = lim.resolved(self.rows, self.capacity)
+        need = res.sequences_per_client * res.k * (ROW_BYTES + Q_BYTES)
+        if res.reply_bytes < need:
+            raise ValueError(f"--limit-reply-bytes {lim.reply_bytes}: a sampled draft's reply of "
+                             f"{res.sequences_per_client} rows x k {res.k} with q_top 1 takes {need} bytes: use at "
+                             f"least {need}, or lower --limit-sequences-per-client or --limit-k")
         return self
 
 
