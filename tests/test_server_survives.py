@@ -375,6 +375,32 @@ def test_a_closed_connection_frees_its_rows_at_once_not_at_the_ttl(capsys):
     assert "freed 3 sequences: its connection closed" in capsys.readouterr().out
 
 
+def test_a_client_that_timed_out_says_hello_at_once_and_takes_its_sequences_back(monkeypatch):
+    """DraftServerClient's timeout closes its socket; its fresh one says Hello under the same client id at once (not
+    at its next call, which may come after the server forgot the old connection), and takes its sequences back."""
+    import zmq
+    from sdeth.runtime.loop import DraftUnavailable
+    from sdeth.wire.draft_client import DraftServerClient
+    from test_draft_server import serving
+    server = tiny_server(tiny_qwen3(0), rows=4, capacity=CAP, ttl_s=60)
+    c = DraftServerClient(serving(server, 30), HELLO, timeout_s=0.5)
+    t = c.open("s0", [1, 2, 3, 4])
+    assert _wait(lambda: server.d.seqs and server.d.seqs[next(iter(server.d.seqs))].ready)
+    draft = server.d.draft
+
+    def slow(batch):
+        time.sleep(1.0)
+        return draft(batch)
+    monkeypatch.setattr(server.d, "draft", slow)
+    with pytest.raises(DraftUnavailable, match="no Drafts"):
+        c.rounds([(t, 0, [5], 2)])
+    new = c.client.sock.getsockopt(zmq.ROUTING_ID)
+    assert _wait(lambda: list(server.d.seqs) == [(new, "s0")] and list(server.clients) == [new], 1.5)
+    monkeypatch.setattr(server.d, "draft", draft)
+    assert [len(r.tokens) for r in c.rounds([(t, 0, [6], 2)]) if not r.error] == [2]
+    c.close()
+
+
 def _wait(ok, timeout_s: float = 5.0) -> bool:
     t_end = time.time() + timeout_s
     while time.time() < t_end:

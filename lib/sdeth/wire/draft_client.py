@@ -53,6 +53,10 @@ class DraftServerClient:
         self.client = Client(addr, timeout_s, spin_s, decode=DECODE, gone_fast=True, keys=keys)
         # a client id of its own: a reconnection (after a timeout, a fresh socket) takes its sequences back
         self.hello, self.addr = msgspec.structs.replace(hello, client=hello.client or uuid.uuid4().hex), addr
+        # a fresh socket (after a timeout, or its connection closed) says Hello at once: the server hands it the old
+        # connection's sequences while it holds them (GONE_S after the old one closed); the Welcome is no reply
+        # awaited, and is passed over
+        self.client.on_reopen = lambda: self.client.send(self.hello)
         self._handshake()
         self.last = Costs()
         self.n = 0

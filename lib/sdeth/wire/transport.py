@@ -386,6 +386,7 @@ class Client:
         self.addr, self.timeout_s, self.spin_s = addr, timeout_s, spin_s   # spin_s: busy-poll a reply this long
         self.decode, self.gone_fast, self.keys = decode, gone_fast, keys     # keys: CURVE (wire.auth)
         self.sent = self.received = 0
+        self.on_reopen = None          # called after each reopen (a client's Hello on its fresh socket)
         self._open()
 
     def _open(self):
@@ -426,9 +427,11 @@ class Client:
         return reply
 
     def reopen(self):
-        """A fresh socket (and routing id): what the old one still receives is never taken."""
+        """A fresh socket (and routing id): what the old one still receives is never taken; then on_reopen()."""
         self._close()
         self._open()
+        if self.on_reopen is not None:
+            self.on_reopen()
 
     def send(self, msg) -> None:
         data = protocol.encode(msg)
