@@ -629,3 +629,26 @@ def test_a_killed_clients_last_messages_do_not_keep_its_rows_and_a_reused_fd_is_
         b.close()
     finally:
         srv.close()
+
+
+def test_a_closed_connections_queued_messages_are_dropped_not_served():
+    """In passes (per_pass), messages taken off the socket wait in their connection's queue: when its close is read
+    first, they are dropped (never handed to the server, which would take the client for live again)."""
+    from sdeth.wire.draft_server import DECODE
+    from sdeth.wire.transport import Log, PeerLimits, _in_turn, _Server
+    from test_draft_server import free_port
+    addr, closed = f"tcp://127.0.0.1:{free_port()}", []
+    srv = _Server(addr, None, Log("test"), closed.append)
+    try:
+        a = _dealer(addr)
+        for m in [HELLO] + [W.Ping(1.0)] * 5:
+            a.send(W.encode(m))
+        time.sleep(0.3)
+        served = _in_turn(srv, DECODE, Log("test"), PeerLimits(), None, 0, 1.5, 1, closed.append)
+        ident, msg = next(served)[1:3]
+        assert isinstance(msg, W.Hello)
+        a.close()
+        time.sleep(0.3)
+        assert list(served) == [] and closed == [ident]
+    finally:
+        srv.close()
