@@ -62,7 +62,7 @@ PROMPT, CONTEXT = 384, 512      # a stream's sequences: from PROMPT to CONTEXT t
 SLACK = 16                      # cache slots past the longest context
 DRAFT_K = 5                     # k of the draft_step part
 SPIN_S = 0.0003                 # an emulated verify spins for its last 0.3 ms (sleep is coarser)
-PREFILL_CHUNK = 2048            # prompt tokens a draft fed between two steps (the draft server's on a GPU)
+PREFILL_CHUNK = 128              # prompt tokens a draft feeds between two steps (one chunk: a new prompt holds the live streams one chunk at a time)
 GOALS = {"draft": "Qwen3-1.7B", "rows": 16, "step_ms": {512: 2.3, 2048: 3.3}, "host_ms_per_step": 0.3}
 REMOTE_LABEL = f"emulated target (measured t_v of the {TARGET} shape), real draft server"
 COLOCATED_LABEL = f"measured: the {TARGET} shape and the draft shape on one GPU, one process"
@@ -336,7 +336,7 @@ def serve_random(name: str, device: str, addr: str, ready, seconds: float, rows:
         t0 = time.perf_counter()
         fast = FastDecoder(fused_random(name, device, "bf16", seed=1), 8)
         dec = BatchDecoder(fast, rows, capacity, compile_mode=compile_mode)
-        dec.warm(widths=(1, 2), spans=(dec.span_for(CONTEXT),))
+        dec.warm(spans=(dec.span_for(CONTEXT),))
         prefill_ms = prompt_prefill_ms(dec)
         server = DraftServer(BatchDrafter(dec, fast.vocab, chunk=PREFILL_CHUNK), welcome(name, fast.vocab, rows),
                              ServerLimits(sequences_per_client=rows), ttl_s=120)
@@ -480,8 +480,8 @@ class EmulatedPipelined:
         self.rng, self.count = random.Random(seed), 0
         self.streams = [self.fresh() for _ in range(B)]
         self.rec = {key: [] for key in ("step_ms", "tpot_ms", "offered", "accepted", "draft_ms", "batch",
-                                        "tv_over")}
-        self.rec.update(tokens=0, restarts=0, stream_tokens=[0] * B)
+                                        "tv_over", "held", *TIMELINE)}
+        self.rec.update(tokens=0, restarts=0, stream_tokens=[0] * B, late=0)
 
     def fresh(self) -> dict:
         """A new stream: Open(stream) and its first token's commit."""
@@ -491,10 +491,30 @@ class EmulatedPipelined:
         self.c.client.send(protocol.Open(seq, 0, ids, seed=self.rng.randrange(2 ** 31), q_top=0, stream=True,
                                          window=self.window))
         first = self.rng.randrange(self.vocab)
-        self.c.client.send(protocol.Commits([protocol.CommitRow(seq, 0, 0, first)]))
         view = StreamView()
         view.on_commit(0, first)
-        return {"seq": seq, "settled": 1, "view": view}
+        s = {"seq": seq, "settled": 1, "view": view, "sent": {}, "first": None}
+        self.send_commits([(s, protocol.CommitRow(seq, 0, 0, first))])
+        return s
+
+    def send_commits(self, pairs: list) -> None:
+        """One Commits message; each stream keeps when its commit went out (the timeline's first stamp)."""
+        now = time.time()
+        for s, row in pairs:
+            s["sent"][row.pos] = now
+        self.c.client.send(protocol.Commits([row for _, row in pairs]))
+
+    def note_first(self, s: dict, r, m, arrived: float) -> None:
+        """The first draft the server stepped after reading a commit: the timeline's gaps up to its arrival."""
+        sent = s["sent"].pop(r.since, None)
+        for p in [p for p in s["sent"] if p < r.since]:
+            del s["sent"][p]
+        if sent is None or not r.read_at:
+            return
+        for key, a, b in (("sent_to_read", sent, r.read_at), ("read_to_stepped", r.read_at, m.stepped_at),
+                          ("stepped_to_arrived", m.stepped_at, arrived), ("sent_to_arrived", sent, arrived)):
+            self.rec[key].append((b - a) * 1e3)
+        s["first"] = (r.epoch, r.pos, arrived)
 
     def take(self) -> None:
         """Every Streamed message waiting: each stream's drafts of its current epoch (a newer epoch replaces them)."""
@@ -505,19 +525,37 @@ class EmulatedPipelined:
                 raise RuntimeError(f"the draft server refused a stream ({bad.error}): {bad.message}")
             if not isinstance(m, protocol.Streamed):
                 continue
+            arrived = time.time()
             self.rec["draft_ms"].append(m.draft_ms)
             self.rec["batch"].append(m.batch)
+            self.rec["held"].append(m.streams)
             for r in m.rows:
                 if r.seq in by:
                     by[r.seq]["view"].on_drafted(r.epoch, r.pos, r.token, None)
+                    if r.since >= 0:
+                        self.note_first(by[r.seq], r, m, arrived)
 
     def offered(self, s: dict) -> int:
         return len(s["view"].chain(s["settled"], self.k))
+
+    def verified(self, s: dict, m: int) -> None:
+        """The timeline's last gap: the first draft after a commit taken into a verify (or passed: too late)."""
+        if s["first"] is None:
+            return
+        epoch, pos, arrived = s["first"]
+        if epoch != s["view"].epoch or pos < s["settled"]:
+            self.rec["late"] += 1
+            s["first"] = None
+        elif pos < s["settled"] + m:
+            self.rec["arrived_to_verified"].append((time.time() - arrived) * 1e3)
+            s["first"] = None
 
     def step(self) -> None:
         t0 = time.perf_counter()
         self.take()
         offers = [self.offered(s) for s in self.streams]
+        for s, m in zip(self.streams, offers):
+            self.verified(s, m)
         tv = self.tv_s[max(offers)]
         commits, toks = [], []
         for j, (s, m) in enumerate(zip(self.streams, offers)):
@@ -533,12 +571,12 @@ class EmulatedPipelined:
             restarts = view.restarts
             view.on_commit(pos, token)                  # the same rules as the server's (runtime.pipeline)
             self.rec["restarts"] += view.restarts - restarts
-            commits.append(protocol.CommitRow(s["seq"], 0, pos, token))
+            commits.append((s, protocol.CommitRow(s["seq"], 0, pos, token)))
             s["settled"] = pos + 1
             toks.append(a + 1)
             self.rec["offered"].append(m)
             self.rec["accepted"].append(a)
-        self.c.client.send(protocol.Commits(commits))
+        self.send_commits(commits)
         for j, s in enumerate(self.streams):
             if self.prompt + s["settled"] + self.window + self.k + 2 > self.context:
                 self.c.client.send(protocol.End(s["seq"]))
@@ -570,8 +608,8 @@ class EmulatedPipelined:
         while time.time() < start_at + seconds:
             self.step()
         self.rec["t_end"] = time.time()
-        for s in self.streams:
-            self.c.client.send(protocol.End(s["seq"]))
+        for s in self.streams:                     # End, and its Ended taken: a socket closed at once (linger 0)
+            self.c.end_seq(s["seq"])               # would drop the End, and the server would keep the stream
         self.c.close()
         return self.rec
 
@@ -961,6 +999,7 @@ if __name__ == "__main__":
 # ---------------------------------------------------------------- remote, pipelined streams
 
 PIPELINED_K, PIPELINED_WINDOW = 4, 8
+TIMELINE = ("sent_to_read", "read_to_stepped", "stepped_to_arrived", "sent_to_arrived", "arrived_to_verified")
 PIPELINED_LABEL = (f"emulated target (measured t_v of the {TARGET} shape), pipelined streams, real draft server")
 
 
@@ -989,6 +1028,10 @@ def pipelined_record(B: int, N: int, k: int, alpha: float, ready, recs, start_at
             "restarts_per_step": round(sum(r["restarts"] for r in recs) / max(steps, 1), 3),
             "server_batch": {"mean": mean(cat("batch")), "max": max(cat("batch"), default=None)},
             "draft_ms_mean": mean(cat("draft_ms")),
+            "server_streams": {"live": N * B, "held_mean": mean(cat("held")), "held_max": max(cat("held"), default=None)},
+            "timeline_ms": {key: {"p50": pct(cat(key), 50), "p99": pct(cat(key), 99), "n": len(cat(key))}
+                            for key in TIMELINE},
+            "first_drafts_late": sum(r["late"] for r in recs),
             "emulation": {"t_v_over_intended_mean": mean(tv), "t_v_over_intended_max": pct(tv, 100)}}
 
 

@@ -310,12 +310,14 @@ class DraftServer:
         draft_ms = (self.d.dec.clock.seconds - c0) * 1e3
         self.steps += 1
         self.batches.append(len(rows))
+        stepped, held = time.time(), sum(s.stream for s in self.d.seqs.values())
         msgs: dict[bytes, list] = {}
         for seq, pos, d in zip(rows, positions, out):
             msgs.setdefault(seq.key[0], []).append(protocol.StreamRow(
                 seq.key[1], seq.gen, seq.epoch, pos, d.tokens[0], d.q_idx[0] if d.q_idx else None,
-                d.q_val[0] if d.q_val else None))
-        return [(ident, protocol.Streamed(m, len(rows), draft_ms)) for ident, m in msgs.items()]
+                d.q_val[0] if d.q_val else None, seq.read_pos, seq.read_at if seq.read_pos >= 0 else 0.0))
+            seq.read_pos = -1                   # (the timeline: the first draft after each commit read)
+        return [(ident, protocol.Streamed(m, len(rows), draft_ms, stepped, held)) for ident, m in msgs.items()]
 
     def pick(self) -> list[tuple[Client, list]]:
         """The rows of the next step: every waiting row whose prompt is fed, clients in turn from `turn`, whole
