@@ -18,7 +18,7 @@ def test_pipelined_points_against_a_real_draft_server():
     server = DraftServer(drafter, sb.welcome("tiny", 300, 8), ttl_s=30)
     threading.Thread(target=server.serve, args=(addr,), kwargs={"max_seconds": 40}, daemon=True).start()
     tv = {(2, m): 8.0 + m for m in range(sb.PIPELINED_K + 1)}
-    res, g = {}, {"remote_s": 1.5, "pipelined_grid": [(2, 1), (2, 2)], "prompt": 16, "context": 120}
+    res, g = {}, sb.Grid(remote_s=1.5, pipelined=((2, 1), (2, 2)), prompt=16, context=120)
     with sb.Targets(2) as pool:
         import time
         sb.pipelined_part(res, "Qwen3-1.7B", addr, pool, tv, 300, g, time.time() + 60, lambda line: None, lambda: None)
