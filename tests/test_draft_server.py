@@ -16,7 +16,7 @@ from sdeth.runtime.loop import Drafter, generate_sd, generate_target_only
 from sdeth.runtime.verify import Sampling
 from sdeth.wire import protocol as W
 from sdeth.wire.draft_client import DraftServerClient, ServerDraft
-from sdeth.wire.draft_server import DraftServer, ServerLimits
+from sdeth.wire.draft_server import DraftServer, DraftServerConfig, ServerLimits, build_server
 
 VOCAB = 300
 HELLO = W.Hello(W.PROTOCOL_VERSION, "target", "tiny", VOCAB, "sha", "float32")
@@ -31,8 +31,10 @@ def tiny_pair():
 
 
 def tiny_server(draft, rows=8, capacity=256, **kw) -> DraftServer:
-    me = W.Welcome(W.PROTOCOL_VERSION, "tiny", VOCAB, "sha", "float32", sequences=rows)
-    return DraftServer(BatchDrafter(BatchDecoder(FastDecoder(draft, 8), rows, capacity), VOCAB, chunk=16), me, **kw)
+    """A draft server over a tiny model (kw: DraftServerConfig's fields), built as the CLI builds one."""
+    me = W.Welcome(W.PROTOCOL_VERSION, "tiny", VOCAB, "sha", "float32")
+    return build_server(FastDecoder(draft, 8), me, DraftServerConfig(rows=rows, capacity=capacity,
+                                                                      **{"prefill_chunk": 16, **kw}))
 
 
 def serving(server: DraftServer, seconds: float = 120) -> str:
@@ -132,9 +134,9 @@ def test_four_clients_interleaved_through_one_draft_each_get_the_target_output(p
     """The embedded pair: four target clients, two prompts each, through one draft server at once."""
     from conftest import REF
     from sdeth.study import experiment
-    from sdeth.wire.draft_server import build_drafter, welcome
-    me = welcome(pair, pair.config.draft)
-    server = DraftServer(build_drafter(pair, rows=8, capacity=1024), me)
+    from sdeth.wire.draft_server import pair_server
+    server = pair_server(pair, DraftServerConfig(rows=8, capacity=1024))
+    me = server.me
     addr = serving(server)
     cfg = experiment.RunConfig(mode="sd", **REF)
     prompts = experiment.encode_prompts(cfg, pair.tokenizer)
@@ -309,8 +311,8 @@ def test_target_workers_share_a_draft_server_over_the_wire(pair, target_only_ref
     from sdeth.wire.target_worker import TargetWorker
     from sdeth.wire.transport import Client
     draft_addr = f"tcp://127.0.0.1:{free_port()}"
-    threading.Thread(target=serve_draft_server, args=(draft_addr, pair), kwargs=dict(rows=4, capacity=1024,
-                     max_seconds=300), daemon=True).start()
+    threading.Thread(target=serve_draft_server, args=(draft_addr, pair, DraftServerConfig(rows=4, capacity=1024)),
+                     kwargs=dict(max_seconds=300), daemon=True).start()
     addrs = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
     for a in addrs:
         w = TargetWorker(pair, draft_addr, draft_server=True)

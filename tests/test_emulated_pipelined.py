@@ -5,17 +5,15 @@ import threading
 from doubles import tiny_qwen3
 
 from sdeth.place.testbed import free_port
-from sdeth.runtime.batchdraft import BatchDrafter
-from sdeth.runtime.batchmodel import BatchDecoder
 from sdeth.runtime.fastmodel import FastDecoder
 from sdeth.study import streambench as sb
-from sdeth.wire.draft_server import DraftServer
+from sdeth.wire.draft_server import DraftServerConfig, ServerLimits, build_server
 
 
 def test_pipelined_points_against_a_real_draft_server():
-    drafter = BatchDrafter(BatchDecoder(FastDecoder(tiny_qwen3(0), 8), 8, 256), 300, chunk=64)
     addr = f"tcp://127.0.0.1:{free_port()}"
-    server = DraftServer(drafter, sb.welcome("tiny", 300, 8), ttl_s=30)
+    server = build_server(FastDecoder(tiny_qwen3(0), 8), sb.welcome("tiny", 300, 8),
+                          DraftServerConfig(8, 256, ttl_s=30, prefill_chunk=64, limits=ServerLimits(reserve=0)))
     threading.Thread(target=server.serve, args=(addr,), kwargs={"max_seconds": 40}, daemon=True).start()
     tv = {(2, m): 8.0 + m for m in range(sb.PIPELINED_K + 1)}
     res, g = {}, sb.Grid(remote_s=1.5, pipelined=((2, 1), (2, 2)), prompt=16, context=120)
@@ -31,4 +29,4 @@ def test_pipelined_points_against_a_real_draft_server():
         assert p["offered_mean"] > 0 and p["accepted_mean"] > 0           # drafts arrived and some were accepted
         assert p["tpot_ms"]["mean"] < 8.0 + sb.PIPELINED_K                # faster than one token a target step
         assert p["server_batch"]["max"] >= 1
-    assert not drafter.seqs or all(s.stream for s in drafter.seqs.values())
+    assert not server.d.seqs                                       # every stream ended (End, Ended)

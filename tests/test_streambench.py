@@ -11,7 +11,7 @@ from sdeth.runtime.batchdraft import BatchDrafter
 from sdeth.runtime.batchmodel import BatchDecoder
 from sdeth.runtime.fastmodel import FastDecoder
 from sdeth.study import streambench as sb
-from sdeth.wire.draft_server import DraftServer
+from sdeth.wire.draft_server import DraftServerConfig, ServerLimits, build_server
 
 PROMPT, CONTEXT = 16, 40          # short sequences, so that some end and new ones open within a second
 
@@ -53,9 +53,9 @@ def test_draft_step_target_and_colocated_records(fast):
 
 
 def test_remote_point_against_a_real_draft_server(fast):
-    drafter = BatchDrafter(BatchDecoder(fast, 8, 64), 300)
     addr = f"tcp://127.0.0.1:{free_port()}"
-    server = DraftServer(drafter, sb.welcome("tiny", 300, 8), ttl_s=30)
+    server = build_server(fast, sb.welcome("tiny", 300, 8), DraftServerConfig(8, 64, ttl_s=30,
+                                                                            limits=ServerLimits(reserve=0)))
     threading.Thread(target=server.serve, args=(addr,), kwargs={"max_seconds": 40}, daemon=True).start()
     grid = sb.remote_grid(batches=(2,), ns=(2,), ks=(3,), rows=8)
     assert grid == [(2, 2, 3)] and sb.remote_grid(batches=(8,), ns=(1, 2), ks=(3,), rows=8) == [(8, 1, 3)]
@@ -77,4 +77,4 @@ def test_remote_point_against_a_real_draft_server(fast):
     assert p["new_sequence"]["count"] > 0 and p["new_sequence"]["open_to_first_draft_ms_p50"] > 0
     em = p["emulation"]
     assert 0 <= em["t_v_over_intended_mean"] < 1.0          # loose: a shared CPU oversleeps, never undersleeps
-    assert not drafter.seqs                                 # each target ended its sequences (End, Ended)
+    assert not server.d.seqs                                # each target ended its sequences (End, Ended)

@@ -636,10 +636,9 @@ def tiny_draft_server(draft=None, rows=8) -> str:
     from sdeth.runtime.batchdraft import BatchDrafter
     from sdeth.runtime.batchmodel import BatchDecoder
     from sdeth.runtime.fastmodel import FastDecoder
-    from sdeth.wire.draft_server import DraftServer
+    from sdeth.wire.draft_server import DraftServerConfig, build_server
     from doubles import tiny_qwen3
-    server = DraftServer(BatchDrafter(BatchDecoder(FastDecoder(draft or tiny_qwen3(0), 8), rows, 256), VOCAB, chunk=16),
-                         WELCOME)
+    server = build_server(FastDecoder(draft or tiny_qwen3(0), 8), WELCOME, DraftServerConfig(rows, 256, prefill_chunk=16))
     addr = f"tcp://127.0.0.1:{free_port()}"
     threading.Thread(target=server.serve, args=(addr,), kwargs={"max_seconds": 120}, daemon=True).start()
     time.sleep(0.3)

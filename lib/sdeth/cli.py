@@ -437,10 +437,7 @@ def worker_parser() -> argparse.ArgumentParser:
     ap.add_argument("--draft-addr", help="target role: tcp://ADDR:PORT of the draft worker")
     ap.add_argument("--draft-server", action="store_true", help="target role: the draft at --draft-addr is a "
                     "draft server (started with --role draft-server)")
-    ap.add_argument("--rows", type=int, default=32, help="draft-server role: sequences drafted at once (cache rows; "
-                    "at most 128)")
-    ap.add_argument("--ttl", type=float, default=30.0, help="draft-server role: seconds of silence after which a "
-                    "client's sequences are freed")
+    draft_server_arguments(ap)
     ap.add_argument("--draft-timeout", type=float, default=5.0, help="seconds before the target stops waiting for a proposal")
     ap.add_argument("--die-after", type=int, default=0, help="fault injection: exit after N proposals")
     ap.add_argument("--max-seconds", type=float, default=0, help="exit after this long (0: run until killed)")
@@ -450,6 +447,39 @@ def worker_parser() -> argparse.ArgumentParser:
     ap.add_argument("--keys", default=None, help="CURVE key directory (`python -m sdeth keys DIR`; default "
                     "$SDETH_KEYS): serve, and reach the draft, only with these keys; without: plain TCP")
     return ap
+
+
+def draft_server_arguments(ap) -> None:
+    """The draft-server role's flags: every field of wire.server_config.DraftServerConfig (its limits as --limit-*)."""
+    from .wire.server_config import ServerLimits, limit_fields
+    g = ap.add_argument_group("draft-server role (wire.server_config.DraftServerConfig; docs/reliability.md)")
+    g.add_argument("--rows", type=int, default=32, help="sequences drafted at once (cache rows; at most 128)")
+    g.add_argument("--capacity", type=int, default=None, help="tokens per cache row (default: --config's capacity)")
+    g.add_argument("--ttl", type=float, default=30.0, help="seconds of silence (no message, no work of its own in "
+                   "flight) after which a client's sequences are freed")
+    g.add_argument("--prefill-chunk", type=int, default=0, help="prompt tokens per forward (0: 2048 on a GPU, 256 on a CPU)")
+    g.add_argument("--prefill-budget", type=int, default=0, help="prompt tokens fed between two draft steps (0: a chunk)")
+    g.add_argument("--compile", default="auto", help="torch.compile mode of the batched block: auto (default on a "
+                   "GPU, eager on a CPU), none, default, reduce-overhead, max-autotune")
+    g.add_argument("--fast", default=None, help="the fast decoder's options (default: --config's draft_fast)")
+    g.add_argument("--no-warm", action="store_true", help="do not capture the step graphs before serving")
+    g.add_argument("--messages-per-s", type=int, default=4000, help="messages one client (connection or CURVE key) "
+                   "may send a second")
+    g.add_argument("--per-pass", type=int, default=4, help="messages of one client handled between two draft steps")
+    for name in limit_fields():
+        g.add_argument(f"--limit-{name.replace('_', '-')}", type=int, default=getattr(ServerLimits(), name),
+                       help=f"ServerLimits.{name}")
+
+
+def draft_server_config(a, cfg, spin_s: float):
+    """The draft server's DraftServerConfig from its flags (and the run configuration's capacity and fast options)."""
+    from .wire.server_config import DraftServerConfig, ServerLimits, limit_fields
+    limits = ServerLimits(**{n: getattr(a, f"limit_{n}") for n in limit_fields()})
+    return DraftServerConfig(
+        rows=a.rows, capacity=a.capacity or cfg.capacity, ttl_s=a.ttl, prefill_chunk=a.prefill_chunk,
+        prefill_budget=a.prefill_budget, compile_mode=a.compile, fast=cfg.draft_fast if a.fast is None else a.fast,
+        warm=not a.no_warm, spin_s=spin_s, messages_per_s=a.messages_per_s, per_pass=a.per_pass,
+        limits=limits).check()
 
 
 def worker_config(a):
@@ -507,7 +537,7 @@ def worker_main(argv=None) -> int:
         serve_draft(a.bind, pair, a.die_after, a.max_seconds, opts, spin_s, keys=keys)
     elif a.role == "draft-server":
         from .wire.draft_server import serve_draft_server
-        serve_draft_server(a.bind, pair, a.rows, cfg.capacity, a.max_seconds, cfg.draft_fast, spin_s, a.ttl, keys)
+        serve_draft_server(a.bind, pair, draft_server_config(a, cfg, spin_s), a.max_seconds, keys)
     else:
         serve_target(a.bind, pair, a.draft_addr, a.draft_timeout, a.max_seconds, opts, spin_s, keys=keys,
                      draft_server=a.draft_server)

@@ -42,6 +42,16 @@ class Full(ValueError):
     """No cache row is free."""
 
 
+class Overflow(ValueError):
+    """Sequences whose drafts would pass the cache's slots (n + k > capacity): `seqs` names them; nothing was
+    drafted."""
+
+    def __init__(self, seqs: list, capacity: int):
+        self.seqs = seqs
+        super().__init__(", ".join(f"{s.key[1]!r} at {s.n} tokens + k={k}" for s, k in seqs)
+                         + f" would pass this cache's {capacity} slots")
+
+
 @dataclass(eq=False)
 class Sequence:
     key: tuple                     # (client, sequence id)
@@ -200,13 +210,18 @@ class BatchDrafter:
 
     def draft(self, batch: list[tuple[Sequence, int]]) -> list[Drafted]:
         """One proposal of k tokens for each (sequence, k), all rows in the same steps; each sequence must be
-        ready. Returns the proposals in batch order."""
+        ready. Returns the proposals in batch order. Each row feeds its drafts only up to its own k (n + k slots;
+        past that, to the scratch slot), so a short row beside a long one never writes past its cache row;
+        Overflow (nothing drafted) names the rows whose own n + k passes the capacity."""
         if not batch:
             return []
+        over = [(s, k) for s, k in batch if s.n + k > self.dec.capacity]
+        if over:
+            raise Overflow(over, self.dec.capacity)
         R = max(s.row for s, _ in batch) + 1
         K = max(k for _, k in batch)
         W = width(max(len(s.pending) for s, _ in batch))
-        ids, pos, slots, base = self._inputs(batch, R, W)
+        ids, pos, slots, base, stop = self._inputs(batch, R, W)
         top = max(s.n for s, _ in batch)
         logits = self.dec.step(ids, pos, slots, top)
         active = slots[:, -1] < self.dec.capacity
@@ -216,29 +231,33 @@ class BatchDrafter:
             toks.append(t)
             qs.append(q)
             if i < K - 1:
-                p = base + i
-                logits = self.dec.step(t[:, None], p[:, None], torch.where(active, p, self.dec.capacity)[:, None],
-                                       top + i + 1)
+                p = base + i                    # [R]; a row past its own n + k writes the scratch slot
+                slot = torch.where(active & (p < stop), p, self.dec.capacity)
+                logits = self.dec.step(t[:, None], torch.minimum(p, stop - 1)[:, None], slot[:, None],
+                                       max(min(s.n + i, s.n + k - 1) for s, k in batch) + 1)
         host = HostCopy(torch.stack(toks, 1)).value()
         self.last_batch = len(batch)
         return [self._settle(seq, k, host[seq.row], qs) for seq, k in batch]
 
     def _inputs(self, batch, R: int, W: int):
         """The first step's ids, positions and slots [R, W] (rows not in the batch write to the scratch
-        slot), and each row's first drafted position [R], on the device in one copy."""
+        slot), each row's first drafted position [R] and the end of its own drafts (n + k) [R], on the device
+        in one copy."""
         cap = self.dec.capacity
-        t = torch.zeros((4, R, W), dtype=torch.long)
+        t = torch.zeros((5, R, W), dtype=torch.long)
         t[2].fill_(cap)
-        for seq, _ in batch:
+        t[4].fill_(1)
+        for seq, k in batch:
             pad = W - len(seq.pending)          # a row with fewer tokens repeats its first at its own position
             t[0, seq.row] = torch.tensor(seq.pending[:1] * pad + seq.pending)
             t[1, seq.row] = torch.tensor([seq.fed] * pad + list(range(seq.fed, seq.n)))
             t[2, seq.row] = t[1, seq.row]
             t[3, seq.row] = seq.n
+            t[4, seq.row] = seq.n + k
         if self.device.type == "cuda":
             t = t.pin_memory()
         t = t.to(self.device, non_blocking=True)
-        return t[0], t[1], t[2], t[3][:, 0]
+        return t[0], t[1], t[2], t[3][:, 0], t[4][:, 0]
 
     def _choose(self, logits, batch, i: int):
         """Step i's token per row: argmax for greedy rows, a draw from q for sampled ones (their q kept)."""

@@ -19,7 +19,7 @@ from ..runtime.loop import generate_sd, generate_target_only
 from ..runtime.verify import Sampling
 from ..wire import protocol
 from ..wire.draft_client import DraftServerClient, ServerDraft
-from ..wire.draft_server import DraftServer, build_drafter, welcome
+from ..wire.draft_server import DraftServer, DraftServerConfig, pair_server
 from ..wire.transport import Log
 from .config import RunConfig, encode_prompts
 
@@ -38,9 +38,7 @@ class KeptLog(Log):
 def start_server(pair, rows: int = 8, capacity: int = 1024, seconds: float = 3600) -> tuple[DraftServer, str]:
     """A draft server over the pair's draft in a thread of this process, on a free loopback port (its log kept
     in server.log.lines)."""
-    me = welcome(pair, pair.config.draft)
-    me.sequences = rows
-    server = DraftServer(build_drafter(pair, rows, capacity), me)
+    server = pair_server(pair, DraftServerConfig(rows=rows, capacity=capacity))
     server.log = KeptLog("draft server")
     addr = f"tcp://127.0.0.1:{free_port()}"
     threading.Thread(target=server.serve, args=(addr,), kwargs={"max_seconds": seconds}, daemon=True,

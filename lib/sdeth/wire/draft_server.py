@@ -19,70 +19,35 @@ next generation, with its whole context. Rounds wait in a queue; the serving loo
 whose prompt is fed in one batched step (runtime.batchdraft), taking clients in turn (round-robin, when
 `limits.batch` caps the rows of a step), and answers each client with one Drafts per step. Prompts are fed in
 chunks between steps, so a long prompt neither stalls other streams nor heartbeats (Ping is answered between
-any two steps). A client silent for `ttl_s` loses its sequences and its handshake. Limits (ServerLimits) bound
-what each client may ask for, and how many clients there are (nothing is stored for a peer before its Hello);
-the Welcome carries them; each refusal names the limit and is logged with the peer and the field.
+any two steps). A client silent for `ttl_s` (no message, and no work of its own in flight: a prompt being fed,
+a round waiting) loses its sequences and its handshake. Limits (ServerLimits) bound what each client may ask for,
+and how many clients there are (nothing is stored for a peer before its Hello); the Welcome carries them; each
+refusal names the limit and is logged with the peer and the field. The admission policy (fair shares, a reserve
+for new clients, connections per address) is wire.server_config's; a client that says Hello again with the same
+client id (`Hello.client`, from the same address or key) takes its sequences back from its old connection.
+
+No request within the limits ends the process: a row drafts only within its own room (runtime.batchdraft), and an
+error in a step is contained to the rows that caused it (refused `internal` and freed); the server serves on.
+docs/reliability.md lists what is guaranteed, each with its test.
 """
 from __future__ import annotations
 
 import collections
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict
 
-from ..runtime.batchdraft import BatchDrafter, Desync, Full
+from ..runtime.batchdraft import CATCH_UP, BatchDrafter, Desync, Full, Overflow
 from ..runtime.verify import Sampling
 from . import protocol
-from .auth import DEFAULT_CLIENTS
+from .admission import Client, Shares, address_of, in_turn, no_room, owner_key
 from .draft_worker import welcome
-from .transport import Log, key_of, reply, serve_requests
+from .server_config import MAX_K, DraftServerConfig, ServerLimits
+from .transport import Log, PeerLimits, key_of, reply, serve_requests
 
+__all__ = ["MAX_K", "Client", "DraftServer", "DraftServerConfig", "ServerLimits", "build_server", "in_turn",
+           "owner_key", "pair_server", "serve_draft_server"]
 DECODE = protocol.Decoder("a draft server", protocol.SERVER_TAKES)
-MAX_K = 16
 SWEEP_S = 1.0            # how often the TTL sweep runs
-
-
-@dataclass(frozen=True)
-class ServerLimits:
-    sequences_per_client: int = 64   # per owner (a per-client CURVE key: counted across its connections)
-    sequences: int = 0           # in all (0: the cache's rows)
-    context: int = 0             # tokens of one sequence, its drafts included (0: the cache's capacity)
-    k: int = MAX_K               # draft tokens per round
-    rows_per_message: int = 128  # rows of one Rounds
-    tokens_per_row: int = 16     # a row's new tokens (the target's; more is a new context: Open)
-    batch: int = 0               # rows in one draft step (0: every waiting row); clients taken in turn
-    clients: int = 256           # connections that said Hello, in all (each is forgotten after ttl_s of silence)
-    clients_per_key: int = 16    # ... of one per-client CURVE key
-
-
-@dataclass
-class Client:
-    ident: bytes
-    peer: str
-    seen: float
-    key: str = ""                                   # the CURVE key's name that said Hello ('' on plain TCP)
-    waiting: list = field(default_factory=list)     # (Sequence, k, arrival time) in arrival order
-    refused: list = field(default_factory=list)     # RowDrafts refused since its last Drafts
-
-
-def in_turn(groups: list, turn: int, cap: int) -> list:
-    """Round-robin: the (client, rows) groups from position `turn` on (wrapping), each taken whole while the rows
-    taken fit in `cap` (the first non-empty one always); empty groups are left out."""
-    if not groups:
-        return []
-    start = turn % len(groups)
-    taken, n = [], 0
-    for key, rows in groups[start:] + groups[:start]:
-        if rows and (not taken or n + len(rows) <= cap):
-            taken.append((key, rows))
-            n += len(rows)
-    return taken
-
-
-def owner_key(key: str) -> bool:
-    """Whether a CURVE key names one client (`sdeth keys DIR --clients a,b`), so that quotas count across its
-    connections; the default deployment key (`client`, which every node of a deployment holds) names no one client,
-    so there each connection is its own owner, as on plain TCP."""
-    return bool(key) and key not in DEFAULT_CLIENTS
 
 
 def refusal(seq: str, gen: int, code: str, message: str) -> protocol.RowDraft:
@@ -90,20 +55,18 @@ def refusal(seq: str, gen: int, code: str, message: str) -> protocol.RowDraft:
 
 
 class DraftServer:
-    """A BatchDrafter behind the wire: a handler per message, a step per idle call."""
+    """A BatchDrafter behind the wire: a handler per message, a step per idle call. Built by build_server."""
 
-    def __init__(self, drafter: BatchDrafter, me: protocol.Welcome, limits: ServerLimits = ServerLimits(),
-                 ttl_s: float = 30.0, prefill_budget: int = 0):
-        self.d, self.me, self.ttl_s = drafter, me, ttl_s
-        cap = drafter.dec.capacity
-        rows = drafter.dec.rows
-        sequences = min(limits.sequences or rows, rows)
-        self.limits = ServerLimits(**{**limits.__dict__, "sequences": sequences,
-                                      "sequences_per_client": min(limits.sequences_per_client, sequences),
-                                      "context": min(limits.context or cap, cap)})
-        self.me.sequences, self.me.limits = sequences, dict(self.limits.__dict__)    # (told in the Welcome)
-        self.prefill_budget = prefill_budget or drafter.chunk
+    def __init__(self, drafter: BatchDrafter, me: protocol.Welcome, cfg: DraftServerConfig):
+        """cfg: resolved (DraftServerConfig.resolved; build_server does it)."""
+        self.d, self.me, self.cfg, self.limits, self.ttl_s = drafter, me, cfg, cfg.limits, cfg.ttl_s
+        self.me.sequences = cfg.limits.sequences                        # (told in the Welcome)
+        self.me.limits = {**asdict(cfg.limits), "rows": cfg.rows, "capacity": cfg.capacity,
+                          "ttl_ms": round(cfg.ttl_s * 1e3), "prefill_chunk": cfg.prefill_chunk,
+                          "prefill_budget": cfg.prefill_budget or cfg.prefill_chunk,
+                          "messages_per_s": cfg.messages_per_s, "per_pass": cfg.per_pass}
         self.log = Log("draft server")
+        self.shares = Shares(cfg.limits)
         self.clients: dict[bytes, Client] = {}        # routing id -> the client that said Hello with it
         self.turn = 0                  # round-robin: the client order's starting point for the next step
         self.stream_turn = 0           # ... and for the next stream step
@@ -116,9 +79,11 @@ class DraftServer:
 
     # ------------------------------------------------------------------ messages
 
-    def serve(self, bind: str, max_seconds: float = 0, spin_s: float = 0.0, keys=None) -> None:
+    def serve(self, bind: str, max_seconds: float = 0, keys=None) -> None:
         self.log.line(f"{self.me.model_id} for up to {self.limits.sequences} sequences on {bind}")
-        for sock, ident, msg, t1, peer in serve_requests(bind, DECODE, self.log, max_seconds, self.idle, spin_s, keys):
+        for sock, ident, msg, t1, peer in serve_requests(bind, DECODE, self.log, max_seconds, self.idle,
+                                                         self.cfg.spin_s, keys, PeerLimits(self.cfg.messages_per_s),
+                                                         per_pass=self.cfg.per_pass):
             for m in self.dispatch(ident, msg, t1, peer):
                 reply(sock, ident, m)
 
@@ -129,11 +94,10 @@ class DraftServer:
         if forged:                          # CURVE: a routing id stays bound to the key that said Hello with it
             out = [protocol.Error("auth", "this routing id is bound to another client key: connect with your own "
                                           "(a fresh DEALER socket)")]   # (another key that forges it reaches none
-        elif not isinstance(msg, (protocol.Ping, protocol.Hello)) and c is None:   # of its sequences)
+        elif c is None and isinstance(msg, protocol.Hello):             # of its sequences)
+            out = self._hello(ident, msg, t1, peer)
+        elif c is None and not isinstance(msg, protocol.Ping):
             out = [protocol.Error("version", "send Hello first (protocol handshake)")]
-        elif (isinstance(msg, protocol.Hello) and c is None and not protocol.check_hello(msg, self.me)
-              and (full := self._no_room(key))):      # (a Hello that fails the handshake is told why first)
-            out = [protocol.Error("limit", full)]
         else:
             if c is not None:
                 c.seen = t1
@@ -141,8 +105,6 @@ class DraftServer:
                 out = self.handlers[type(msg)](c, msg, t1)
             except Exception as e:     # this message failed; the server serves on
                 out = [protocol.Error("internal", f"{type(msg).__name__} failed: {type(e).__name__}: {e}")]
-            if isinstance(msg, protocol.Hello) and c is None and out[0] is self.me:
-                self.clients[ident] = Client(ident, peer, t1, key)
         for m in out:
             if isinstance(m, protocol.Error):
                 self.log.refused(peer, m.code, f"{type(msg).__name__}: {m.message}")
@@ -150,20 +112,39 @@ class DraftServer:
             out.append(self._drafts(self.clients[ident], []))
         return out
 
-    def _no_room(self, key: str) -> str:
-        """Why a new connection cannot say Hello ('' when it can): the clients in all, or of its (own) key."""
-        lim = self.limits
-        if len(self.clients) >= lim.clients:
-            return (f"clients: this server serves {lim.clients} connections, its most: close an idle one (each is "
-                    f"forgotten after {self.ttl_s:.0f} s of silence), or use another draft server")
-        if owner_key(key) and sum(c.key == key for c in self.clients.values()) >= lim.clients_per_key:
-            return (f"clients_per_key: key {key} holds {lim.clients_per_key} connections, the most one key may: "
-                    f"send over the ones it has (one connection carries many sequences)")
-        return ""
+    def _hello(self, ident: bytes, msg: protocol.Hello, t1: float, peer: str) -> list:
+        """A new connection's Hello: the handshake's answer, then room for it (a client that said Hello before
+        under the same client id, from the same address or key, takes its old connection's place)."""
+        why = protocol.check_hello(msg, self.me)
+        if why is not None:
+            return [why]
+        key = key_of(peer)
+        old = next((c for c in self.clients.values() if msg.client and c.name == msg.client
+                    and (c.key == key if key else c.address == address_of(peer))), None)
+        if old is None:
+            field_, full = no_room(self.clients, self.limits, key, peer, self.ttl_s)
+            if full:
+                return [protocol.Error("limit", f"{field_}: {full}")]
+        self.clients[ident] = Client(ident, peer, t1, key, msg.client)
+        if old is not None:
+            self._take_over(old, self.clients[ident])
+        return [self.me]
+
+    def _take_over(self, old: Client, new: Client) -> None:
+        """new (the same client, reconnected) takes old's sequences, waiting rounds and refusals; old is forgotten."""
+        moved = [key for key in self.d.seqs if key[0] == old.ident]
+        for key in moved:
+            seq = self.d.seqs.pop(key)
+            seq.key = (new.ident, key[1])
+            self.d.seqs[seq.key] = seq
+        new.waiting, new.refused = old.waiting, old.refused
+        del self.clients[old.ident]
+        if moved:
+            self.log.line(f"took back {len(moved)} sequences from its earlier connection", new.peer)
 
     def owned(self, c: Client, but: str = "") -> int:
         """The sequences c's owner holds (its own key's, across its connections; else c's), less `but`."""
-        mine = {i for i, o in self.clients.items() if o is c or (owner_key(c.key) and o.key == c.key)}
+        mine = {i for i, o in self.clients.items() if o.owner == c.owner}
         return sum(1 for ident, seq in self.d.seqs if ident in mine and (ident, seq) != (c.ident, but))
 
     def handle_ping(self, c, msg: protocol.Ping, t1: float) -> list:
@@ -177,31 +158,43 @@ class DraftServer:
         c.refused.append(refusal(seq, gen, code, f"{field_}: {message}"))
 
     def handle_open(self, c: Client, msg: protocol.Open, t1: float) -> list:
-        why = protocol.check_open(msg, self.me.vocab_size)
-        lim = self.limits
-        owned = self.owned(c, but=msg.seq)
+        why = self._open_error(c, msg)
         if why:
-            self._refuse(c, msg.seq, msg.gen, "bad-message", why[0], why[1])
-        elif len(msg.prompt_ids) + 1 > lim.context - 1:
-            self._refuse(c, msg.seq, msg.gen, "limit", "context", f"a context of {len(msg.prompt_ids)} tokens: this "
-                         f"server drafts within {lim.context} tokens a sequence; open a shorter context")
-        elif len(self.d.seqs) - ((c.ident, msg.seq) in self.d.seqs) >= lim.sequences:
-            self._refuse(c, msg.seq, msg.gen, "limit", "sequences", f"this server holds {lim.sequences} sequences, "
-                         f"its most: send again later, or use another draft server")
-        elif owned >= lim.sequences_per_client:
-            self._refuse(c, msg.seq, msg.gen, "limit", "sequences_per_client", f"this client{' key' if c.key else ''} "
-                         f"holds {owned} sequences, the most one client may: End one first")
-        else:
-            self._drop_waiting(c, msg.seq)
-            s = Sampling(*protocol.sampling_args(msg))
-            try:
-                if msg.stream:
-                    self.d.open_stream((c.ident, msg.seq), msg.gen, msg.prompt_ids, s, msg.seed, msg.q_top, msg.window)
-                else:
-                    self.d.open((c.ident, msg.seq), msg.gen, msg.prompt_ids, s, msg.seed, msg.q_top)
-            except Full as e:
-                self._refuse(c, msg.seq, msg.gen, "limit", "sequences", str(e))
+            self._refuse(c, msg.seq, msg.gen, *why)
+            return []
+        self._drop_waiting(c, msg.seq)
+        s = Sampling(*protocol.sampling_args(msg))
+        try:
+            if msg.stream:
+                self.d.open_stream((c.ident, msg.seq), msg.gen, msg.prompt_ids, s, msg.seed, msg.q_top, msg.window)
+            else:
+                self.d.open((c.ident, msg.seq), msg.gen, msg.prompt_ids, s, msg.seed, msg.q_top)
+        except Full as e:
+            self._refuse(c, msg.seq, msg.gen, "limit", "sequences", str(e))
         return []
+
+    def _open_error(self, c: Client, msg: protocol.Open) -> tuple | None:
+        """(code, field, message) for an Open that cannot be served; None when it can."""
+        lim, n = self.limits, len(msg.prompt_ids)
+        why = protocol.check_open(msg, self.me.vocab_size)
+        if why:
+            return "bad-message", why[0], why[1]
+        if n + 1 > lim.context - 1:
+            return "limit", "context", (f"a context of {n} tokens: this server drafts within {lim.context} tokens a "
+                                        f"sequence; open a shorter context")
+        if msg.stream and n + msg.window + 1 > lim.context - 1:
+            return "limit", "window", (f"a stream of {n} tokens drafting {msg.window} ahead would pass this server's "
+                                       f"{lim.context} tokens a sequence: open a shorter context or a smaller window")
+        s = Sampling(*protocol.sampling_args(msg))
+        most = lim.q_top_most(self.me.vocab_size)
+        if not s.greedy and s.draft_sampled and (msg.q_top or self.me.vocab_size) > most:
+            return "limit", "q_top", (f"q_top {msg.q_top or 'whole vocabulary'} ({msg.q_top or self.me.vocab_size} "
+                                      f"pairs a token): a sampled draft's reply of {lim.sequences_per_client} rows x "
+                                      f"k {lim.k} must fit {lim.reply_bytes} bytes, so use q_top 1 to {most}")
+        if (c.ident, msg.seq) in self.d.seqs:          # its own sequence again: no new row
+            return None
+        field_, full = self.shares.refusal(c, self.clients, len(self.d.seqs), self.owned(c))
+        return ("limit", field_, full) if full else None
 
     def handle_rounds(self, c: Client, msg: protocol.Rounds, t1: float) -> list:
         lim = self.limits
@@ -283,47 +276,89 @@ class DraftServer:
     # ------------------------------------------------------------------ the step
 
     def idle(self, sock) -> bool:
-        """Between messages: the TTL sweep, one draft step over the waiting rows, one chunk of prefill.
-        True while work remains."""
+        """Between messages: the TTL sweep, one draft step over the waiting rows (and one over the streams), the
+        refusals a step made, one chunk of prefill. True while work remains."""
         self.expire()
-        for ident, m in self.step() + self.stream_step():
+        out = self.step() + self.stream_step()
+        out += [(c.ident, self._drafts(c, [])) for c in self.clients.values() if c.refused]
+        for ident, m in out:
             reply(sock, ident, m)
-        fed = self.d.prefill(self.prefill_budget) if self.d.waiting() else 0
+        fed = self._prefill()
         return (bool(fed) or any(any(s.ready for s, _, _ in c.waiting) for c in self.clients.values())
-                or any(s.room for s in self.d.seqs.values()))
+                or any(self._may_stream(s) for s in self.d.seqs.values()))
+
+    def _prefill(self) -> int:
+        """One budget of prompt tokens fed; an error there refuses (and frees) the prompts that wait."""
+        if not self.d.waiting():
+            return 0
+        try:
+            return self.d.prefill(self.cfg.prefill_budget or self.cfg.prefill_chunk)
+        except Exception as e:       # contained: the waiting prompts are refused, the server serves on
+            self._fail([s for s in self.d.seqs.values() if len(s.pending) > CATCH_UP], "internal", "prefill",
+                       f"{type(e).__name__}: {e}")
+            return 0
+
+    def _may_stream(self, seq) -> bool:
+        """A stream with room that may draft its next token within the context (n + 1 tokens)."""
+        return seq.room and seq.n + 1 <= self.limits.context - 1
+
+    def _contained(self, batch: list, draft) -> dict:
+        """draft(batch) with its errors contained, {id(sequence): Drafted}: rows past their own room (Overflow)
+        are refused `limit` and the rest drafted; any other error refuses every row of the step `internal`.
+        Refused rows are freed (their clients open them again)."""
+        try:
+            return {id(s): d for (s, _), d in zip(batch, draft(batch))}
+        except Overflow as e:
+            bad = {id(s) for s, _ in e.seqs}
+            self._fail([s for s, _ in e.seqs], "limit", "context", str(e))
+            rest = [(s, k) for s, k in batch if id(s) not in bad]
+            return self._contained(rest, draft) if rest else {}
+        except Exception as e:
+            self._fail([s for s, _ in batch], "internal", "step", f"{type(e).__name__}: {e}")
+            return {}
+
+    def _fail(self, seqs: list, code: str, field_: str, why: str) -> None:
+        self.log.line(f"{len(seqs)} sequences refused and freed: {field_}: {why}")
+        for seq in seqs:
+            self.d.free(seq.key)
+            c = self.clients.get(seq.key[0])
+            if c is not None:
+                self._drop_waiting(c, seq.key[1])
+                self._refuse(c, seq.key[1], seq.gen, code, field_, f"sequence {seq.key[1]!r}: {why}; open it again")
 
     def stream_step(self) -> list[tuple[bytes, protocol.Streamed]]:
         """One batched step over every stream with room (clients in turn when limits.batch caps it): one token
         each, one Streamed per client."""
-        cap = self.limits.batch or self.d.dec.rows
         by_client: dict[bytes, list] = {}
         for seq in self.d.seqs.values():
-            if seq.room:
+            if self._may_stream(seq):
                 by_client.setdefault(seq.key[0], []).append(seq)
-        rows = [seq for _, seqs in in_turn(sorted(by_client.items()), self.stream_turn, cap) for seq in seqs]
+        rows = [seq for _, seqs in in_turn(sorted(by_client.items()), self.stream_turn, self.limits.batch)
+                for seq in seqs]
         self.stream_turn += 1
         if not rows:
             return []
         c0 = self.d.dec.clock.seconds
-        positions = [len(seq.chain) for seq in rows]
-        out = self.d.stream_step(rows)
+        positions = {id(seq): len(seq.chain) for seq in rows}
+        out = self._contained([(seq, 1) for seq in rows], lambda b: self.d.stream_step([s for s, _ in b]))
         draft_ms = (self.d.dec.clock.seconds - c0) * 1e3
         self.steps += 1
         self.batches.append(len(rows))
         stepped, held = time.time(), sum(s.stream for s in self.d.seqs.values())
         msgs: dict[bytes, list] = {}
-        for seq, pos, d in zip(rows, positions, out):
-            msgs.setdefault(seq.key[0], []).append(protocol.StreamRow(
-                seq.key[1], seq.gen, seq.epoch, pos, d.tokens[0], d.q_idx[0] if d.q_idx else None,
-                d.q_val[0] if d.q_val else None, seq.read_pos, seq.read_at if seq.read_pos >= 0 else 0.0))
-            seq.read_pos = -1                   # (the timeline: the first draft after each commit read)
+        for seq in rows:
+            if (d := out.get(id(seq))) is not None:
+                msgs.setdefault(seq.key[0], []).append(protocol.StreamRow(
+                    seq.key[1], seq.gen, seq.epoch, positions[id(seq)], d.tokens[0], d.q_idx[0] if d.q_idx else None,
+                    d.q_val[0] if d.q_val else None, seq.read_pos, seq.read_at if seq.read_pos >= 0 else 0.0))
+                seq.read_pos = -1               # (the timeline: the first draft after each commit read)
         return [(ident, protocol.Streamed(m, len(rows), draft_ms, stepped, held)) for ident, m in msgs.items()]
 
     def pick(self) -> list[tuple[Client, list]]:
         """The rows of the next step: every waiting row whose prompt is fed, clients in turn from `turn`, whole
         clients until limits.batch rows (at least one client)."""
         groups = [(c, [w for w in c.waiting if w[0].ready]) for c in self.clients.values()]
-        picked = in_turn(groups, self.turn, self.limits.batch or self.d.dec.rows)
+        picked = in_turn(groups, self.turn, self.limits.batch)
         self.turn += 1
         return picked
 
@@ -335,15 +370,16 @@ class DraftServer:
         t0 = time.time()
         c0 = self.d.dec.clock.seconds
         batch = [(seq, k) for _, rows in picked for seq, k, _ in rows]
-        out = iter(self.d.draft(batch))
+        done = self._contained(batch, self.d.draft)
         draft_s = self.d.dec.clock.seconds - c0
         self.steps += 1
         self.batches.append(len(batch))
         sent = []
         for c, rows in picked:
             c.waiting = [w for w in c.waiting if w not in rows]
-            drafted = [(seq, next(out)) for seq, _, _ in rows]
+            drafted = [(seq, done[id(seq)]) for seq, _, _ in rows if id(seq) in done]
             first = min(t for _, _, t in rows)
+            c.seen = max(c.seen, time.time())        # the TTL counts from the end of its last piece of work
             sent.append((c.ident, self._drafts(c, drafted, len(batch), draft_s, t0 - first, first)))
         return sent
 
@@ -357,40 +393,48 @@ class DraftServer:
                                max(held - queued_s * 1e3 - draft_s * 1e3, 0.0) if first else 0.0)
 
     def expire(self) -> None:
-        """Free the sequences of clients silent for ttl_s (gone without End)."""
+        """Free the sequences of clients silent for ttl_s (gone without End); a client whose own work is in
+        flight (a prompt being fed, a round waiting) is not silent: its TTL counts from that work's end."""
         now = time.time()
         if now - self.t_sweep < SWEEP_S:
             return
         self.t_sweep = now
+        busy = {key[0] for key, s in self.d.seqs.items() if len(s.pending) > CATCH_UP}
         for ident, c in list(self.clients.items()):
-            if now - c.seen > self.ttl_s:
-                keys = [key for key in self.d.seqs if key[0] == ident]
-                for key in keys:
-                    self.d.free(key)
-                del self.clients[ident]
-                self.log.line(f"freed {len(keys)} sequences: no word from the client for {self.ttl_s:.0f} s", c.peer)
+            if ident in busy or c.waiting:
+                c.seen = now
+            elif now - c.seen > self.ttl_s:
+                self.forget(c, f"no word from the client for {self.ttl_s:.0f} s")
+
+    def forget(self, c: Client, why: str) -> None:
+        """c's sequences freed and its handshake forgotten (logged when it held any)."""
+        keys = [key for key in self.d.seqs if key[0] == c.ident]
+        for key in keys:
+            self.d.free(key)
+        self.clients.pop(c.ident, None)
+        if keys:
+            self.log.line(f"freed {len(keys)} sequences: {why}", c.peer)
 
 
-def build_drafter(pair, rows: int, capacity: int, fast: str = "", chunk: int = 0,
-                  compile_mode: str | None = "auto") -> BatchDrafter:
-    """A BatchDrafter over the pair's draft model (the fast decoder's weights and options); on a GPU its block
-    compiled (compile_mode 'auto': torch.compile's 'default' there, eager on a CPU; measured on an H200 with the
-    Qwen3-1.7B shape: 2.4 ms a 16-row step compiled, 5.5 ms eager) and its graphs captured now."""
+def build_server(fast, me: protocol.Welcome, cfg: DraftServerConfig) -> DraftServer:
+    """The one constructor of a draft server: `fast` (a runtime.fastmodel.FastDecoder: the draft's weights) under
+    a BatchDecoder of cfg.rows x cfg.capacity (compiled as cfg.compile_mode says; measured on an H200 with the
+    Qwen3-1.7B shape: 2.4 ms a 16-row step compiled, 5.5 ms eager), its graphs captured when cfg.warm; me: the
+    Welcome it answers Hellos with (its vocabulary is the drafter's)."""
     from ..runtime.batchmodel import BatchDecoder
+    cfg = cfg.check().resolved(fast.device.type)
+    dec = BatchDecoder(fast, cfg.rows, cfg.capacity, compile_mode=None if cfg.compile_mode == "none" else cfg.compile_mode)
+    if cfg.warm:
+        dec.warm()
+    return DraftServer(BatchDrafter(dec, me.vocab_size, cfg.prefill_chunk), me, cfg)
+
+
+def pair_server(pair, cfg: DraftServerConfig) -> DraftServer:
+    """build_server over a model pair's draft (the fast decoder with cfg.fast's options)."""
     from ..runtime.fastmodel import FastDecoder
-    fd = FastDecoder(pair.draft, 8, fast or None)
-    if compile_mode == "auto":
-        compile_mode = "default" if fd.device.type == "cuda" else None
-    dec = BatchDecoder(fd, rows, capacity, compile_mode=compile_mode)
-    dec.warm()
-    return BatchDrafter(dec, pair.vocab_size, chunk or (2048 if dec.device.type == "cuda" else 256))
+    return build_server(FastDecoder(pair.draft, 8, cfg.fast or None), welcome(pair, pair.config.draft), cfg)
 
 
-def serve_draft_server(bind: str, pair, rows: int = 32, capacity: int = 4096, max_seconds: float = 0,
-                       fast: str = "", spin_s: float = 0.0, ttl_s: float = 30.0, keys=None,
-                       limits: ServerLimits = ServerLimits()) -> None:
-    """Serve many sequences until killed (or max_seconds): `rows` sequences of up to `capacity` tokens."""
-    d = build_drafter(pair, rows, capacity, fast)
-    me = welcome(pair, pair.config.draft)
-    me.sequences = rows
-    DraftServer(d, me, limits, ttl_s).serve(bind, max_seconds, spin_s, keys)
+def serve_draft_server(bind: str, pair, cfg: DraftServerConfig, max_seconds: float = 0, keys=None) -> None:
+    """Serve many sequences until killed (or max_seconds): cfg.rows sequences of up to cfg.capacity tokens."""
+    pair_server(pair, cfg).serve(bind, max_seconds, keys)

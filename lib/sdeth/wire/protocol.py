@@ -55,6 +55,8 @@ class Hello(msgspec.Struct, tag="hello"):
     vocab_size: int          # the shared tokenizer's size (logits are cut to it; embeddings may be padded)
     tokenizer_sha: str
     dtype: str
+    client: ReqId = ""       # a draft server: this client's own id (random, kept across its reconnections), so
+                             # that a new connection of the same client takes its sequences back ('': none)
 
 
 class Welcome(msgspec.Struct, tag="welcome"):

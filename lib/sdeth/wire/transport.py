@@ -116,7 +116,7 @@ IDLE_EVERY_S = 0.001     # while messages keep arriving, background work still r
 
 def serve_requests(bind: str, decode: protocol.Decoder, log: Log, max_seconds: float = 0, idle=None,
                    spin_s: float = 0.0, keys: Keys | None = None, limits: PeerLimits | None = None,
-                   idle_every_s: float = IDLE_EVERY_S):
+                   idle_every_s: float = IDLE_EVERY_S, per_pass: int = 0):
     """The server loop both workers share: bind a ROUTER to exactly `bind`, yield (sock, ident, message,
     receive time, peer) for each well-formed message of the types `decode` takes; anything else gets an
     Error reply here, and a log line. idle(sock) -> bool: background work (the pipelined draft's run-ahead,

@@ -6,28 +6,29 @@ import traceback
 
 import torch
 
-from ...runtime.batchdraft import BatchDrafter
 from ...runtime.batchmodel import BatchDecoder
 from ...runtime.fastmodel import FastDecoder
 from .common import CONTEXT, PREFILL_CHUNK, PROMPT, SERVER_ROWS, SLACK, allow_recompiles, sync_device, welcome
+
 
 def serve_random(name: str, device: str, addr: str, ready, seconds: float, rows: int = SERVER_ROWS,
                  capacity: int = CONTEXT + SLACK, spin_s: float = 0.002, compile_mode: str | None = None) -> None:
     """A draft server process: the named draft shape (random bf16 weights) on `device`, its graphs captured and
     a prompt's prefill run once before `ready` is told; serves `addr` for `seconds`."""
     from ...runtime.randomweights import fused_random
-    from ...wire.draft_server import DraftServer, ServerLimits
+    from ...wire.draft_server import DraftServerConfig, ServerLimits, build_server
     try:
         if torch.device(device).type == "cuda":
             torch.cuda.set_device(device)
         allow_recompiles()
         t0 = time.perf_counter()
         fast = FastDecoder(fused_random(name, device, "bf16", seed=1), 8)
-        dec = BatchDecoder(fast, rows, capacity, compile_mode=compile_mode)
+        server = build_server(fast, welcome(name, fast.vocab, rows), DraftServerConfig(
+            rows, capacity, ttl_s=120, prefill_chunk=PREFILL_CHUNK, compile_mode=compile_mode or "none", warm=False,
+            spin_s=spin_s, limits=ServerLimits(sequences_per_client=rows, reserve=0)))
+        dec = server.d.dec
         dec.warm(spans=(dec.span_for(CONTEXT),))
         prefill_ms = prompt_prefill_ms(dec)
-        server = DraftServer(BatchDrafter(dec, fast.vocab, chunk=PREFILL_CHUNK), welcome(name, fast.vocab, rows),
-                             ServerLimits(sequences_per_client=rows), ttl_s=120)
         ready.put({"vocab": fast.vocab, "build_and_warm_s": round(time.perf_counter() - t0, 1),
                    "prompt_prefill_ms": prefill_ms, "prefill_tokens_between_steps": PREFILL_CHUNK,
                    "graphs": len(dec.graphs), "gpu_mem_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 1)
@@ -35,7 +36,7 @@ def serve_random(name: str, device: str, addr: str, ready, seconds: float, rows:
     except Exception as e:                       # noqa: BLE001 (the parent reports it)
         ready.put({"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]})
         return
-    server.serve(addr, seconds, spin_s)
+    server.serve(addr, seconds)
 
 
 def prompt_prefill_ms(dec: BatchDecoder, prompt: int = PROMPT) -> float:
