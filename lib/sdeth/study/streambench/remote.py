@@ -90,12 +90,16 @@ def target_only(tv: dict, B: int) -> float:
 
 def model_of(tv: dict, B: int, k: int, alpha: float, step_ms: float, period_ms: float, one_way_ms: float) -> dict:
     """costmodel.simulate_pipelined for this point: the target verifies every draft on offer and never waits
-    (the emulated target's rule), t_v(B, m) as measured, the server's measured step and period, the commit's
+    (the emulated target's rule; 'adaptive': the runtime's policy, which waits when that pays), t_v(B, m) as measured, the server's measured step and period, the commit's
     measured way to the server (both ways: twice that)."""
     c = Costs(tv[(B, 0)] / 1e3, step_ms / 1e3, {m + 1: tv[(B, m)] / 1e3 for m in range(1, k + 1)},
               rtt=2 * one_way_ms / 1e3, draft_period=max(period_ms, step_ms) / 1e3)
     sim = simulate_pipelined(alpha, c, k, n_tokens=6000, policy="offered")
+    waits = simulate_pipelined(alpha, c, k, n_tokens=6000, policy="adaptive")     # the runtime's own target
     return {"verified_per_round": round(sim["verified_per_round"], 3), "tokens_per_round": round(sim["tokens_per_round"], 3),
+            "speedup": round(sim["tokens_per_s"] * c.target_step, 3),
+            "adaptive": {"verified_per_round": round(waits["verified_per_round"], 3),
+                         "speedup": round(waits["tokens_per_s"] * c.target_step, 3)},
             "fed": {"step_ms": step_ms, "period_ms": period_ms, "one_way_ms": one_way_ms}}
 
 
