@@ -13,7 +13,7 @@ from ...models.presets import shape
 from ..bigtargets import DRAFT_ALPHA
 from ..stepbench import copy_bandwidth
 from .colocated import colocated_part
-from .common import (CONTEXT, CONTEXTS, DRAFT_K, GOALS, PROMPT, SERVER_ROWS, TARGET, Grid, allow_recompiles,
+from .common import (CONTEXT, CONTEXTS, DRAFT_K, GOALS, SERVER_ROWS, TARGET, Grid, allow_recompiles,
                      build_fast, compiled, free)
 from .draftstep import draft_step, goal_check
 from .remote import remote_part

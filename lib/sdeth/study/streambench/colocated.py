@@ -12,6 +12,7 @@ from ...runtime.verify import Sampling
 from ..bigtargets import DRAFT_ALPHA
 from .common import COLOCATED_LABEL, CONTEXT, PREFILL_CHUNK, PROMPT, SLACK, coins, compiled, free, mean, pct
 from .report import colocated_row
+from .server import prompt_prefill_ms
 
 class Colocated:
     """B streams in lockstep over a BatchDrafter and the target's BatchDecoder (columns='all') in this process."""
