@@ -60,6 +60,8 @@ NOTES = [
     f"{PREFILL_CHUNK} tokens (several prompts) between two steps: the streams already running wait for it, which "
     "is most of each point's TPOT p99 and of its t_v overshoot; prompt_prefill_ms (remote.server, "
     "colocated) gives one prompt's prefill.",
+    "The bench's draft server admits every loopback connection (clients and clients_per_peer raised to 4096): each "
+    "point's emulated targets open fresh connections, and a closed one is forgotten only after the server's TTL.",
     "t_v_over_intended: (the emulated verify's actual wait) / t_v - 1, per round; it includes the coins and the "
     "sends of End and Open for finished sequences, and the processes' scheduling on the host's CPU cores.",
 ]
