@@ -364,3 +364,28 @@ def worker_speedups() -> dict[str, float]:
             if row:
                 out[f"bench_streams_server_{n.rsplit('_', 1)[-1]}"] = round(row["speedup"], 3)
     return out
+
+
+def per_cost(rows: list[dict], draft_price: float = 1.0) -> list[dict]:
+    """Pareto rows per unit of GPU price: a target GPU costs 1, the draft server's GPU `draft_price` (1: the same
+    GPU). Remote rows (N targets + 1 draft GPU) count N + draft_price; the others their own GPUs. Adds
+    tok_s_per_cost; tok_s_per_gpu is kept."""
+    out = []
+    for r in rows:
+        cost = r["N"] + draft_price if r["kind"] in ("remote", "pipelined") else r["gpus"]
+        out.append({**r, "cost": cost, "tok_s_per_cost": r["tok_s_per_gpu"] * r["gpus"] / cost})
+    return out
+
+
+def cost_table(run: dict, alpha: float, budgets_ms=(5.0, 6.0, 8.0, 12.0), prices=(1.0, 0.5)):
+    """The most tokens/s per unit of GPU price at TPOT <= each budget, per kind, for each draft-GPU price ratio."""
+    import pandas as pd
+    from . import pareto
+    rows = pareto_rows(run, alpha)
+    out = []
+    for price in prices:
+        priced = [dict(r, tok_s_per_gpu=r["tok_s_per_cost"]) for r in per_cost(rows, price)]
+        for b in budgets_ms:
+            out.append({"draft GPU price": price, "TPOT <= ms": b,
+                        **{k: pareto.throughput_at(priced, b, k) for k in pareto.KINDS}})
+    return pd.DataFrame(out)
