@@ -61,9 +61,9 @@ def model_range(alpha: float, verify_s: float, step_s: float, rtt_s: float) -> t
 def test_four_pipelined_clients_of_two_streams_keep_drafts_on_offer(pair, target_only_ref):
     from conftest import REF
     from sdeth.study import experiment
-    from sdeth.wire.draft_server import build_drafter, welcome
-    me = welcome(pair, pair.config.draft)
-    server = DraftServer(build_drafter(pair, rows=CLIENTS * B, capacity=1024), me)
+    from sdeth.wire.draft_server import DraftServerConfig, pair_server
+    server = pair_server(pair, DraftServerConfig(CLIENTS * B, 1024))
+    me = server.me
     addr = _serving(server)
     prompts = experiment.encode_prompts(experiment.RunConfig(mode="sd", **REF), pair.tokenizer)
     hello = W.Hello(W.PROTOCOL_VERSION, "target", "t", pair.vocab_size, me.tokenizer_sha, me.dtype)
