@@ -230,3 +230,230 @@ def test_every_setting_travels_from_the_command_line_to_the_running_server():
             told["messages_per_s"], told["per_pass"]) == (6, 80, 9000, 12, 24, 321, 3)
     assert (server.cfg.compile_mode, server.cfg.fast, server.cfg.warm, server.cfg.spin_s) == ("none", "", False, 0.0)
     assert asdict(server.cfg.limits) == lim and server.d.dec.rows == 6 and server.d.dec.capacity == 80
+
+
+# ------------------------------------------------------------------ admission that cannot be monopolised
+
+def _open(server, ident, seq, peer="127.0.0.1", **kw) -> str:
+    """'' when the Open is taken, else the refusal's message."""
+    out = server.dispatch(ident, W.Open(seq, 0, [1, 2, 3], **kw), time.time(), peer)
+    return next((r.message for m in out if isinstance(m, W.Drafts) for r in m.rows if r.error), "")
+
+
+def test_one_client_cannot_hold_every_row_and_freed_rows_pass_to_the_client_waiting(capsys):
+    """8 rows keep a reserve of 1: one client holds at most 7; a second client gets the reserve row; once it waits
+    (refused for a full server), the first client's next Open is refused `fair_share` and the freed row is the
+    second's. Each refusal names its field and is logged with the peer."""
+    server = tiny_server(tiny_qwen3(0), rows=8, capacity=CAP)
+    _hello(server, b"a", "10.0.0.1"), _hello(server, b"b", "10.0.0.2")
+    assert [_open(server, b"a", f"a{i}", "10.0.0.1") for i in range(7)] == [""] * 7
+    assert _open(server, b"a", "a7", "10.0.0.1").startswith("sequences_per_client: this client holds 7")
+    assert _open(server, b"b", "b0", "10.0.0.2") == ""                       # the reserve row
+    assert _open(server, b"b", "b1", "10.0.0.2").startswith("sequences: this server holds 8")
+    server.dispatch(b"a", W.End("a0"), time.time(), "10.0.0.1")
+    assert _open(server, b"a", "a8", "10.0.0.1").startswith("fair_share: this client holds 6 sequences")
+    assert _open(server, b"b", "b1", "10.0.0.2") == ""
+    log = capsys.readouterr().out
+    assert "peer=10.0.0.1: refused (limit): fair_share:" in log and "peer=10.0.0.2: refused (limit): sequences:" in log
+    assert server.me.limits["reserve"] == 1 and server.me.limits["sequences_per_client"] == 7
+
+
+def test_connections_are_bounded_per_address():
+    server = tiny_server(tiny_qwen3(0), limits=ServerLimits(clients_per_peer=3))
+    for i in range(3):
+        _hello(server, b"h%d" % i, "10.0.0.1")
+    out = server.dispatch(b"h3", HELLO, time.time(), "10.0.0.1")[0]
+    assert out.code == "limit" and out.message.startswith("clients_per_peer: address 10.0.0.1 holds 3 connections")
+    _hello(server, b"other", "10.0.0.2")
+
+
+def test_a_client_that_reconnects_under_its_client_id_takes_its_sequences_back():
+    """The same client id from the same address takes the old connection's sequences (and its place); the same id
+    from another address is another client."""
+    server = tiny_server(tiny_qwen3(0), rows=4, capacity=CAP)
+    hello = W.Hello(**{**{f: getattr(HELLO, f) for f in HELLO.__struct_fields__}, "client": "c-1"})
+    assert isinstance(server.dispatch(b"old", hello, time.time(), "10.0.0.1")[0], W.Welcome)
+    assert _open(server, b"old", "s0", "10.0.0.1") == "" and _open(server, b"old", "s1", "10.0.0.1") == ""
+    assert isinstance(server.dispatch(b"new", hello, time.time(), "10.0.0.1")[0], W.Welcome)
+    assert sorted(server.d.seqs) == [(b"new", "s0"), (b"new", "s1")] and b"old" not in server.clients
+    assert server.d.seqs[(b"new", "s0")].key == (b"new", "s0")
+    _drive(server)
+    server.dispatch(b"new", W.Rounds([W.Row("s0", 0, 3, 0, [4], 2)]), time.time(), "10.0.0.1")
+    assert [len(r.tokens) for _, m in _drive(server) for r in m.rows] == [2]
+    assert isinstance(server.dispatch(b"elsewhere", hello, time.time(), "10.0.0.9")[0], W.Welcome)
+    assert sorted(server.d.seqs) == [(b"new", "s0"), (b"new", "s1")] and b"new" in server.clients
+
+
+def test_a_closed_connection_frees_its_rows_at_once_not_at_the_ttl(capsys):
+    from sdeth.wire.draft_client import DraftServerClient
+    from test_draft_server import serving
+    server = tiny_server(tiny_qwen3(0), ttl_s=60)
+    c = DraftServerClient(serving(server, 30), HELLO)
+    for i in range(3):
+        c.open(f"s{i}", [1, 2, 3, 4])
+    assert _wait(lambda: len(server.d.seqs) == 3)
+    t0 = time.time()
+    c.client.sock.close(linger=0)                          # gone without End (a killed process closes its socket)
+    assert _wait(lambda: not server.d.seqs, 10)
+    assert time.time() - t0 < 5 and sorted(server.d.free_rows) == list(range(8))
+    assert "freed 3 sequences: its connection closed" in capsys.readouterr().out
+
+
+def _wait(ok, timeout_s: float = 5.0) -> bool:
+    t_end = time.time() + timeout_s
+    while time.time() < t_end:
+        if ok():
+            return True
+        time.sleep(0.05)
+    return ok()
+
+
+def test_the_ttl_counts_from_the_end_of_a_clients_own_work_and_a_silent_hello_is_forgotten_quietly(monkeypatch,
+                                                                                                 capsys):
+    import sdeth.wire.draft_server as ds
+    monkeypatch.setattr(ds, "SWEEP_S", 0.0)
+    server = tiny_server(tiny_qwen3(0), rows=4, capacity=256, ttl_s=0.3, prefill_budget=16)
+    _hello(server, b"a"), _hello(server, b"quiet")
+    server.dispatch(b"a", W.Open("long", 0, list(range(1, 200))), time.time(), "p")
+    time.sleep(0.4)
+    server.expire()                                         # its prompt is being fed: not silent
+    assert b"a" in server.clients and b"quiet" not in server.clients
+    sock = Sock()
+    while server.d.waiting():
+        server.idle(sock)
+    server.expire()
+    assert b"a" in server.clients                           # the TTL counts from here
+    time.sleep(0.4)
+    server.expire()
+    assert b"a" not in server.clients and not server.d.seqs
+    log = capsys.readouterr().out
+    assert "freed 1 sequences: no word from the client for 0 s" in log and "freed 0" not in log
+
+
+# ------------------------------------------------------------------ work per request bounded
+
+def test_a_sampled_drafts_reply_is_bounded_and_q_top_0_refused_where_it_would_not_fit():
+    lim = ServerLimits(reply_bytes=64 << 10)
+    server = tiny_server(tiny_qwen3(0), rows=4, capacity=CAP, limits=lim)
+    most = server.limits.q_top_most(VOCAB)
+    assert 0 < most < VOCAB
+    _hello(server, b"a")
+    sampled = dict(temperature=0.8, draft_sampled=True)
+    assert _open(server, b"a", "whole", q_top=0, **sampled).startswith("q_top: q_top whole vocabulary")
+    assert _open(server, b"a", "big", q_top=most + 1, **sampled).startswith("q_top:")
+    assert _open(server, b"a", "greedy", q_top=0) == ""                   # a greedy draft sends no q
+    for i in range(2):
+        assert _open(server, b"a", f"s{i}", q_top=most, **sampled) == ""
+    _drive(server)
+    server.dispatch(b"a", W.Rounds([W.Row(f"s{i}", 0, 3, 0, [4], 16) for i in range(2)]
+                                   + [W.Row("greedy", 0, 3, 0, [4], 16)]), time.time(), "p")
+    replies = [m for _, m in _drive(server)]
+    assert [len(r.q_idx[0]) for m in replies for r in m.rows if r.q_idx] == [most, most]
+    assert all(len(W.encode(m)) <= lim.reply_bytes for m in replies)
+
+
+# ------------------------------------------------------------------ fairness under a flood from one host
+
+def _serve_plain(addr: str, seconds: float) -> None:
+    torch.set_num_threads(1)
+    tiny_server(tiny_qwen3(0), rows=8, capacity=256).serve(addr, max_seconds=seconds)
+
+
+def _flood_host(addr: str, kind: str, conns: int, go, sent, window: int = 64) -> None:
+    """While `go` is set: `conns` connections of this host send Pings (kind 'ping') or Open/End pairs ('open-end') at
+    the server's own processing rate: each keeps `window` messages unanswered, and sends one more for each answer.
+    sent: the answers so far."""
+    import uuid
+
+    import zmq
+    socks = []
+    for _ in range(conns):
+        s = zmq.Context.instance().socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
+        s.connect(addr)
+        s.send(W.encode(HELLO))
+        s.recv()
+        socks.append(s)
+    msgs = ([W.encode(W.Ping(0.0))] if kind == "ping" else
+            [W.encode(W.Open("f", 0, [1, 2, 3, 4])), W.encode(W.End("f"))])
+    poller = zmq.Poller()
+    for s in socks:
+        poller.register(s, zmq.POLLIN)
+    out, n = {s: 0 for s in socks}, 0
+    while True:
+        go.wait()
+        for s in socks:
+            while out[s] < window:
+                for m in msgs:
+                    s.send(m)
+                out[s] += 1
+        for s, _ in poller.poll(100):
+            while s.poll(0):
+                s.recv()
+                out[s] -= 1
+                n += 1
+        sent.value = n
+
+
+def _rounds(c, lat: list, n: int) -> None:
+    """n rounds of one sequence (k=3, a token each), each round's latency (s) into lat."""
+    t = c.open(f"s{len(lat)}", [1, 2, 3, 4])
+    for i in range(n):
+        t0 = time.perf_counter()
+        got = c.rounds([(t, 0, [5 + i % 7], 3)])[0]
+        lat.append(time.perf_counter() - t0)
+        assert not got.error and len(got.tokens) == 3, got
+    c.end(t)
+
+
+@pytest.mark.parametrize("kind,conns", [("ping", 1), ("open-end", 3)])
+def test_a_flood_from_one_host_leaves_a_neighbours_rounds_near_alone(kind, conns, tmp_path):
+    """The server, the flooding host's connections and the neighbour on one address (plain TCP: the budget is per
+    connection, the turns per connection), one thread each on this CPU: the neighbour's round p50 and p99 alone and
+    under the flood, in alternating blocks; the figures printed and written to flood.json."""
+    import json
+    import multiprocessing
+    from sdeth.place.testbed import free_port
+    from sdeth.wire.draft_client import DraftServerClient
+    torch.set_num_threads(1)
+    mp = multiprocessing.get_context("spawn")
+    addr, go, sent = f"tcp://127.0.0.1:{free_port()}", mp.Event(), mp.Value("q", 0)
+    procs = [mp.Process(target=_serve_plain, args=(addr, 300), daemon=True),
+             mp.Process(target=_flood_host, args=(addr, kind, conns, go, sent), daemon=True)]
+    for p in procs:
+        p.start()
+    try:
+        c = DraftServerClient(addr, HELLO, timeout_s=60)
+        _rounds(c, [], 5)                                       # warm
+        lat, seconds, n0 = {"alone": [], "flood": []}, 0.0, sent.value
+        for _ in range(4):
+            for state in ("alone", "flood"):
+                t0 = time.time()
+                if state == "flood":
+                    go.set()
+                    time.sleep(0.3)
+                _rounds(c, lat[state], 40)
+                if state == "flood":
+                    go.clear()
+                    seconds += time.time() - t0
+                    time.sleep(0.3)                             # its last messages drained
+        flood_rate = (sent.value - n0) / seconds              # answered: the server's own rate
+        c.close()
+    finally:
+        for p in procs:
+            p.kill()
+    ms = {s: {"p50": _pct(v, .5), "p99": _pct(v, .99), "rounds": len(v)} for s, v in lat.items()}
+    figures = {"flood": kind, "connections": conns, "flood_answered_per_s": round(flood_rate), "round_ms": ms,
+               "measured": "this host's CPU, one thread each (server, flooder, neighbour), tiny 2-layer Qwen3 draft, "
+                           "k=3, loopback TCP"}
+    (tmp_path / "flood.json").write_text(json.dumps(figures, indent=1))
+    print(f"\n{json.dumps(figures)}")
+    assert flood_rate > 100                                      # a flood, as fast as the server answered it
+    # the goal is 2x; asserted at 2.5x, since the server, the flooder and the neighbour share this host's cores with
+    # whatever else runs (measured within 2x in every run so far: docs/reliability.md has the figures)
+    assert ms["flood"]["p50"] <= 2.5 * ms["alone"]["p50"] and ms["flood"]["p99"] <= 2.5 * ms["alone"]["p99"], figures
+
+
+def _pct(v: list, q: float) -> float:
+    return round(sorted(v)[min(int(q * len(v)), len(v) - 1)] * 1e3, 2)

@@ -126,7 +126,9 @@ def test_the_draft_servers_arguments_parse_and_cover_vllms_requests(objs):
     vllm = _vllm_args(objs)
     assert cfg.capacity >= int(vllm[vllm.index("--max-model-len") + 1])      # every context gets drafts
     assert a.rows >= int(vllm[vllm.index("--max-num-seqs") + 1])             # ... and every running request
-    assert int(vllm[vllm.index("--max-num-seqs") + 1]) <= 64                 # the server's sequences per client
+    from sdeth.cli import draft_server_config
+    told = draft_server_config(a, cfg, 0.0).resolved("cuda").limits
+    assert int(vllm[vllm.index("--max-num-seqs") + 1]) <= told.sequences_per_client     # one client: vLLM
 
 
 def test_vllms_server_accepts_the_arguments():

@@ -633,8 +633,6 @@ def tiny_pair():
 
 
 def tiny_draft_server(draft=None, rows=8) -> str:
-    from sdeth.runtime.batchdraft import BatchDrafter
-    from sdeth.runtime.batchmodel import BatchDecoder
     from sdeth.runtime.fastmodel import FastDecoder
     from sdeth.wire.draft_server import DraftServerConfig, build_server
     from doubles import tiny_qwen3

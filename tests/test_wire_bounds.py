@@ -164,7 +164,9 @@ def test_curve_serves_only_authorized_keys_and_logs_the_refusals(tmp_path):
                 c.call(W.Ping(0.0))
             c.close()
         assert any("refused (auth): CURVE key refused" in line for line in lines), lines
-        assert any("refused (auth): a peer failed the CURVE handshake" in line for line in lines), lines
+        failed = [line for line in lines if "refused (auth): a peer failed the CURVE handshake" in line]
+        assert failed and all(line.startswith(("127.0.0.1 ", "an unknown address ")) for line in failed), lines
+        assert any(line.startswith("127.0.0.1 ") for line in failed), failed     # the peer, not this server's endpoint
     assert not any("PLAIN TCP" in line for line in lines)
 
 
@@ -194,7 +196,7 @@ def test_a_flooding_peer_is_limited_and_told_once_a_second():
 
 def test_a_keys_connections_share_one_budget():
     """screen() counts a CURVE key's messages across its connections (another routing id, another address), and
-    another key apart; on plain TCP the address is the peer."""
+    another key apart; on plain TCP each connection is counted apart (the clients of one host too)."""
     from sdeth.wire.transport import Log, PeerLimits, screen
 
     class Frame:
@@ -221,7 +223,8 @@ def test_a_keys_connections_share_one_budget():
     assert all(g is not None for g in got[:10]) and got[10] is None and got[11] is None
     assert [m.code for m in sock.sent] == ["limit", "limit"]                # each refused connection told once
     assert send(b"s", "10.0.0.1", "b") is not None                          # key b has its own budget
-    assert send(b"t", "10.0.0.7", "") is not None                           # plain TCP: per address
+    assert send(b"t", "10.0.0.7", "") is not None                           # plain TCP: per connection
+    assert all(send(b"u%d" % i, "10.0.0.8", "") is not None for i in range(12))   # 12 connections of one host
 
 
 def test_a_draft_the_heartbeat_marked_down_is_not_waited_for():

@@ -18,6 +18,7 @@ class Client:
     seen: float
     key: str = ""                                   # the CURVE key's name that said Hello ('' on plain TCP)
     name: str = ""                                  # the client id it said Hello with ('' none)
+    gone: float = 0.0                               # when its connection closed (0: open, or spoke since)
     waiting: list = field(default_factory=list)     # (Sequence, k, arrival time) in arrival order
     refused: list = field(default_factory=list)     # RowDrafts refused since its last Drafts
 

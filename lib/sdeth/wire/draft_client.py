@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from dataclasses import dataclass, field
 
+import msgspec
 import torch
 
 from ..runtime.loop import DraftUnavailable
@@ -49,7 +51,8 @@ class Costs:
 class DraftServerClient:
     def __init__(self, addr: str, hello: protocol.Hello, timeout_s: float = 5.0, spin_s: float = 0.0, keys=None):
         self.client = Client(addr, timeout_s, spin_s, decode=DECODE, gone_fast=True, keys=keys)
-        self.hello, self.addr = hello, addr
+        # a client id of its own: a reconnection (after a timeout, a fresh socket) takes its sequences back
+        self.hello, self.addr = msgspec.structs.replace(hello, client=hello.client or uuid.uuid4().hex), addr
         self._handshake()
         self.last = Costs()
         self.n = 0

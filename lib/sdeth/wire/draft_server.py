@@ -39,15 +39,16 @@ from dataclasses import asdict
 from ..runtime.batchdraft import CATCH_UP, BatchDrafter, Desync, Full, Overflow
 from ..runtime.verify import Sampling
 from . import protocol
-from .admission import Client, Shares, address_of, in_turn, no_room, owner_key
+from .admission import Client, Shares, address_of, in_turn, no_room
 from .draft_worker import welcome
-from .server_config import MAX_K, DraftServerConfig, ServerLimits
+from .server_config import DraftServerConfig, ServerLimits
 from .transport import Log, PeerLimits, key_of, reply, serve_requests
 
-__all__ = ["MAX_K", "Client", "DraftServer", "DraftServerConfig", "ServerLimits", "build_server", "in_turn",
-           "owner_key", "pair_server", "serve_draft_server"]
+__all__ = ["DraftServer", "DraftServerConfig", "ServerLimits", "build_server", "pair_server", "serve_draft_server"]
 DECODE = protocol.Decoder("a draft server", protocol.SERVER_TAKES)
 SWEEP_S = 1.0            # how often the TTL sweep runs
+GONE_S = 2.0             # a closed connection's client is forgotten this long after (unless it speaks again: a
+                         # reconnection under the same routing id)
 
 
 def refusal(seq: str, gen: int, code: str, message: str) -> protocol.RowDraft:
@@ -83,7 +84,7 @@ class DraftServer:
         self.log.line(f"{self.me.model_id} for up to {self.limits.sequences} sequences on {bind}")
         for sock, ident, msg, t1, peer in serve_requests(bind, DECODE, self.log, max_seconds, self.idle,
                                                          self.cfg.spin_s, keys, PeerLimits(self.cfg.messages_per_s),
-                                                         per_pass=self.cfg.per_pass):
+                                                         per_pass=self.cfg.per_pass, closed=self.closed):
             for m in self.dispatch(ident, msg, t1, peer):
                 reply(sock, ident, m)
 
@@ -100,7 +101,7 @@ class DraftServer:
             out = [protocol.Error("version", "send Hello first (protocol handshake)")]
         else:
             if c is not None:
-                c.seen = t1
+                c.seen, c.gone = t1, 0.0
             try:
                 out = self.handlers[type(msg)](c, msg, t1)
             except Exception as e:     # this message failed; the server serves on
@@ -141,6 +142,13 @@ class DraftServer:
         del self.clients[old.ident]
         if moved:
             self.log.line(f"took back {len(moved)} sequences from its earlier connection", new.peer)
+
+    def closed(self, ident: bytes) -> None:
+        """The connection that carried ident closed (transport's monitor): its client is forgotten GONE_S later
+        unless it speaks again first."""
+        c = self.clients.get(ident)
+        if c is not None:
+            c.gone = time.time()
 
     def owned(self, c: Client, but: str = "") -> int:
         """The sequences c's owner holds (its own key's, across its connections; else c's), less `but`."""
@@ -401,7 +409,9 @@ class DraftServer:
         self.t_sweep = now
         busy = {key[0] for key, s in self.d.seqs.items() if len(s.pending) > CATCH_UP}
         for ident, c in list(self.clients.items()):
-            if ident in busy or c.waiting:
+            if c.gone and now - c.gone >= GONE_S:
+                self.forget(c, "its connection closed")
+            elif ident in busy or c.waiting:
                 c.seen = now
             elif now - c.seen > self.ttl_s:
                 self.forget(c, f"no word from the client for {self.ttl_s:.0f} s")

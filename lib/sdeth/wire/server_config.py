@@ -84,6 +84,9 @@ class DraftServerConfig:
         if bad or not 1 <= self.rows <= 128 or self.ttl_s <= 0:
             raise ValueError(f"draft server config {bad or (self.rows, self.ttl_s)}: rows 1 to 128, capacity, "
                              f"per_pass and messages_per_s at least 1, ttl_s above 0")
+        if not 1 <= self.limits.reply_bytes <= MAX_MESSAGE_BYTES:
+            raise ValueError(f"limits.reply_bytes {self.limits.reply_bytes}: use 1 to the protocol's frame limit "
+                             f"{MAX_MESSAGE_BYTES} (a larger reply is refused by its client)")
         return self
 
 

@@ -4,6 +4,9 @@ every interface by default.
 """
 from __future__ import annotations
 
+import collections
+import os
+import socket
 import threading
 import time
 import uuid
@@ -12,7 +15,7 @@ import zmq
 import zmq.utils.monitor
 
 from . import protocol
-from .auth import Keys, plain_tcp_warning, secure_client, secure_server
+from .auth import DEFAULT_CLIENTS, Keys, plain_tcp_warning, secure_client, secure_server
 
 
 def reply(sock, ident: bytes, msg) -> None:
@@ -32,7 +35,7 @@ class Log:
 
     def __init__(self, who: str, burst: int = 5, per_s: float = 10.0):
         self.who, self.burst, self.per_s = who, burst, per_s
-        self._seen: dict[tuple, list] = {}      # (peer, code) -> [window start, lines in it, left out]
+        self._seen: dict[tuple, list] = {}      # (peer, kind) -> [window start, lines in it, left out]
         self._lock = threading.Lock()           # the CURVE authenticator's thread logs too
 
     def line(self, text: str, peer: str = "") -> None:
@@ -40,13 +43,14 @@ class Log:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1e3) % 1000:03d}Z"
         print(f"{stamp} sdeth {self.who}{f' peer={peer}' if peer else ''}: {text}", flush=True)
 
-    def refused(self, peer: str, code: str, text: str) -> None:
+    def refused(self, peer: str, code: str, text: str, kind: str = "") -> None:
+        """kind: rate-limited apart from the code's other refusals (default: the code)."""
         with self._lock:
-            self._refused(peer, code, text)
+            self._refused(peer, code, text, kind or code)
 
-    def _refused(self, peer: str, code: str, text: str) -> None:
+    def _refused(self, peer: str, code: str, text: str, kind: str) -> None:
         now = time.time()
-        w = self._seen.setdefault((peer, code), [now, 0, 0])
+        w = self._seen.setdefault((peer, kind), [now, 0, 0])
         if now - w[0] > self.per_s:
             if w[2]:
                 self.line(f"{w[2]} more refusals ({code}) left out of the log in {self.per_s:.0f} s", peer)
@@ -65,9 +69,10 @@ MAX_FRAME_BYTES = 2 * protocol.MAX_MESSAGE_BYTES   # zmq drops a connection that
 
 
 class PeerLimits:
-    """What one peer may send a server in one second: messages and bytes. Over either, its messages in the rest
-    of that second are refused (one Error `limit` a second tells it, naming the limit). A peer is a CURVE key (all
-    its connections together) where there is one, else an address."""
+    """What one client may send a server in one second: messages and bytes. Over either, its messages in the rest
+    of that second are refused (one Error `limit` a second tells it, naming the limit). A client is its own CURVE key
+    (all its connections together) where it has one, else its connection (never an address: the clients of one
+    host are counted apart)."""
 
     def __init__(self, messages_per_s: int = 4000, bytes_per_s: int = 64 << 20):
         self.messages_per_s, self.bytes_per_s = messages_per_s, bytes_per_s
@@ -112,77 +117,191 @@ def key_of(peer: str) -> str:
 
 
 IDLE_EVERY_S = 0.001     # while messages keep arriving, background work still runs this often (see serve_requests)
+DRAIN = 64               # messages taken off the socket in one pass (serve_requests with per_pass; zmq takes
+                         # them from the connections in turn)
+QUEUED = 64              # ... and held for one connection at most (more are refused, told once a second)
 
 
 def serve_requests(bind: str, decode: protocol.Decoder, log: Log, max_seconds: float = 0, idle=None,
                    spin_s: float = 0.0, keys: Keys | None = None, limits: PeerLimits | None = None,
-                   idle_every_s: float = IDLE_EVERY_S, per_pass: int = 0):
-    """The server loop both workers share: bind a ROUTER to exactly `bind`, yield (sock, ident, message,
+                   idle_every_s: float = IDLE_EVERY_S, per_pass: int = 0, closed=None):
+    """The server loop the workers share: bind a ROUTER to exactly `bind`, yield (sock, ident, message,
     receive time, peer) for each well-formed message of the types `decode` takes; anything else gets an
     Error reply here, and a log line. idle(sock) -> bool: background work (the pipelined draft's run-ahead,
-    the draft server's steps), one step per call, done when no message is waiting and, while messages keep
-    arriving, at least every idle_every_s (so that a peer flooding the socket cannot starve it); True while
-    there is more. spin_s: busy-poll for this long after each message before sleeping in a blocking poll (see
-    above). keys: serve only the clients whose CURVE keys they authorize (wire.auth); None: plain TCP, said in
-    the log. limits: what each peer may send in a second (PeerLimits' defaults when None)."""
+    the draft server's steps), one step per call; True while there is more. spin_s: busy-poll for this long after
+    each message before sleeping in a blocking poll (see above). keys: serve only the clients whose CURVE keys they
+    authorize (wire.auth); None: plain TCP, said in the log. limits: what each client may send in a second
+    (PeerLimits' defaults when None). closed(ident): called when the connection that carried ident's messages
+    closed (zmq's monitor; a connection whose file descriptor was reused before the event was read may be named
+    too: the client then says Hello again).
+
+    per_pass = 0: messages in arrival order, idle() when none waits and, while messages keep arriving, at least
+    every idle_every_s. per_pass = N: in passes: up to DRAIN waiting messages into per-connection queues, then at
+    most N of each connection's in turn (round-robin), then one idle(): a connection that floods the socket waits
+    for its own messages, not its neighbours' (docs/reliability.md)."""
     limits = limits or PeerLimits()
     server = None
-    t_end = time.time() + max_seconds if max_seconds else float("inf")
-    busy, t_last, t_idle = False, 0.0, time.perf_counter()
     try:
-        server = _Server(bind, keys, log)
-        while time.time() < t_end:
-            spinning = spin_s and time.perf_counter() - t_last < spin_s
-            waiting = server.sock.poll(0 if busy or spinning else 500)
-            if not waiting or time.perf_counter() - t_idle >= idle_every_s:
-                busy, t_idle = bool(idle and idle(server.sock)), time.perf_counter()
-                server.log_failed_handshakes()
-                if not waiting:
-                    continue
-            busy = idle is not None
-            frames = server.sock.recv_multipart(copy=False)
-            t_recv, t_last = time.time(), time.perf_counter()
-            got = screen(server.sock, frames, decode, log, limits, t_recv)
-            if got is not None:
-                yield server.sock, got[0], got[1], t_recv, got[2]
+        server = _Server(bind, keys, log, closed)
+        loop = _in_turn if per_pass else _in_order
+        yield from loop(server, decode, log, limits, idle, spin_s, max_seconds, per_pass or idle_every_s, closed)
     finally:
         if server is not None:
             server.close()
 
 
+def _idle(idle, sock, log: Log) -> bool:
+    """idle(sock), its errors logged, never raised: background work that fails must not end the server."""
+    try:
+        return bool(idle and idle(sock))
+    except Exception as e:          # the server's own containment missed it: say so, serve on
+        log.line(f"background work failed, serving on: {type(e).__name__}: {e}")
+        return False
+
+
+def _in_order(server, decode, log, limits, idle, spin_s, max_seconds, idle_every_s, closed):
+    t_end = time.time() + max_seconds if max_seconds else float("inf")
+    busy, t_last, t_idle = False, 0.0, time.perf_counter()
+    while time.time() < t_end:
+        spinning = spin_s and time.perf_counter() - t_last < spin_s
+        waiting = server.wait(0 if busy or spinning else 500)
+        if not waiting or time.perf_counter() - t_idle >= idle_every_s:
+            busy, t_idle = _idle(idle, server.sock, log), time.perf_counter()
+            server.read_events(closed)
+            if not waiting:
+                continue
+        busy = idle is not None
+        frames = server.sock.recv_multipart(copy=False)
+        t_recv, t_last = time.time(), time.perf_counter()
+        got = screen(server.sock, frames, decode, log, limits, t_recv)
+        if got is not None:
+            server.note_fd(got[0], frames[-1])
+            yield server.sock, got[0], got[1], t_recv, got[2]
+
+
+def _in_turn(server, decode, log, limits, idle, spin_s, max_seconds, per_pass, closed):
+    """serve_requests' passes (per_pass messages of each connection, in turn, then idle once)."""
+    t_end = time.time() + max_seconds if max_seconds else float("inf")
+    queues: dict[bytes, collections.deque] = {}
+    told: dict[bytes, int] = {}
+    busy, t_last = False, 0.0
+    while time.time() < t_end:
+        spinning = spin_s and time.perf_counter() - t_last < spin_s
+        if not server.wait(0 if busy or spinning or queues else 500):
+            busy = _idle(idle, server.sock, log)
+            server.read_events(closed)
+            if not queues:
+                continue
+        for _ in range(DRAIN):
+            if not server.sock.poll(0):
+                break
+            frames = server.sock.recv_multipart(copy=False)
+            t_recv, t_last = time.time(), time.perf_counter()
+            got = screen(server.sock, frames, decode, log, limits, t_recv)
+            if got is None:
+                continue
+            server.note_fd(got[0], frames[-1])
+            q = queues.setdefault(got[0], collections.deque())
+            if len(q) < QUEUED:
+                q.append((got[1], t_recv, got[2]))
+            elif told.get(got[0]) != int(t_recv):
+                told[got[0]] = int(t_recv)
+                why = (f"queue: {QUEUED} messages of this connection wait to be served, the most: wait for the "
+                       f"answers you have asked for (messages past it are refused)")
+                log.refused(got[2], "limit", why)
+                reply(server.sock, got[0], protocol.Error("limit", why))
+        for ident in list(queues):
+            q = queues[ident]
+            for _ in range(min(per_pass, len(q))):
+                msg, t_recv, peer = q.popleft()
+                yield server.sock, ident, msg, t_recv, peer
+            if not q:
+                del queues[ident]
+        busy = _idle(idle, server.sock, log)
+        server.read_events(closed)
+
+
 class _Server:
     """A ROUTER bound to exactly one address; under CURVE, with its authenticator (in a zmq context of its own:
-    the ZAP endpoint is one per context) and a monitor of failed handshakes."""
+    the ZAP endpoint is one per context); a monitor of its connections (failed handshakes, and with `watch`,
+    closed connections)."""
 
-    def __init__(self, bind: str, keys: Keys | None, log: Log):
+    def __init__(self, bind: str, keys: Keys | None, log: Log, closed=None):
         self.ctx = zmq.Context() if keys else zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)   # larger frames: the connection is dropped
-        self.log, self.auth, self.failed = log, None, None
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)   # a client reconnecting under its routing id takes it over
+        self.log, self.auth, self.events, self.closed = log, None, None, closed
+        self.fds: dict[int, set] = {}        # a connection's file descriptor -> the routing ids seen on it
+        self.addrs: dict[int, str] = {}      # ... -> its peer's address (read when it was accepted)
+        self.failed = 0                      # failed handshakes whose connection has not closed yet
         try:
             if keys is None:
                 log.line(plain_tcp_warning(bind))
             else:
-                self.auth = secure_server(self.sock, keys, log)
                 # keys refused are logged by the authenticator, with the peer's address; these are handshakes that
-                # never reach it (no key, another deployment's server key); zmq names the server's own endpoint
-                self.failed = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+                # never reach it (no key, another deployment's server key): logged when their connection closes
+                self.auth = secure_server(self.sock, keys, log)
+            if keys is not None or closed is not None:
+                self.events = self.sock.get_monitor_socket(
+                    zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+                self.poller = zmq.Poller()
+                self.poller.register(self.sock, zmq.POLLIN)
+                self.poller.register(self.events, zmq.POLLIN)
             self.sock.bind(bind)
         except Exception:
             self.close()
             raise
 
-    def log_failed_handshakes(self) -> None:
-        while self.failed is not None and self.failed.poll(0):
-            event = zmq.utils.monitor.recv_monitor_message(self.failed)
-            self.log.refused(f"on {event['endpoint'].decode('utf-8', 'replace')}", "auth",
-                             "a peer failed the CURVE handshake (no key, or keys of another deployment)")
+    def wait(self, timeout_ms: int) -> bool:
+        """Whether a message waits, after up to timeout_ms; the monitor's events wake it too (and are read), so that
+        a new connection's address is read while it is open."""
+        if self.events is None or not timeout_ms:
+            return bool(self.sock.poll(timeout_ms))
+        ready = dict(self.poller.poll(timeout_ms))
+        if self.events in ready:
+            self.read_events(self.closed)
+        return bool(self.sock.poll(0))
+
+    def note_fd(self, ident: bytes, frame) -> None:
+        """The connection (file descriptor) a message came over, so that its close names its routing ids."""
+        if self.events is None:
+            return
+        try:
+            fd = frame.get(zmq.SRCFD)
+        except Exception:             # (a test's frame, or a libzmq without it)
+            return
+        if ident not in self.fds.get(fd, ()):
+            for held in self.fds.values():
+                held.discard(ident)
+            self.fds.setdefault(fd, set()).add(ident)
+
+    def read_events(self, closed=None) -> None:
+        """The monitor's events so far: a closed connection's routing ids to closed(ident); a failed handshake
+        logged with its peer's address when its connection closes."""
+        closed = closed or self.closed
+        while self.events is not None and self.events.poll(0):
+            event = zmq.utils.monitor.recv_monitor_message(self.events)
+            kind, fd = event["event"], int(event["value"])
+            if kind == zmq.EVENT_ACCEPTED:
+                self.addrs[fd] = _address(fd)
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                self.failed += 1
+            elif kind == zmq.EVENT_DISCONNECTED:
+                addr, idents = self.addrs.pop(fd, ""), self.fds.pop(fd, set())
+                if self.failed and not idents:
+                    self.failed -= 1
+                    self.log.refused(addr or "an unknown address", "auth", "a peer failed the CURVE handshake (no "
+                                     "key, or keys of another deployment)", kind="handshake")   # (rate-limited apart
+                                                                                # from the authenticator's refusals)
+                for ident in idents if closed else ():
+                    closed(ident)
 
     def close(self) -> None:
-        if self.failed is not None:
+        if self.events is not None:
             self.sock.disable_monitor()
-            self.failed.close()
+            self.events.close()
         self.sock.close()
         if self.auth is not None:
             self.auth.stop()
@@ -190,12 +309,22 @@ class _Server:
             self.ctx.term()
 
 
+def _address(fd: int) -> str:
+    """The peer address of a connection's file descriptor ('' when it is already closed)."""
+    try:
+        with socket.socket(fileno=os.dup(fd)) as s:
+            return s.getpeername()[0]
+    except OSError:
+        return ""
+
+
 def screen(sock, frames, decode: protocol.Decoder, log: Log, limits: PeerLimits, now: float):
     """(ident, message, peer) for a well-formed message within its peer's limits; None after answering
     anything else with an Error (and a log line)."""
     ident, peer = frames[0].bytes, peer_of(frames[-1])
-    key = key_of(peer)        # one budget per CURVE key across its connections, else per address (kept on reconnect)
-    over, tell = limits.check(("key", key) if key else (peer or ident), sum(len(f) for f in frames[1:]), now, ident)
+    key = key_of(peer)        # one budget per client: its own CURVE key across its connections, else its connection
+    budget = ("key", key) if key and key not in DEFAULT_CLIENTS else ident
+    over, tell = limits.check(budget, sum(len(f) for f in frames[1:]), now, ident)
     if over:
         if tell:
             log.refused(peer, "limit", over)
