@@ -29,8 +29,4 @@ def test_pipelined_points_against_a_real_draft_server():
         assert p["offered_mean"] > 0 and p["accepted_mean"] > 0           # drafts arrived and some were accepted
         assert p["tpot_ms"]["mean"] < 8.0 + sb.PIPELINED_K                # faster than one token a target step
         assert p["server_batch"]["max"] >= 1
-<<<<<<< HEAD
     assert not server.d.seqs                                       # every stream ended (End, Ended)
-=======
-    assert not server.d.seqs or all(s.stream for s in server.d.seqs.values())
->>>>>>> survive
