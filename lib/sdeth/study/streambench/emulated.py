@@ -98,10 +98,12 @@ class Emulated:
 class EmulatedPipelined:
     """One emulated pipelined target: B streams on the draft server (Open(stream=True)), a target step every
     t_v(B, m) (m: the most drafts any stream has on offer, at most k), coins with alpha for each stream's drafts on
-    offer, one Commits message a step (each stream's own token: a correction after a rejected draft, or the
-    token after the last one it had). It never waits for drafts: a stream with none on offer gains its own token.
-    A bonus token at a position whose draft the target has not received counts as a mismatch (the draft restarts
-    there): a little pessimistic, where a real target would match it with probability alpha."""
+    offer, one Commits message a step, sent when the verify's wait ends (each stream's own token: a correction after
+    a rejected draft, or the token after the last one it had), as a real target learns its verdict only then. It
+    never waits for drafts: a stream with none on offer gains its own token. The bonus token (after every draft on
+    offer was accepted) matches the draft's token at its position with probability alpha when that draft reached
+    the target by the verify's end, and counts as a mismatch (the draft restarts there) when it did not: a little
+    pessimistic, where the draft may have made it but not yet sent it."""
 
     def __init__(self, addr: str, index: int, B: int, k: int, tv_ms: dict, alpha: float, seed: int, vocab: int,
                  window: int = 8, prompt: int = PROMPT, context: int = CONTEXT, **_):
@@ -194,9 +196,11 @@ class EmulatedPipelined:
         for s, m in zip(self.streams, offers):
             self.verified(s, m)
         tv = self.tv_s[max(offers)]
+        accepted = [coins(self.rng, m, self.alpha) for m in offers]
+        wait_until(t0 + tv)                   # the verify of what was on offer: its verdict is known only now
+        self.take()                           # the draft's token at the bonus position, if it was made meanwhile
         commits, toks = [], []
-        for j, (s, m) in enumerate(zip(self.streams, offers)):
-            a = coins(self.rng, m, self.alpha)
+        for s, m, a in zip(self.streams, offers, accepted):
             pos, view = s["settled"] + a, s["view"]
             drafted = view.drafts.get(pos, (None,))[0] if not view.unresolved else None
             if a < m:                                   # a rejected draft: the target's token differs
@@ -218,7 +222,6 @@ class EmulatedPipelined:
             if self.prompt + s["settled"] + self.window + self.k + 2 > self.context:
                 self.c.client.send(protocol.End(s["seq"]))
                 self.streams[j] = self.fresh()
-        wait_until(t0 + tv)
         t2 = time.perf_counter()
         r, ms = self.rec, (t2 - t0) * 1e3
         r["step_ms"].append(ms)
