@@ -78,3 +78,38 @@ def test_remote_point_against_a_real_draft_server(fast):
     em = p["emulation"]
     assert 0 <= em["t_v_over_intended_mean"] < 1.0          # loose: a shared CPU oversleeps, never undersleeps
     assert not server.d.seqs                                # each target ended its sequences (End, Ended)
+
+
+def test_the_grid_from_the_command_line():
+    from sdeth.study.streambench.call import grid_of, parser
+    a = parser().parse_args(["--json", "x.json", "--pipelined", "1:1,4:4", "--big-targets", "Qwen3-32B",
+                             "--remote-ks", "3", "--quick"])
+    g = grid_of(a)
+    assert g.pipelined == ((1, 1), (4, 4)) and g.big_targets == ("Qwen3-32B",) and g.remote_ks == (3,)
+    assert g.batches == (1, 16)                                   # --quick's small grid under the points given
+    assert sb.Grid().to_json()["pipelined"] == () and len(sb.pipelined_grid()) == 15
+    with pytest.raises(SystemExit, match="B:N"):
+        grid_of(parser().parse_args(["--json", "x.json", "--pipelined", "1x1"]))
+
+
+def test_a_pipelined_point_carries_the_timeline_the_streams_held_and_the_model(fast):
+    """Two emulated pipelined targets of two streams: every stream's timeline gap measured, the server held exactly
+    the live streams, and the event model fed the point's measured step."""
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    server = build_server(fast, sb.welcome("tiny", 300, 8), DraftServerConfig(8, 256, ttl_s=30, prefill_chunk=16,
+                                                                             limits=ServerLimits(reserve=0)))
+    threading.Thread(target=server.serve, args=(addr,), kwargs={"max_seconds": 40}, daemon=True).start()
+    tv = {(2, m): 8.0 + m for m in range(sb.PIPELINED_K + 1)}
+    res = {}
+    with sb.Targets(2) as pool:
+        sb.pipelined_part(res, "Qwen3-1.7B", addr, pool, tv, 300, sb.Grid(remote_s=1.5, pipelined=((2, 2),),
+                          prompt=PROMPT, context=100), time.time() + 60, lambda line: None, lambda: None)
+    p = res["remote_pipelined"]["points"][0]
+    assert "error" not in p, p
+    assert p["server_streams"]["live"] == 4 and p["server_streams"]["held_max"] == 4
+    tl = p["timeline_ms"]
+    assert all(tl[key]["n"] > 0 and tl[key]["p50"] >= 0 for key in sb.TIMELINE)
+    assert tl["sent_to_arrived"]["p50"] >= tl["sent_to_read"]["p50"]
+    assert p["offered_mean"] > 0.3                     # the streams keep drafts on offer
+    assert p["speedup"] > 1.0 and 0 < p["model"]["verified_per_round"] <= sb.PIPELINED_K
+    assert not server.d.seqs                           # every stream ended (End, Ended)

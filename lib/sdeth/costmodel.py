@@ -238,6 +238,14 @@ class FixedPolicy(AdaptivePolicy):
         return min(max(available, 1), m_max)
 
 
+class OfferedPolicy(AdaptivePolicy):
+    """Verify what is on offer, up to k, and never wait (0 on offer: a plain target step); the draft server's
+    emulated pipelined targets play this rule."""
+
+    def choose_m(self, available: int, m_max: int, fresh: bool = False, since_s: float = 0.0) -> int:
+        return min(available, m_max)
+
+
 class DraftStep(NamedTuple):
     """One token of the modelled draft's current run."""
     pos: int            # the position it drafts
@@ -304,10 +312,13 @@ class _ModelDraft:
         return run, avail, not any(x.end + self.one_way <= t for x in self.run)
 
 
-def _policy(alpha: float, c: Costs, k_max: int, adaptive: bool, period: float | None) -> "AdaptivePolicy":
+POLICIES = {"adaptive": AdaptivePolicy, "fixed": FixedPolicy, "offered": OfferedPolicy}
+
+
+def _policy(alpha: float, c: Costs, k_max: int, adaptive: bool | str, period: float | None) -> "AdaptivePolicy":
     """The runtime's policy fed what it sees: alpha (as if long measured), the draft's step (`period` when
     the cache's rows weigh on it), the round trip as the target lives it (c.rtt), the verify costs."""
-    est = AdaptivePolicy() if adaptive else FixedPolicy()
+    est = POLICIES[adaptive]() if isinstance(adaptive, str) else AdaptivePolicy() if adaptive else FixedPolicy()
     est.acc, est.rej = alpha * 1e9, (1 - alpha) * 1e9
     est.draft_step, est.rtt, est.overhead = c.draft_step, c.rtt, c.overhead
     est.verify_s = {m: c.verify(m) for m in range(1, k_max + 2)}
@@ -317,7 +328,7 @@ def _policy(alpha: float, c: Costs, k_max: int, adaptive: bool, period: float | 
 
 
 def simulate_pipelined(alpha: float, c: Costs, k_max: int, n_tokens: int = 20000, seed: int = 0,
-                       adaptive: bool = True, cache: tuple | None = None) -> dict:
+                       adaptive: bool = True, cache: tuple | None = None, policy: str = "") -> dict:
     """Event model of the pipelined protocol (runtime.pipeline). Terms: a *step* is one draft token, one per
     draft_period (its device step plus its host's work: read, send, launch) from the start of its current
     run; a *transit* is link_rtt/2 (c.rtt/2 when link_rtt is None), a token's or a Commit's way over the link;
@@ -326,7 +337,8 @@ def simulate_pipelined(alpha: float, c: Costs, k_max: int, n_tokens: int = 20000
     Per round the target applies the runtime's own policy (AdaptivePolicy.choose_m, fed the draft's device
     step and the round trip as the target lives it, c.rtt), verifies and commits; the Commit reaches the
     draft a transit later, between two of its steps: a mismatch there restarts the draft's run behind the
-    step it has in flight, a position not drafted yet is taken as given. adaptive=False plays FixedPolicy.
+    step it has in flight, a position not drafted yet is taken as given. adaptive=False plays FixedPolicy;
+    policy names one of POLICIES instead ("offered": verify what is on offer, never wait).
     Deterministic for a seed.
 
     cache: a CacheTerms (or its 4-tuple; cache_terms makes it). A rejection at one of the first `forks`
@@ -339,7 +351,7 @@ def simulate_pipelined(alpha: float, c: Costs, k_max: int, n_tokens: int = 20000
     import random
     terms = CacheTerms(*cache) if cache else CacheTerms(0, 0, 0.0, 1.0)
     period = c.draft_period or c.draft_step * terms.row_cost
-    est = _policy(alpha, c, k_max, adaptive, period if cache and not c.draft_period else None)
+    est = _policy(alpha, c, k_max, policy or adaptive, period if cache and not c.draft_period else None)
     draft = _ModelDraft(alpha, period, (c.rtt if c.link_rtt is None else c.link_rtt) / 2, terms, random.Random(seed))
     t, out = 0.0, 1              # target clock (s); positions < out are committed
     idle, rounds, verified, plain = 0.0, 0, 0, 0

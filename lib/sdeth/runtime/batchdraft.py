@@ -12,9 +12,10 @@ A sequence's context is what its client has settled: `n` tokens, of which `fed` 
 the client also says how many tokens it believes the draft holds (`have`): any disagreement is a Desync
 (the client then opens the sequence again, under the next generation), never a wrong draft.
 
-draft() feeds every row's pending tokens (one or two: the target's token, after the last draft token when
-all were accepted) in one step of width 2 (a row with one token repeats it at its own position), then
-drafts k tokens, each step's tokens feeding the next on the device; the tokens of all rows reach the host
+draft() feeds every row's pending tokens (the target's token, after the last draft token when all were
+accepted; or, for a stream whose target ran ahead of it, every token the target committed since, up to
+CATCH_UP) in one step of the smallest width that holds them (batchmodel.WIDTHS: a row with fewer tokens
+repeats its first at its own position), then drafts k tokens, each step's tokens feeding the next on the device; the tokens of all rows reach the host
 in one read at the end. Rows with a smaller k draft along (their extra tokens are dropped; the cache
 entries past a row's context are stale and masked by position).
 """
@@ -25,12 +26,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .batchmodel import BatchDecoder
+from .batchmodel import WIDTHS, BatchDecoder, width
 from .engine import HostCopy
 from .loop import draft_token, q_support
 from .verify import Sampling
 
-MAX_CATCH_UP = 2        # pending tokens a draft step feeds; more (a prompt) are prefilled first
+CATCH_UP = WIDTHS[-1]   # pending tokens a draft step feeds in its first forward; more (a prompt) are prefilled first
 
 
 class Desync(ValueError):
@@ -70,6 +71,8 @@ class Sequence:
     chain: list[int] = field(default_factory=list)     # stream: tokens at positions 0.. (drafted or committed)
     acked: int = 0                 # stream: positions < acked are final (the client said so)
     epoch: int = 0                 # stream: restarts so far
+    read_at: float = 0.0           # stream: when the newest commit was read (wall clock, time.time())
+    read_pos: int = -1             # ... its position; -1 once the step after it has drafted (see stream_step)
     opened: float = field(default_factory=time.perf_counter)
     prefill_s: float = 0.0         # the prompt's forwards
     drafted: int = 0               # proposals made
@@ -77,7 +80,7 @@ class Sequence:
     @property
     def ready(self) -> bool:
         """Whether a draft step can take it (its prompt is fed)."""
-        return 1 <= len(self.pending) <= MAX_CATCH_UP
+        return 1 <= len(self.pending) <= CATCH_UP
 
     @property
     def room(self) -> bool:
@@ -148,11 +151,13 @@ class BatchDrafter:
             seq.chain = seq.chain[:pos] + [token]
             seq.epoch += 1
         seq.acked = max(seq.acked, pos + 1)
+        seq.read_at, seq.read_pos = time.time(), pos
         return restart
 
     def stream_step(self, seqs: list[Sequence]) -> list[Drafted]:
         """One batched step over streams with room: each drafts its next token (its position: len(chain) before
-        the step), which becomes part of its chain."""
+        the step), which becomes part of its chain. A stream whose target ran ahead (commits past its chain, up
+        to CATCH_UP tokens) is caught up in the same step: its tokens are fed in the step's first forward."""
         out = self.draft([(seq, 1) for seq in seqs])
         for seq, d in zip(seqs, out):
             seq.chain.append(d.tokens[0])
@@ -183,8 +188,8 @@ class BatchDrafter:
         tokens fed (0: nothing waits)."""
         budget = budget or self.chunk
         done = 0
-        for seq in sorted((s for s in self.seqs.values() if len(s.pending) > MAX_CATCH_UP), key=lambda s: len(s.pending)):
-            while len(seq.pending) > MAX_CATCH_UP and done < budget:
+        for seq in sorted((s for s in self.seqs.values() if len(s.pending) > CATCH_UP), key=lambda s: len(s.pending)):
+            while len(seq.pending) > CATCH_UP and done < budget:
                 take = min(len(seq.pending) - 1, self.chunk, budget - done)
                 self._feed(seq, seq.pending[:take])
                 seq.pending = seq.pending[take:]
@@ -201,7 +206,7 @@ class BatchDrafter:
 
     def waiting(self) -> bool:
         """Whether a prompt waits to be prefilled."""
-        return any(len(s.pending) > MAX_CATCH_UP for s in self.seqs.values())
+        return any(len(s.pending) > CATCH_UP for s in self.seqs.values())
 
     def draft(self, batch: list[tuple[Sequence, int]]) -> list[Drafted]:
         """One proposal of k tokens for each (sequence, k), all rows in the same steps; each sequence must be
@@ -215,7 +220,7 @@ class BatchDrafter:
             raise Overflow(over, self.dec.capacity)
         R = max(s.row for s, _ in batch) + 1
         K = max(k for _, k in batch)
-        W = max(len(s.pending) for s, _ in batch)
+        W = width(max(len(s.pending) for s, _ in batch))
         ids, pos, slots, base, stop = self._inputs(batch, R, W)
         top = max(s.n for s, _ in batch)
         logits = self.dec.step(ids, pos, slots, top)

@@ -12,9 +12,9 @@ a row of a step that carries no sequence writes there, at position 0, and nothin
 step() runs rows 0..R-1 padded to a bucket (1, 2, 4, ..., 128 rows) and the attention over the first
 `span` slots (a power of two from 256 up to capacity, the smallest that holds every row's position); on
 CUDA each (bucket, width, span) is captured as a CUDA graph on first use (nano-vllm's model runner keeps
-one graph per batch size) and replayed after. Widths are 1 (a draft step) and 2 (a round's catch-up: a
-row with one new token repeats it at its own position, which writes the same keys twice and reads them
-once). The block is fastmodel's maths with a batch dimension; tests/test_batchmodel.py checks a row of
+one graph per batch size) and replayed after. Widths are 1 (a draft step) and 2, 4, 8 (a catch-up: the
+target's token after a round, or the tokens a target that ran ahead committed; a row with fewer new tokens
+repeats its first at its own position, which writes the same keys again and reads them once). The block is fastmodel's maths with a batch dimension; tests/test_batchmodel.py checks a row of
 a batch against the same row decoded alone and against the fast decoder's chain.
 """
 from __future__ import annotations
@@ -29,6 +29,7 @@ from .fastmodel import (FastDecoder, _norm, _rope, fused_head, kernel_block, ker
                         post_attention, pre_attention)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+WIDTHS = (1, 2, 4, 8)          # a step's widths: a draft step (1) and a catch-up of up to 8 tokens a row
 MIN_SPAN = 256
 
 
@@ -38,6 +39,14 @@ def bucket(n: int) -> int:
         if n <= b:
             return b
     raise ValueError(f"{n} rows exceed the largest batch bucket {BUCKETS[-1]}")
+
+
+def width(n: int) -> int:
+    """The smallest step width that holds n tokens a row."""
+    for w in WIDTHS:
+        if n <= w:
+            return w
+    raise ValueError(f"{n} tokens a row exceed the widest step {WIDTHS[-1]}: feed them as a prompt chunk")
 
 
 def batch_attention(qkv, L: dict, kc, vc, rows, slots, cos, sin, visible, shape: tuple):
@@ -245,7 +254,7 @@ class BatchDecoder:
             out = self._forward(*static, 0, span, fused=True)
         self.graphs[key] = (graph, static, out)
 
-    def warm(self, buckets=BUCKETS, widths=(1, 2), spans=None) -> None:
+    def warm(self, buckets=BUCKETS, widths=WIDTHS, spans=None) -> None:
         """Capture the graphs a server will use now, so that no request pays for it."""
         if not self.graphs_on:
             return

@@ -114,9 +114,10 @@ def client_table(run: dict):
 # ------------------------------------------------------------------ the H200 figures on the Pareto axes
 
 def bench_runs() -> dict[str, dict]:
-    """The `bench streams` results of reports/gpu (bench_streams_*.json), by file stem."""
+    """The `bench streams` results of reports/gpu (bench_streams_*.json), by file stem; a call that stopped part
+    way (a name with 'partial') is left out."""
     from .results import gpu_results
-    return {n: g for n, g in gpu_results().items() if g.get("bench") == "streams"}
+    return {n: g for n, g in gpu_results().items() if g.get("bench") == "streams" and "partial" not in n}
 
 
 def tables_of(run: dict):
@@ -278,3 +279,113 @@ def answer_lines(ans: dict) -> str:
             + (f"; pipelined streams found {a['pipelined_offered_per_step']:.2f} drafts on offer per target step"
                if a.get("pipelined_offered_per_step") is not None else ""))
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ the fixed server's calls (timeline, big targets)
+
+def server_runs() -> dict[str, dict]:
+    """The complete `bench streams` calls of the server with the stream timeline (reports/gpu/
+    bench_streams_server_*.json, partial calls left out), by file stem."""
+    return {n: g for n, g in bench_runs().items() if n.startswith("bench_streams_server_")}
+
+
+def pipelined_table(runs: dict):
+    """Each call's pipelined points (emulated Qwen3-8B targets): drafts on offer per target step against the event
+    model fed the point's measured server step (never waiting, as the emulated target; 'adaptive': the runtime's
+    policy), the speedup over target-only, the server's streams held against the live ones, and the timeline's
+    p50 gaps (ms)."""
+    import pandas as pd
+    rows = []
+    for name, run in runs.items():
+        for p in (p for p in run.get("remote_pipelined", {}).get("points", []) if "tpot_ms" in p):
+            t, m = p["timeline_ms"], p.get("model", {})
+            rows.append({"call": name, "B": p["B"], "N": p["N"], "offered": p["offered_mean"],
+                         "model offered": m.get("verified_per_round"), "tokens/step": p["tokens_per_step"],
+                         "speedup": p.get("speedup"), "model speedup": m.get("speedup"),
+                         "model speedup (adaptive)": m.get("adaptive", {}).get("speedup"),
+                         "held max / live": f"{p['server_streams']['held_max']} / {p['server_streams']['live']}",
+                         "sent->read": t["sent_to_read"]["p50"], "read->stepped": t["read_to_stepped"]["p50"],
+                         "stepped->arrived": t["stepped_to_arrived"]["p50"], "sent->arrived": t["sent_to_arrived"]["p50"],
+                         "sent->arrived p99": t["sent_to_arrived"]["p99"], "server step ms": p["draft_ms_mean"],
+                         "target step ms": p["step_ms"]["p50"]})
+    return pd.DataFrame(rows)
+
+
+def big_table(runs: dict):
+    """The bigger targets (emulated from `bench targets`' t_v) through the same server: pipelined streams and sync
+    rounds at each (B, N), speedup over target-only at the same B."""
+    import pandas as pd
+    rows = []
+    for name, run in runs.items():
+        for model, part in run.get("big_targets", {}).items():
+            for mode in ("pipelined", "sync"):
+                for p in (p for p in part.get(mode, []) if "tpot_ms" in p):
+                    rows.append({"call": name, "target": model, "mode": mode, "B": p["B"], "N": p["N"], "k": p["k"],
+                                 "speedup": p.get("speedup"), "TPOT mean ms": p["tpot_ms"]["mean"],
+                                 "TPOT p99 ms": p["tpot_ms"]["p99"], "tok/s/GPU": p["tokens_per_s_per_gpu"],
+                                 "offered": p.get("offered_mean")})
+    return pd.DataFrame(rows)
+
+
+def _point(pts: list, B: int, N: int) -> dict:
+    return next((p for p in pts if p["B"] == B and p["N"] == N and "tpot_ms" in p), {})
+
+
+def goal_lines(runs: dict, worker: dict | None = None) -> list[str]:
+    """Each goal of the server-streams work with each call's figure; worker: {call stem: the draft worker's
+    pipelined speedup measured in the same call}."""
+    out = []
+    for name, run in runs.items():
+        pipe = run.get("remote_pipelined", {}).get("points", [])
+        big = run.get("big_targets", {})
+        sync = _point(run.get("remote", {}).get("points", []), 1, 1)
+        host = [g["host_ms_per_step"] for g in run.get("goal_check", [])]
+        b11 = _point(pipe, 1, 1).get("speedup")
+        held = all(p["server_streams"]["held_max"] <= p["server_streams"]["live"] for p in pipe if "tpot_ms" in p)
+        out.append(
+            f"{name}: B=1 N=1 pipelined {b11}x (draft worker, same call: {(worker or {}).get(name, 'n/a')}x); "
+            f"8B B=4 N=4 {_point(pipe, 4, 4).get('speedup')}x (goal 1.25x); Qwen3-32B B=1 N=4 "
+            f"{_point(big.get('Qwen3-32B', {}).get('pipelined', []), 1, 4).get('speedup')}x (goal 1.8x); Qwen2.5-72B "
+            f"B=1 N=4 {_point(big.get('Qwen2.5-72B', {}).get('pipelined', []), 1, 4).get('speedup')}x (goal 2.0x); "
+            f"server host ms/step at 16 rows {host} (goal 0.3); sync B=1 N=1 TPOT p50 "
+            f"{sync.get('tpot_ms', {}).get('p50')} / p99 {sync.get('tpot_ms', {}).get('p99')} ms (goal p99 <= 2 p50); "
+            f"streams held never above live: {held}")
+    return out
+
+
+def worker_speedups() -> dict[str, float]:
+    """The draft worker's pipelined speedup (`bench sd --emulate-target`) measured in each server call, by that
+    call's stem (reports/gpu/bench_sd_emulated_worker_<call>.json)."""
+    from .results import gpu_results
+    out = {}
+    for n, g in gpu_results().items():
+        if n.startswith("bench_sd_emulated_worker_"):
+            row = next((r for r in g.get("rows", []) if r["mode"] == "pipelined"), None)
+            if row:
+                out[f"bench_streams_server_{n.rsplit('_', 1)[-1]}"] = round(row["speedup"], 3)
+    return out
+
+
+def per_cost(rows: list[dict], draft_price: float = 1.0) -> list[dict]:
+    """Pareto rows per unit of GPU price: a target GPU costs 1, the draft server's GPU `draft_price` (1: the same
+    GPU). Remote rows (N targets + 1 draft GPU) count N + draft_price; the others their own GPUs. Adds
+    tok_s_per_cost; tok_s_per_gpu is kept."""
+    out = []
+    for r in rows:
+        cost = r["N"] + draft_price if r["kind"] in ("remote", "pipelined") else r["gpus"]
+        out.append({**r, "cost": cost, "tok_s_per_cost": r["tok_s_per_gpu"] * r["gpus"] / cost})
+    return out
+
+
+def cost_table(run: dict, alpha: float, budgets_ms=(5.0, 6.0, 8.0, 12.0), prices=(1.0, 0.5)):
+    """The most tokens/s per unit of GPU price at TPOT <= each budget, per kind, for each draft-GPU price ratio."""
+    import pandas as pd
+    from . import pareto
+    rows = pareto_rows(run, alpha)
+    out = []
+    for price in prices:
+        priced = [dict(r, tok_s_per_gpu=r["tok_s_per_cost"]) for r in per_cost(rows, price)]
+        for b in budgets_ms:
+            out.append({"draft GPU price": price, "TPOT <= ms": b,
+                        **{k: pareto.throughput_at(priced, b, k) for k in pareto.KINDS}})
+    return pd.DataFrame(out)

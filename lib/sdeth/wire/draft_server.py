@@ -36,7 +36,7 @@ import collections
 import time
 from dataclasses import asdict
 
-from ..runtime.batchdraft import MAX_CATCH_UP, BatchDrafter, Desync, Full, Overflow
+from ..runtime.batchdraft import CATCH_UP, BatchDrafter, Desync, Full, Overflow
 from ..runtime.verify import Sampling
 from . import protocol
 from .admission import Client, Shares, address_of, in_turn, no_room
@@ -306,8 +306,8 @@ class DraftServer:
         except Exception as e:       # contained: the prompt it was feeding is refused, the server serves on
             # (BatchDrafter.prefill feeds the waiting prompts shortest first, each until it is fed: the one it failed
             # on is the shortest still waiting, as it was the shortest when the call began)
-            seq = min((s for s in self.d.seqs.values() if len(s.pending) > MAX_CATCH_UP), key=lambda s: len(s.pending),
-                      default=None)
+            waiting = [s for s in self.d.seqs.values() if len(s.pending) > CATCH_UP]
+            seq = min(waiting, key=lambda s: len(s.pending), default=None)
             self._fail([seq] if seq else [], "internal", "prefill", f"{type(e).__name__}: {e}")
             return 0
 
@@ -357,13 +357,15 @@ class DraftServer:
         draft_ms = (self.d.dec.clock.seconds - c0) * 1e3
         self.steps += 1
         self.batches.append(len(rows))
+        stepped, held = time.time(), sum(s.stream for s in self.d.seqs.values())
         msgs: dict[bytes, list] = {}
         for seq in rows:
             if (d := out.get(id(seq))) is not None:
                 msgs.setdefault(seq.key[0], []).append(protocol.StreamRow(
                     seq.key[1], seq.gen, seq.epoch, positions[id(seq)], d.tokens[0], d.q_idx[0] if d.q_idx else None,
-                    d.q_val[0] if d.q_val else None))
-        return [(ident, protocol.Streamed(m, len(rows), draft_ms)) for ident, m in msgs.items()]
+                    d.q_val[0] if d.q_val else None, seq.read_pos, seq.read_at if seq.read_pos >= 0 else 0.0))
+                seq.read_pos = -1               # (the timeline: the first draft after each commit read)
+        return [(ident, protocol.Streamed(m, len(rows), draft_ms, stepped, held)) for ident, m in msgs.items()]
 
     def pick(self) -> list[tuple[Client, list]]:
         """The rows of the next step: every waiting row whose prompt is fed, clients in turn from `turn`, whole
@@ -410,7 +412,7 @@ class DraftServer:
         if now - self.t_sweep < SWEEP_S:
             return
         self.t_sweep = now
-        busy = {key[0] for key, s in self.d.seqs.items() if len(s.pending) > MAX_CATCH_UP}
+        busy = {key[0] for key, s in self.d.seqs.items() if len(s.pending) > CATCH_UP}
         for ident, c in list(self.clients.items()):
             if c.gone and now - c.gone >= GONE_S:
                 self.forget(c, "its connection closed")

@@ -233,13 +233,17 @@ class StreamRow(msgspec.Struct, array_like=True):
     token: int
     q_idx: list[int] | None = None
     q_val: list[float] | None = None
+    since: int = -1          # the first row after the server read a commit: that commit's position (else -1)
+    read_at: float = 0.0     # ... and when the server read it (its wall clock, time.time())
 
 
 class Streamed(msgspec.Struct, tag="streamed"):
     """Draft server -> one client: the tokens its streams drafted in one batched step."""
     rows: list[StreamRow]
-    batch: int = 0
+    batch: int = 0           # stream rows in the step (all clients')
     draft_ms: float = 0.0
+    stepped_at: float = 0.0  # the step's tokens on the server's host (its wall clock, time.time())
+    streams: int = 0         # streams the server holds (all clients'), at the step
 
 
 class Drafts(msgspec.Struct, tag="drafts"):

@@ -1,0 +1,164 @@
+"""One call on the device: every part in turn, the JSON rewritten after each; the command line."""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from ... import hardware
+from ...models.presets import shape
+from ..bigtargets import DRAFT_ALPHA
+from ..stepbench import copy_bandwidth
+from .colocated import colocated_part
+from .common import (CONTEXT, CONTEXTS, DRAFT_K, GOALS, SERVER_ROWS, TARGET, Grid, allow_recompiles,
+                     build_fast, compiled, free)
+from .draftstep import draft_step, goal_check
+from .remote import remote_part
+from .report import NOTES, draft_row, summary_lines
+from .target import target_points, tv_table
+
+def run_call(call: int, json_path: str, grid: Grid, drafts=("Qwen3-1.7B",), device: str = "cuda:0",
+             budget_s: float = 500, quick: bool = False, progress=print) -> dict:
+    """The four parts for drafts[0] (draft_step, target, colocated, remote: sync rounds, pipelined streams and the
+    bigger targets), then extras while time is left: the compile modes at the goal's rows (only if the first step
+    misses a goal) and each further draft's draft_step and colocated parts. The JSON is rewritten after each part."""
+    g = grid
+    if torch.device(device).type == "cuda":
+        torch.cuda.set_device(device)
+    allow_recompiles()
+    t_start = time.time()
+    t_end = t_start + budget_s
+    res = {"schema": "sdeth.bench/1", "bench": "streams", "call": call,
+           "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "hardware": hardware.describe(device),
+           "copy_bandwidth_Bps": copy_bandwidth(device),
+           "settings": {"target": TARGET, "drafts": list(drafts), "alpha": {d: DRAFT_ALPHA[d] for d in drafts},
+                        "weights": "random bf16 (runtime.randomweights)", "acceptance": "synthetic (coins, target side)",
+                        "prompt": g.prompt, "context": g.context, "contexts": list(CONTEXTS), "draft_k": DRAFT_K,
+                        "server_rows": SERVER_ROWS, "compile": compiled(g), "quick": quick, "budget_s": budget_s,
+                        "grid": g.to_json(), "shapes": {n: shape(n) for n in (TARGET, *drafts, *g.big_targets)}},
+           "goals": GOALS | {"step_ms": {str(c): v for c, v in GOALS["step_ms"].items()}}, "notes": NOTES,
+           "draft_step": [], "target": {}, "colocated": [], "remote": {}, "goal_check": [], "skipped": []}
+    save = lambda: Path(json_path).write_text(json.dumps(res, indent=1, default=str))  # noqa: E731
+    first = drafts[0]
+    dfast = build_fast(first, device, 1)
+    res["draft_step"].append(draft_step(dfast, dfast.vocab, first, g.batches, CONTEXTS, reps=g.reps,
+                                        compile_mode=g.models_compile))
+    progress(draft_row(res["draft_step"][-1]))
+    res["goal_check"] = goal_check(res["draft_step"])
+    save()
+    tfast = build_fast(TARGET, device, 0)
+    tdec, pts = target_points(tfast, g.batches, g.verify_ks, compile_mode=g.models_compile)
+    res["target"] = {"model": TARGET, "context": CONTEXT, "rows": tdec.rows, "compile": compiled(g), "points": pts}
+    progress("target t_v(B, k) ms (replay): " + " ".join(f"B{p['B']}k{p['k'] or 0}={p.get('replay_ms')}" for p in pts))
+    save()
+    colocated_part(res, dfast, first, tdec, g, g.colocated_ks, t_end, progress, save)
+    free()
+    remote_part(res, first, device, tv_table(pts), g, t_end, progress, save)
+    extras(res, dfast, first, tdec, g, device, t_end, progress, save)
+    res["wall_s"] = round(time.time() - t_start, 1)
+    save()
+    for line in summary_lines(res):
+        progress(line)
+    return res
+
+
+def extras(res, dfast, first, tdec, g, device, t_end, progress, save) -> None:
+    """While time is left: compile modes at the goal's rows (if the eager step missed a goal), then each further
+    draft shape's draft_step and colocated parts."""
+    missed = any(not (r["step_met"] and r["host_met"]) for r in res["goal_check"])
+    if first == GOALS["draft"] and missed:
+        for mode in (m for m in g.compile_modes if m != g.models_compile):
+            if time.time() + (240 if "autotune" in mode else 90) > t_end:     # autotuning takes minutes
+                res["skipped"].append(f"draft_step {first} compile {mode}: out of time")
+                continue
+            try:
+                res["draft_step"].append(draft_step(dfast, dfast.vocab, first, (GOALS["rows"],), CONTEXTS,
+                                                    reps=g.reps, compile_mode=mode))
+                progress(draft_row(res["draft_step"][-1]))
+            except Exception as e:               # noqa: BLE001
+                res["draft_step"].append({"draft": first, "compile": mode, "error": f"{type(e).__name__}: {e}"[:800]})
+                progress(f"compile {mode}: {res['draft_step'][-1]['error']}")
+            res["goal_check"] = goal_check(res["draft_step"])
+            save()
+            free()
+    for name in g.extra_drafts:
+        if time.time() + 60 > t_end:
+            res["skipped"].append(f"{name}: out of time")
+            continue
+        fast = build_fast(name, device, 2)
+        res["draft_step"].append(draft_step(fast, fast.vocab, name, g.batches, CONTEXTS, reps=g.reps,
+                                            compile_mode=g.models_compile))
+        progress(draft_row(res["draft_step"][-1]))
+        save()
+        colocated_part(res, fast, name, tdec, g, g.colocated_ks, t_end, progress, save)
+        del fast
+        free()
+
+
+def ints(text: str) -> tuple:
+    return tuple(int(x) for x in text.split(",") if x)
+
+
+def pairs(text: str) -> tuple:
+    """'B:N,B:N' -> ((B, N), ...)."""
+    try:
+        return tuple(tuple(int(v) for v in x.split(":")) for x in text.split(",") if x)
+    except ValueError:
+        raise SystemExit(f"{text!r}: write (B, N) points as B:N,B:N, e.g. 1:4,4:4") from None
+
+
+def grid_of(a) -> Grid:
+    """The command line's grid (--quick: the small one, then any point lists given)."""
+    g = Grid(models_compile=a.models_compile or None, colocated_s=a.colocated_s, remote_s=a.remote_s, sync=not a.no_sync,
+             extra_drafts=tuple(x for x in a.drafts.split(",") if x)[1:],
+             big_targets=tuple(x for x in a.big_targets.split(",") if x))
+    g = g.quick() if a.quick else g
+    for name, text, parse in (("compile_modes", a.compile, lambda t: tuple(x for x in t.split(",") if x)),
+                              ("pipelined", a.pipelined, pairs), ("big_points", a.big_points, pairs),
+                              ("remote_batches", a.remote_batches, ints), ("remote_ns", a.remote_ns, ints),
+                              ("remote_ks", a.remote_ks, ints), ("colocated_ks", a.colocated_ks, ints)):
+        if text is not None:
+            setattr(g, name, parse(text))
+    return g
+
+
+def parser() -> argparse.ArgumentParser:
+    from . import __doc__ as doc
+    ap = argparse.ArgumentParser(prog="python -m sdeth bench streams", description=doc.split("\n\n")[0])
+    ap.add_argument("--call", type=int, default=1, help="which call on the device this is (1, 2, ...)")
+    ap.add_argument("--json", required=True, help="results JSON path (rewritten after each part)")
+    ap.add_argument("--quick", action="store_true", help="a small grid (a smoke run)")
+    ap.add_argument("--drafts", default="Qwen3-1.7B", help=f"comma-separated, of {list(DRAFT_ALPHA)}; the first runs "
+                    "every part, the others draft_step and colocated while time is left")
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--budget-s", type=float, default=500, help="parts not started by then are recorded as skipped")
+    ap.add_argument("--remote-s", type=float, default=2.0, help="seconds of each remote point")
+    ap.add_argument("--colocated-s", type=float, default=1.2, help="seconds of each colocated point")
+    ap.add_argument("--models-compile", default="", help="every BatchDecoder's torch.compile mode (target, "
+                    "draft, draft server), e.g. default; '' (the default): eager kernels in CUDA graphs")
+    ap.add_argument("--no-sync", action="store_true", help="leave out the remote sync-rounds points (the pipelined "
+                    "streams still run)")
+    ap.add_argument("--compile", default=None, help="comma-separated compile modes tried at the goal's rows when the "
+                    "first step misses a goal ('' none; default: default,max-autotune-no-cudagraphs; --quick: default)")
+    ap.add_argument("--pipelined", default=None, help="pipelined (B, N) points as B:N,... (default: B and N in 1, 2, "
+                    "4, 8 with B*N <= 32)")
+    ap.add_argument("--big-targets", default="Qwen3-32B,Qwen2.5-72B", help="bigger targets emulated from their t_v "
+                    "in reports/gpu/bench_targets_*.json, comma-separated ('' none)")
+    ap.add_argument("--big-points", default=None, help="their (B, N) points as B:N,... (default 1:1,1:4,2:4,4:4)")
+    ap.add_argument("--remote-batches", default=None, help="sync rounds: B values, comma-separated (default 1..32)")
+    ap.add_argument("--remote-ns", default=None, help="sync rounds: N values (default 1, 2, 4, 8, 16)")
+    ap.add_argument("--remote-ks", default=None, help="sync rounds: k values (default 3, 5)")
+    ap.add_argument("--colocated-ks", default=None, help="colocated: k values (default 2, 3, 4, 5)")
+    return ap
+
+
+def main(argv=None) -> None:
+    a = parser().parse_args(argv)
+    drafts = tuple(x for x in a.drafts.split(",") if x)
+    bad = [d for d in drafts if d not in DRAFT_ALPHA]
+    if bad or not drafts:
+        raise SystemExit(f"unknown drafts {bad}: use {list(DRAFT_ALPHA)}")
+    run_call(a.call, a.json, grid_of(a), drafts, a.device, a.budget_s, a.quick)

@@ -1,0 +1,315 @@
+"""Emulated targets: B streams each, sync rounds (Emulated) or pipelined streams (EmulatedPipelined), a wait of
+the measured t_v in place of the verify; each in a process of its own (Targets)."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import random
+import time
+import traceback
+
+from ...runtime.pipeline import StreamView
+from ...runtime.verify import Sampling
+from ...wire import protocol
+from .common import CONTEXT, PROMPT, TIMELINE, coins, hello, wait_until
+
+class Emulated:
+    """One emulated target: B streams in lockstep through one DraftServerClient, a verify wait of tv_ms a round."""
+
+    def __init__(self, addr: str, index: int, B: int, k: int, tv_ms: float, alpha: float, seed: int, vocab: int,
+                 prompt: int = PROMPT, context: int = CONTEXT, **_):
+        from ...wire.draft_client import DraftServerClient
+        self.c = DraftServerClient(addr, hello(vocab), timeout_s=60)
+        self.index, self.k, self.tv_s, self.alpha, self.vocab = index, k, tv_ms / 1e3, alpha, vocab
+        self.prompt, self.context = prompt, context
+        self.rng, self.count = random.Random(seed), 0
+        self.tracks = [self.fresh() for _ in range(B)]
+        self.items = [(t, 0, [self.rng.randrange(vocab)], k) for t in self.tracks]
+        self.opened: dict = {}                 # stream -> when its new sequence was opened (perf_counter)
+        self.rec = {key: [] for key in ("round_ms", "tpot_ms", "wait_ms", "draft_ms", "queued_ms", "held_ms",
+                                        "host_ms", "batch", "tv_over", "open_to_first_draft_ms", "first_wait_ms")}
+        self.rec["tokens"], self.rec["stream_tokens"] = 0, [0] * B
+
+    def fresh(self):
+        self.count += 1
+        ids = [self.rng.randrange(self.vocab) for _ in range(self.prompt)]
+        return self.c.open(f"t{self.index}-{self.count}", ids, Sampling(), self.rng.randrange(2 ** 31), 0)
+
+    def verdicts(self, got) -> list[int]:
+        """The coins for each stream's proposal; the next round's items (a finished sequence ends and a new one
+        opens: the draft prefills it during this verify). Returns the tokens each stream got."""
+        items, toks, self.opened = [], [], {}
+        for j, (t, r) in enumerate(zip(self.tracks, got)):
+            if r.error:
+                raise RuntimeError(f"the draft server refused a row ({r.error}): {r.message}")
+            a = coins(self.rng, min(self.k, len(r.tokens)), self.alpha)
+            tok = self.rng.randrange(self.vocab)
+            toks.append(a + 1)
+            if t.have + a + 1 + self.k > self.context:
+                self.c.client.send(protocol.End(t.seq))         # no wait for Ended (the next Rounds skips it)
+                self.tracks[j] = t = self.fresh()
+                self.opened[j] = time.perf_counter()
+                items.append((t, 0, [self.rng.randrange(self.vocab)], self.k))
+            else:
+                items.append((t, a, [tok], self.k))
+        self.items = items
+        return toks
+
+    def round(self) -> None:
+        """Rounds -> Drafts, coins and opens within the verify wait, the wait's end; one round recorded."""
+        t0 = time.perf_counter()
+        opened = self.opened
+        got = self.c.rounds(self.items)
+        t1 = time.perf_counter()
+        cost = self.c.last
+        toks = self.verdicts(got)
+        wait_until(t1 + self.tv_s)
+        t2 = time.perf_counter()
+        r, ms = self.rec, (t2 - t0) * 1e3
+        r["round_ms"].append(ms)
+        r["tpot_ms"] += [ms / t for t in toks]
+        r["tokens"] += sum(toks)
+        r["stream_tokens"] = [n + t for n, t in zip(r["stream_tokens"], toks)]
+        for key, v in (("wait_ms", cost.wait_ms), ("draft_ms", cost.draft_ms), ("queued_ms", cost.queued_ms),
+                       ("held_ms", cost.held_ms), ("host_ms", cost.host_ms), ("batch", cost.batch),
+                       ("tv_over", (t2 - t1) / self.tv_s - 1)):
+            r[key].append(v)
+        for j, t_open in opened.items():
+            r["open_to_first_draft_ms"].append((t1 - t_open) * 1e3)
+            r["first_wait_ms"].append((t1 - t0) * 1e3)
+
+    def run(self, conn) -> dict:
+        """The first round untimed (every prompt at once: the cold start), 'ready' to the parent, then rounds from
+        the parent's start time for `seconds`."""
+        t0 = time.perf_counter()
+        self.verdicts(self.c.rounds(self.items))
+        self.opened = {}
+        conn.send({"ready": True, "cold_start_ms": round((time.perf_counter() - t0) * 1e3, 2)})
+        start_at, seconds = conn.recv()
+        time.sleep(max(start_at - time.time(), 0))
+        while time.time() < start_at + seconds:
+            self.round()
+        self.rec["t_end"] = time.time()
+        for t in self.tracks:
+            self.c.end(t)
+        self.c.close()
+        return self.rec
+
+
+class EmulatedPipelined:
+    """One emulated pipelined target: B streams on the draft server (Open(stream=True)), a target step every
+    t_v(B, m) (m: the most drafts any stream has on offer, at most k), coins with alpha for each stream's drafts on
+    offer, one Commits message a step, sent when the verify's wait ends (each stream's own token: a correction after
+    a rejected draft, or the token after the last one it had), as a real target learns its verdict only then. It
+    never waits for drafts: a stream with none on offer gains its own token. The bonus token (after every draft on
+    offer was accepted) matches the draft's token at its position with probability alpha when that draft reached
+    the target by the verify's end, and counts as a mismatch (the draft restarts there) when it did not: a little
+    pessimistic, where the draft may have made it but not yet sent it."""
+
+    def __init__(self, addr: str, index: int, B: int, k: int, tv_ms: dict, alpha: float, seed: int, vocab: int,
+                 window: int = 8, prompt: int = PROMPT, context: int = CONTEXT, **_):
+        from ...wire.draft_client import DraftServerClient
+        self.c = DraftServerClient(addr, hello(vocab), timeout_s=60)
+        self.index, self.B, self.k, self.alpha, self.vocab = index, B, k, alpha, vocab
+        self.tv_s = {int(m): v / 1e3 for m, v in tv_ms.items()}     # drafts verified per stream -> seconds
+        self.window, self.prompt, self.context = window, prompt, context
+        self.rng, self.count = random.Random(seed), 0
+        self.streams = [self.fresh() for _ in range(B)]
+        self.rec = {key: [] for key in ("step_ms", "tpot_ms", "offered", "accepted", "draft_ms", "batch",
+                                        "tv_over", "held", "period_ms", *TIMELINE)}
+        self.last_step = 0.0                   # the newest Streamed's step (server clock)
+        self.rec.update(tokens=0, restarts=0, stream_tokens=[0] * B, late=0)
+
+    def fresh(self) -> dict:
+        """A new stream: Open(stream) and its first token's commit."""
+        self.count += 1
+        seq = f"p{self.index}-{self.count}"
+        ids = [self.rng.randrange(self.vocab) for _ in range(self.prompt)]
+        self.c.client.send(protocol.Open(seq, 0, ids, seed=self.rng.randrange(2 ** 31), q_top=0, stream=True,
+                                         window=self.window))
+        first = self.rng.randrange(self.vocab)
+        view = StreamView()
+        view.on_commit(0, first)
+        s = {"seq": seq, "settled": 1, "view": view, "sent": {}, "first": None}
+        self.send_commits([(s, protocol.CommitRow(seq, 0, 0, first))])
+        return s
+
+    def send_commits(self, pairs: list) -> None:
+        """One Commits message; each stream keeps when its commit went out (the timeline's first stamp)."""
+        now = time.time()
+        for s, row in pairs:
+            s["sent"][row.pos] = now
+        self.c.client.send(protocol.Commits([row for _, row in pairs]))
+
+    def note_first(self, s: dict, r, m, arrived: float) -> None:
+        """The first draft the server stepped after reading a commit: the timeline's gaps up to its arrival."""
+        sent = s["sent"].pop(r.since, None)
+        for p in [p for p in s["sent"] if p < r.since]:
+            del s["sent"][p]
+        if sent is None or not r.read_at:
+            return
+        for key, a, b in (("sent_to_read", sent, r.read_at), ("read_to_stepped", r.read_at, m.stepped_at),
+                          ("stepped_to_arrived", m.stepped_at, arrived), ("sent_to_arrived", sent, arrived)):
+            self.rec[key].append((b - a) * 1e3)
+        s["first"] = (r.epoch, r.pos, arrived)
+
+    def take(self) -> None:
+        """Every Streamed message waiting: each stream's drafts of its current epoch (a newer epoch replaces them)."""
+        by = {s["seq"]: s for s in self.streams}
+        while (m := self.c.client.recv(0)) is not None:
+            if isinstance(m, protocol.Drafts) and any(r.error for r in m.rows):
+                bad = next(r for r in m.rows if r.error)
+                raise RuntimeError(f"the draft server refused a stream ({bad.error}): {bad.message}")
+            if not isinstance(m, protocol.Streamed):
+                continue
+            arrived = time.time()
+            if self.last_step:
+                self.rec["period_ms"].append((m.stepped_at - self.last_step) * 1e3)
+            self.last_step = m.stepped_at
+            self.rec["draft_ms"].append(m.draft_ms)
+            self.rec["batch"].append(m.batch)
+            self.rec["held"].append(m.streams)
+            for r in m.rows:
+                if r.seq in by:
+                    by[r.seq]["view"].on_drafted(r.epoch, r.pos, r.token, None)
+                    if r.since >= 0:
+                        self.note_first(by[r.seq], r, m, arrived)
+
+    def offered(self, s: dict) -> int:
+        return len(s["view"].chain(s["settled"], self.k))
+
+    def verified(self, s: dict, m: int) -> None:
+        """The timeline's last gap: the first draft after a commit taken into a verify (or passed: too late)."""
+        if s["first"] is None:
+            return
+        epoch, pos, arrived = s["first"]
+        if epoch != s["view"].epoch or pos < s["settled"]:
+            self.rec["late"] += 1
+            s["first"] = None
+        elif pos < s["settled"] + m:
+            self.rec["arrived_to_verified"].append((time.time() - arrived) * 1e3)
+            s["first"] = None
+
+    def step(self) -> None:
+        t0 = time.perf_counter()
+        self.take()
+        offers = [self.offered(s) for s in self.streams]
+        for s, m in zip(self.streams, offers):
+            self.verified(s, m)
+        tv = self.tv_s[max(offers)]
+        accepted = [coins(self.rng, m, self.alpha) for m in offers]
+        wait_until(t0 + tv)                   # the verify of what was on offer: its verdict is known only now
+        self.take()                           # the draft's token at the bonus position, if it was made meanwhile
+        commits, toks = [], []
+        for s, m, a in zip(self.streams, offers, accepted):
+            pos, view = s["settled"] + a, s["view"]
+            drafted = view.drafts.get(pos, (None,))[0] if not view.unresolved else None
+            if a < m:                                   # a rejected draft: the target's token differs
+                token = (drafted + 1) % self.vocab
+            elif drafted is not None and self.rng.random() < self.alpha:
+                token = drafted                         # the draft's next token, already here, matches
+            else:
+                token = self.rng.randrange(self.vocab)
+            restarts = view.restarts
+            view.on_commit(pos, token)                  # the same rules as the server's (runtime.pipeline)
+            self.rec["restarts"] += view.restarts - restarts
+            commits.append((s, protocol.CommitRow(s["seq"], 0, pos, token)))
+            s["settled"] = pos + 1
+            toks.append(a + 1)
+            self.rec["offered"].append(m)
+            self.rec["accepted"].append(a)
+        self.send_commits(commits)
+        for j, s in enumerate(self.streams):
+            if self.prompt + s["settled"] + self.window + self.k + 2 > self.context:
+                self.c.client.send(protocol.End(s["seq"]))
+                self.streams[j] = self.fresh()
+        t2 = time.perf_counter()
+        r, ms = self.rec, (t2 - t0) * 1e3
+        r["step_ms"].append(ms)
+        r["tpot_ms"] += [ms / t for t in toks]
+        r["tokens"] += sum(toks)
+        r["stream_tokens"] = [n + t for n, t in zip(r["stream_tokens"], toks)]
+        r["tv_over"].append((t2 - t0) / tv - 1)
+
+    def run(self, conn) -> dict:
+        """Warm until every stream has a draft on offer (the prompts prefilled), 'ready', then steps from the
+        parent's start time for `seconds`."""
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 60:
+            self.take()
+            if all(self.offered(s) for s in self.streams):
+                break
+            time.sleep(0.001)
+        for key in self.rec:
+            self.rec[key] = [] if isinstance(self.rec[key], list) else 0
+        self.rec["stream_tokens"] = [0] * self.B
+        conn.send({"ready": True, "cold_start_ms": round((time.perf_counter() - t0) * 1e3, 2)})
+        start_at, seconds = conn.recv()
+        time.sleep(max(start_at - time.time(), 0))
+        while time.time() < start_at + seconds:
+            self.step()
+        self.rec["t_end"] = time.time()
+        for s in self.streams:                     # End, and its Ended taken: a socket closed at once (linger 0)
+            self.c.end_seq(s["seq"])               # would drop the End, and the server would keep the stream
+        self.c.close()
+        return self.rec
+
+
+def target_main(conn) -> None:
+    """An emulated target's process: points until told None (cmd "mode": "pipelined" for pipelined streams)."""
+    while (cmd := conn.recv()) is not None:
+        try:
+            res = (EmulatedPipelined if cmd.get("mode") == "pipelined" else Emulated)(**cmd).run(conn)
+        except Exception as e:                   # noqa: BLE001 (the parent records it)
+            res = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
+        conn.send(res)
+
+
+class Targets:
+    """n emulated-target processes (spawn), kept across points; a point uses the first N."""
+
+    def __init__(self, n: int):
+        ctx = mp.get_context("spawn")
+        self.conns, self.procs = [], []
+        for i in range(n):
+            a, b = ctx.Pipe()
+            p = ctx.Process(target=target_main, args=(b,), daemon=True, name=f"emulated-target-{i}")
+            p.start()
+            self.conns.append(a), self.procs.append(p)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        for c in self.conns:
+            try:
+                c.send(None)
+            except OSError:
+                pass
+        for p in self.procs:
+            p.join(5)
+            if p.is_alive():
+                p.terminate()
+                p.join(2)
+
+    @staticmethod
+    def _recv(conn, timeout: float):
+        if not conn.poll(timeout):
+            raise TimeoutError(f"no answer from an emulated target within {timeout:.0f} s")
+        return conn.recv()
+
+    def point(self, N: int, cmd: dict, seconds: float, timeout: float = 120) -> tuple[list[dict], list[dict], float]:
+        """(each target's 'ready', each target's record, the common start time): targets 0..N-1 open their
+        streams and run one cold round; then all start together for `seconds`."""
+        conns = self.conns[:N]
+        for i, c in enumerate(conns):
+            c.send({**cmd, "index": i, "seed": cmd["seed"] * 1000 + i})
+        ready = [self._recv(c, timeout) for c in conns]
+        start_at = time.time() + 0.05
+        for c, r in zip(conns, ready):
+            if "error" not in r:
+                c.send((start_at, seconds))
+        recs = [r if "error" in r else self._recv(c, seconds + timeout) for c, r in zip(conns, ready)]
+        return ready, recs, start_at

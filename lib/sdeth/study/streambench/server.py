@@ -1,0 +1,52 @@
+"""The draft server's process for the remote parts: a random-weights draft shape behind wire.draft_server."""
+from __future__ import annotations
+
+import time
+import traceback
+
+import torch
+
+from ...runtime.batchmodel import BatchDecoder
+from ...runtime.fastmodel import FastDecoder
+from .common import CONTEXT, PREFILL_CHUNK, PROMPT, SERVER_ROWS, SLACK, allow_recompiles, sync_device, welcome
+
+
+def serve_random(name: str, device: str, addr: str, ready, seconds: float, rows: int = SERVER_ROWS,
+                 capacity: int = CONTEXT + SLACK, spin_s: float = 0.002, compile_mode: str | None = None) -> None:
+    """A draft server process: the named draft shape (random bf16 weights) on `device`, its graphs captured and
+    a prompt's prefill run once before `ready` is told; serves `addr` for `seconds`."""
+    from ...runtime.randomweights import fused_random
+    from ...wire.draft_server import DraftServerConfig, ServerLimits, build_server
+    try:
+        if torch.device(device).type == "cuda":
+            torch.cuda.set_device(device)
+        allow_recompiles()
+        t0 = time.perf_counter()
+        fast = FastDecoder(fused_random(name, device, "bf16", seed=1), 8)
+        server = build_server(fast, welcome(name, fast.vocab, rows), DraftServerConfig(
+            rows, capacity, ttl_s=120, prefill_chunk=PREFILL_CHUNK, compile_mode=compile_mode or "none", warm=False,
+            spin_s=spin_s, limits=ServerLimits(sequences_per_client=rows, reserve=0, clients=4096, clients_per_peer=4096)))
+        dec = server.d.dec
+        dec.warm(spans=(dec.span_for(CONTEXT),))
+        prefill_ms = prompt_prefill_ms(dec)
+        ready.put({"vocab": fast.vocab, "build_and_warm_s": round(time.perf_counter() - t0, 1),
+                   "prompt_prefill_ms": prefill_ms, "prefill_tokens_between_steps": PREFILL_CHUNK,
+                   "graphs": len(dec.graphs), "gpu_mem_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 1)
+                   if dec.device.type == "cuda" else None})
+    except Exception as e:                       # noqa: BLE001 (the parent reports it)
+        ready.put({"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]})
+        return
+    server.serve(addr, seconds)
+
+
+def prompt_prefill_ms(dec: BatchDecoder, prompt: int = PROMPT) -> float:
+    """ms of one prompt's prefill (its first prompt - 1 tokens, as BatchDrafter.prefill feeds them: one eager
+    forward into row 0, whose slots a sequence overwrites), after one untimed."""
+    pos = torch.arange(prompt - 1, device=dec.device)[None]
+    ms = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        dec.forward(torch.zeros_like(pos), pos, pos, row0=0)
+        sync_device(dec.device)
+        ms.append((time.perf_counter() - t0) * 1e3)
+    return round(min(ms[1:]), 3)
