@@ -93,7 +93,8 @@ class PeerLimits:
             return None, False
         why = (f"messages_per_s: more than {self.messages_per_s} messages" if u[1] > self.messages_per_s else
                f"bytes_per_s: more than {self.bytes_per_s >> 20} MiB")
-        why += " in one second from this peer (the server's per-peer limit): messages refused for the rest of the second"
+        why += (" in one second from this peer (the server's per-peer limit): messages refused for the rest of the "
+                "second")
         tell = conn not in u[3] and len(u[3]) < 64
         u[3].add(conn)
         return why, tell
