@@ -115,9 +115,10 @@ def client_table(run: dict):
 
 def bench_runs() -> dict[str, dict]:
     """The `bench streams` results of reports/gpu (bench_streams_*.json), by file stem; a call that stopped part
-    way (a name with 'partial') is left out."""
+    way (a name with 'partial') and one a later call superseded (its JSON says why) are left out."""
     from .results import gpu_results
-    return {n: g for n, g in gpu_results().items() if g.get("bench") == "streams" and "partial" not in n}
+    return {n: g for n, g in gpu_results().items()
+            if g.get("bench") == "streams" and "partial" not in n and "superseded" not in g}
 
 
 def tables_of(run: dict):

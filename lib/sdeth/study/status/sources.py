@@ -31,6 +31,10 @@ GOALS = {
                         "alpha 0.71"),
     "shared": (1.5, "tokens/s per GPU of remote pipelined SD over colocated SD at a TPOT of 0.9 t(1), a draft GPU "
                     "shared by many targets"),
+    "server-8b": (1.25, "tokens/s of remote pipelined streams over target-only at the same batch, emulated Qwen3-8B "
+                        "targets, B=4 streams each, N=4 targets on one draft server"),
+    "server-32b": (1.8, "the same for emulated Qwen3-32B targets, B=1, N=4"),
+    "server-72b": (2.0, "the same for emulated Qwen2.5-72B fp8 targets, B=1, N=4"),
 }
 M2_GOAL = GOALS["pipelined"][0]
 
