@@ -30,3 +30,19 @@ def test_pipelined_points_against_a_real_draft_server():
         assert p["tpot_ms"]["mean"] < 8.0 + sb.PIPELINED_K                # faster than one token a target step
         assert p["server_batch"]["max"] >= 1
     assert not server.d.seqs                                       # every stream ended (End, Ended)
+
+
+def test_a_message_the_server_refused_whole_ends_the_point_naming_it():
+    """A refused message (an Error: a Commits or an Open dropped past the server's per-connection queue) leaves the
+    streams out of step with the server: take() stops there with the server's words, not at a later desync."""
+    import types
+
+    import pytest
+
+    from sdeth.wire import protocol
+    waiting = [protocol.Error("limit", "per_pass: 64 messages of this connection wait to be served")]
+    t = sb.EmulatedPipelined.__new__(sb.EmulatedPipelined)
+    t.streams, t.c = [], types.SimpleNamespace(client=types.SimpleNamespace(recv=lambda _: waiting.pop() if waiting
+                                                                            else None))
+    with pytest.raises(RuntimeError, match=r"refused a message \(limit\): per_pass: 64 messages"):
+        t.take()

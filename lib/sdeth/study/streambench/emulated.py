@@ -153,9 +153,13 @@ class EmulatedPipelined:
         s["first"] = (r.epoch, r.pos, arrived)
 
     def take(self) -> None:
-        """Every Streamed message waiting: each stream's drafts of its current epoch (a newer epoch replaces them)."""
+        """Every Streamed message waiting: each stream's drafts of its current epoch (a newer epoch replaces them).
+        An Error (a message of ours the server refused whole, e.g. past its per-connection queue: a Commits or an
+        Open lost, so the streams are out of step from here) ends the point, naming it."""
         by = {s["seq"]: s for s in self.streams}
         while (m := self.c.client.recv(0)) is not None:
+            if isinstance(m, protocol.Error):
+                raise RuntimeError(f"the draft server refused a message ({m.code}): {m.message}")
             if isinstance(m, protocol.Drafts) and any(r.error for r in m.rows):
                 bad = next(r for r in m.rows if r.error)
                 raise RuntimeError(f"the draft server refused a stream ({bad.error}): {bad.message}")
