@@ -652,3 +652,33 @@ def test_a_closed_connections_queued_messages_are_dropped_not_served():
         assert list(served) == [] and closed == [ident]
     finally:
         srv.close()
+
+
+def test_a_streams_commits_are_never_refused_while_the_server_catches_up():
+    """A pipelined client never waits for the server: while a pass is slow its Commits pile up past the queue's
+    QUEUED. They carry the stream's state (a refused one would leave the server's chain behind the client's), so
+    they are held and served, in their connection's order among its other messages, whatever per_pass; only the
+    other types are refused past QUEUED."""
+    import zmq
+    from sdeth.wire.draft_server import DECODE
+    from sdeth.wire.transport import QUEUED, Log, PeerLimits, _in_turn, _Server
+    from test_draft_server import free_port
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    srv = _Server(addr, None, Log("test"), None)
+    n = QUEUED + 40
+    try:
+        a = _dealer(addr)
+        sent = [HELLO] + [W.Commits([W.CommitRow("s", 0, i, 1)]) for i in range(n)] + [W.Ping(1.0)] * (QUEUED + 8)
+        for m in sent:
+            a.send(W.encode(m))
+        time.sleep(0.5)
+        served = [m for _, _, m, _, _ in _in_turn(srv, DECODE, Log("test"), PeerLimits(), None, 0, 1.5, 1, None,
+                                                   (W.Commits, W.End))]
+        commits = [m.rows[0].pos for m in served if isinstance(m, W.Commits)]
+        assert commits == list(range(n))                           # every one, in order
+        assert sum(isinstance(m, W.Ping) for m in served) < QUEUED + 8  # the other types are still bounded
+        a.setsockopt(zmq.RCVTIMEO, 500)
+        refused = W.Decoder("a client", (W.Error,))(a.recv())
+        assert isinstance(refused, W.Error) and refused.code == "limit" and "per_pass" in refused.message
+    finally:
+        srv.close()

@@ -84,7 +84,8 @@ class DraftServer:
         self.log.line(f"{self.me.model_id} for up to {self.limits.sequences} sequences on {bind}")
         for sock, ident, msg, t1, peer in serve_requests(bind, DECODE, self.log, max_seconds, self.idle,
                                                          self.cfg.spin_s, keys, PeerLimits(self.cfg.messages_per_s),
-                                                         per_pass=self.cfg.per_pass, closed=self.closed):
+                                                         per_pass=self.cfg.per_pass, closed=self.closed,
+                                                         urgent=(protocol.Commits, protocol.End)):
             for m in self.dispatch(ident, msg, t1, peer):
                 reply(sock, ident, m)
 

@@ -122,11 +122,13 @@ IDLE_EVERY_S = 0.001     # while messages keep arriving, background work still r
 DRAIN = 64               # messages taken off the socket in one pass (serve_requests with per_pass; zmq takes
                          # them from the connections in turn)
 QUEUED = 64              # ... and held for one connection at most (more are refused, told once a second)
+QUEUED_URGENT = 4096     # ... of the `urgent` types (stream state: never refused below this; the per-second
+                         # budget bounds how fast a connection can fill it)
 
 
 def serve_requests(bind: str, decode: protocol.Decoder, log: Log, max_seconds: float = 0, idle=None,
                    spin_s: float = 0.0, keys: Keys | None = None, limits: PeerLimits | None = None,
-                   idle_every_s: float = IDLE_EVERY_S, per_pass: int = 0, closed=None):
+                   idle_every_s: float = IDLE_EVERY_S, per_pass: int = 0, closed=None, urgent: tuple = ()):
     """The server loop the workers share: bind a ROUTER to exactly `bind`, yield (sock, ident, message,
     receive time, peer) for each well-formed message of the types `decode` takes; anything else gets an
     Error reply here, and a log line. idle(sock) -> bool: background work (the pipelined draft's run-ahead,
@@ -140,13 +142,16 @@ def serve_requests(bind: str, decode: protocol.Decoder, log: Log, max_seconds: f
     per_pass = 0: messages in arrival order, idle() when none waits and, while messages keep arriving, at least
     every idle_every_s. per_pass = N: in passes: up to DRAIN waiting messages into per-connection queues, then at
     most N of each connection's in turn (round-robin), then one idle(): a connection that floods the socket waits
-    for its own messages, not its neighbours' (docs/reliability.md)."""
+    for its own messages, not its neighbours' (docs/reliability.md). urgent: message types that carry a client's
+    state and need no reply (a stream's Commits, End): in their connection's order, but served in the same pass
+    whatever per_pass, and held up to QUEUED_URGENT (a refused one would leave the server's state behind the
+    client's)."""
     limits = limits or PeerLimits()
     server = None
     try:
         server = _Server(bind, keys, log, closed)
-        loop = _in_turn if per_pass else _in_order
-        yield from loop(server, decode, log, limits, idle, spin_s, max_seconds, per_pass or idle_every_s, closed)
+        args = (server, decode, log, limits, idle, spin_s, max_seconds, per_pass or idle_every_s, closed)
+        yield from (_in_turn(*args, urgent) if per_pass else _in_order(*args))
     finally:
         if server is not None:
             server.close()
@@ -180,7 +185,7 @@ def _in_order(server, decode, log, limits, idle, spin_s, max_seconds, idle_every
             yield server.sock, got[0], got[1], t_recv, got[2]
 
 
-def _in_turn(server, decode, log, limits, idle, spin_s, max_seconds, per_pass, closed):
+def _in_turn(server, decode, log, limits, idle, spin_s, max_seconds, per_pass, closed, urgent=()):
     """serve_requests' passes (per_pass messages of each connection, in turn, then idle once)."""
     t_end = time.time() + max_seconds if max_seconds else float("inf")
     queues: dict[bytes, collections.deque] = {}
@@ -208,7 +213,7 @@ def _in_turn(server, decode, log, limits, idle, spin_s, max_seconds, per_pass, c
             if got is None or not server.note_fd(got[0], frames[-1]):
                 continue
             q = queues.setdefault(got[0], collections.deque())
-            if len(q) < QUEUED:
+            if len(q) < (QUEUED_URGENT if isinstance(got[1], urgent) else QUEUED):
                 q.append((got[1], t_recv, got[2]))
             elif told.get(got[0]) != int(t_recv):
                 told[got[0]] = int(t_recv)
@@ -218,9 +223,10 @@ def _in_turn(server, decode, log, limits, idle, spin_s, max_seconds, per_pass, c
                 log.refused(got[2], "limit", why)
                 reply(server.sock, got[0], protocol.Error("limit", why))
         for ident in list(queues):
-            q = queues[ident]
-            for _ in range(min(per_pass, len(q))):
+            q, served = queues[ident], 0
+            while q and queues.get(ident) is q and (served < per_pass or isinstance(q[0][0], urgent)):
                 msg, t_recv, peer = q.popleft()
+                served += not isinstance(msg, urgent)
                 yield server.sock, ident, msg, t_recv, peer
             if not q and queues.get(ident) is q:     # (gone() may have dropped it while its messages were served)
                 del queues[ident]
