@@ -51,7 +51,14 @@ def test_the_recommendation_meets_the_goal_and_gives_the_most_per_gpu():
             fits = [o for o in t.options if o.meets(1 / frac)]
             if cell.option in (o.name for o in t.options):
                 pick = next(o for o in t.options if o.name == cell.option)
-                assert pick in fits and pick.per_gpu == max(o.per_gpu for o in fits)
+                best = max(fits, key=lambda o: o.per_gpu)
+                solid = [o for o in fits if o.ratio.kind not in ("emulated", "published")]
+                assert pick in fits
+                top = max((o.per_gpu for o in solid), default=0.0)
+                if best.ratio.kind == "emulated" and solid and best.per_gpu < decide.EMULATED_MARGIN * top:
+                    assert pick.per_gpu == max(o.per_gpu for o in solid) and best.name in cell.note
+                else:
+                    assert pick.per_gpu == best.per_gpu
             elif cell.option is None:
                 assert not fits
 
@@ -108,3 +115,19 @@ def test_the_readme_answer_quotes_the_verdict_figures():
     assert len(quoted) >= 8 and quoted <= shown, quoted - shown
     assert NUMBER.findall("1.23x [1.20, 1.27], 114 tok/s per GPU, 5.20 ms") == [("1.23", "x"), ("114", "tok/s"),
                                                                              ("5.20", "ms")]
+
+
+def test_an_emulated_option_is_the_pick_only_by_a_clear_margin_and_else_is_named_beside():
+    def f(v, kind, fmt="{:.2f}x"):
+        return Figure("x", v, fmt, "reports/x.json", (), "hw", kind, "d")
+
+    def opt(name, sp, tok, gpus, kind):
+        return decide.Option(name, f(5 / sp, kind, "{:.2f} ms"), f(tok, kind, "{:.0f} tok/s"), f(sp, kind), gpus)
+    t = decide.Target("32B", "made up", f(5.0, "measured", "{:.2f} ms"),
+                      [opt("replicas", 1.0, 50, 1, "measured"), opt("colocated SD", 1.5, 75, 1, "synthetic"),
+                       opt("remote pipelined", 1.7, 95, 1.25, "emulated")])       # 76 per GPU: within the margin
+    cell = decide._same_gpu(t, "tight")
+    assert cell.option == "colocated SD" and "also meets it: remote pipelined" in cell.note
+    assert len(cell.figures) == 6                                            # both options' figures
+    t.options[2] = opt("remote pipelined", 1.7, 110, 1.25, "emulated")      # 88 per GPU: past it
+    assert decide._same_gpu(t, "tight").option == "remote pipelined"

@@ -13,6 +13,8 @@ EMULATED_06B = ("reports/gpu/bench_emulated_target_0.6b_2.json", "reports/gpu/be
 SWEEPS = {"0.6B": "reports/gpu/bench_rtt_0.6b.json", "1.7B": "reports/gpu/bench_rtt_1.7b.json"}
 # bigger targets (32B bf16, 72B fp8) on one H200, one file per call
 BIG_TARGETS = tuple(f"reports/gpu/bench_targets_{n}.json" for n in (1, 2, 3))
+# the draft server with emulated targets, the bigger targets among them (bench streams, one H200, one file per call)
+SERVER_STREAMS = ("reports/gpu/bench_streams_server_4.json", "reports/gpu/bench_streams_server_5.json")
 CPU_DRAFT = "reports/gpu/bench_gpu_target_cpu_draft_0.6b_overdue.json"
 SHARED = "reports/25_draft_server.json"
 VLLM_STUDY = "reports/vllm_remote_cpu.json"

@@ -9,7 +9,7 @@ from pathlib import Path
 from ...paths import REPO
 from . import sources as src
 from .answer import answer
-from .decide import Cell, Target, table, targets
+from .decide import SHARED_BY, Cell, Target, table, targets
 from .figures import Figure, Milestone, Part, fig, bench_hw
 from .milestones import milestones
 
@@ -45,9 +45,19 @@ def verdict(root: Path = REPO) -> Part | None:
                       "H200 pays:")
         for i, (n, o) in enumerate(big):
             pieces += [" and " if i else " ", o.ratio, f" over the {n} (", o.tpot, ", ", o.tok_s, ")"]
-    pieces.append(". Remote SD earns its second GPU only for a TPOT goal the colocated options miss, with a GPU to "
-                  "spare and outside vLLM (vLLM runs a proposer synchronously). A cheaper draft card, a real network "
-                  "and real weights are not measured.")
+    shared = [(n, _opt(ts[n], "remote pipelined")) for n in ("32B", "72B-class") if n in ts]
+    shared = [(n, o) for n, o in shared if o]
+    if shared:
+        pieces.append(f". A draft GPU shared by {SHARED_BY} such targets over TCP (emulated targets, one H200 on "
+                      "loopback) gives")
+        for i, (n, o) in enumerate(shared):
+            col = _opt(ts[n], "colocated SD")
+            vs = f", {o.per_gpu / col.per_gpu:.2f}x colocated SD's" if col else ""
+            pieces += [" and " if i else " ", o.ratio, f" over the {n} (", o.tpot, f", {o.per_gpu:.1f} tok/s per GPU{vs})"]
+        pieces.append(": lower TPOT than colocated SD, not yet shown with real targets")
+    pieces.append(". For an 8B target, remote SD earns its second GPU only for a TPOT goal the colocated options "
+                  "miss, with a GPU to spare and outside vLLM (vLLM runs a proposer synchronously). A cheaper draft "
+                  "card, a real network and real weights are not measured.")
     return Part("Verdict", pieces)
 
 
