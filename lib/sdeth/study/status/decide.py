@@ -101,18 +101,26 @@ def _target_8b(root: Path) -> Target | None:
     return Target("8B", "Qwen3-8B shape, bf16, H200s, 1.7B-shaped draft, alpha 0.71", base.tpot, opts, cross)
 
 
+def _cautious(root: Path, rels: tuple, items) -> tuple[str, dict] | None:
+    """Of one benchmark's calls, the (file, document) whose matching item (items(doc): the candidates; the first
+    with a speedup counts) has the lowest speedup; None when no call has one."""
+    found = []
+    for rel in rels:
+        doc = load(root, rel) or {}
+        item = next((x for x in items(doc) if "speedup" in x), None)
+        if item:
+            found.append((item["speedup"], rel, doc))
+    return min(found)[1:] if found else None
+
+
 def _big(root: Path, name: str, model: str, weights: str) -> Target | None:
     """A bigger target on one H200 (bench_targets): the call whose colocated SD is slowest (the cautious one)."""
     item = {"target": model, "target_weights": weights, "draft": "Qwen3-1.7B", "acceptance": "synthetic"}
-    found = []
-    for rel in src.BIG_TARGETS:
-        doc = load(root, rel) or {}
-        row = next((s for s in doc.get("sd", []) if all(s.get(k) == v for k, v in item.items()) and "speedup" in s), None)
-        if row:
-            found.append((row["speedup"], rel, doc))
-    if not found:
+    got = _cautious(root, src.BIG_TARGETS,
+                    lambda doc: [s for s in doc.get("sd", []) if all(s.get(k) == v for k, v in item.items())])
+    if not got:
         return None
-    _, rel, doc = min(found)
+    rel, doc = got
     hw = f"1x {(doc.get('hardware') or {}).get('label', '?')}, random weights, call {doc.get('call', '?')}"
     at = ("sd", item)
     only = at + ("target_only_tokens_per_s",)
@@ -134,16 +142,12 @@ def _shared_big(root: Path, name: str, model: str) -> Option | None:
     """Remote pipelined streams: SHARED_BY emulated targets (one stream each, their measured t_v) share one draft
     server on its own GPU (bench streams); the call with the lower speedup (the cautious one)."""
     at = ("big_targets", model, "pipelined", {"B": 1, "N": SHARED_BY})
-    found = []
-    for rel in src.SERVER_STREAMS:
-        doc = load(root, rel) or {}
-        point = next((p for p in (doc.get("big_targets") or {}).get(model, {}).get("pipelined", [])
-                      if p.get("B") == 1 and p.get("N") == SHARED_BY and "speedup" in p), None)
-        if point:
-            found.append((point["speedup"], rel, doc))
-    if not found:
+    got = _cautious(root, src.SERVER_STREAMS, lambda doc: [
+        p for p in (doc.get("big_targets") or {}).get(model, {}).get("pipelined", [])
+        if p.get("B") == 1 and p.get("N") == SHARED_BY])
+    if not got:
         return None
-    _, rel, doc = min(found)
+    rel, doc = got
     hw = (f"1x {(doc.get('hardware') or {}).get('label', '?')}: {SHARED_BY} emulated targets, the real draft server "
           f"(Qwen3-1.7B shape), loopback, call {doc.get('call', '?')}")
     who = f"remote pipelined, {SHARED_BY} targets share a draft GPU"
