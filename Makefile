@@ -36,7 +36,7 @@ prepare: venv
 
 test: prepare
 	$(PY) -m pytest -q tests
-	rm -rf $(VENV)/nbtest && $(PY) -m sdeth.study.report --test-copies $(VENV)/nbtest
+	rm -rf $(VENV)/nbtest && $(PY) -m sdeth.study.pages.report --test-copies $(VENV)/nbtest
 	SDETH_REPORTS=$(VENV)/test-reports $(PY) -m pytest -q --nbval-lax $(VENV)/nbtest
 
 soak: prepare
@@ -52,7 +52,7 @@ bench-vllm: prepare   # vLLM target-only, its own draft and a remote draft serve
 	$(PY) -m sdeth bench vllm --repeats 2 --json reports/vllm_remote_cpu.json
 
 report: prepare
-	$(PY) -m sdeth.study.report
+	$(PY) -m sdeth.study.pages.report
 
 distill-cpu: venv
 	$(PY) -m sdeth.models.distill --out $(VENV)/draft-cpu --layers 6 --prompts 320 --gen-tokens 96 --train-minutes 8

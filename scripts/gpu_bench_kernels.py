@@ -8,7 +8,7 @@ measurement as `python -m sdeth bench step --kernels`, without the command line'
 import json
 import sys
 
-from sdeth.study import stepbench
+from sdeth.study.bench import step as stepbench
 
 
 def main(argv: list[str]) -> int:

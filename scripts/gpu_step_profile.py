@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from sdeth import hardware
 from sdeth.models.presets import shape
 from sdeth.runtime import kernels as K
-from sdeth.study import stepbench as SB
+from sdeth.study.bench import step as SB
 
 MODELS = ("Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-8B")
 

@@ -14,5 +14,5 @@ REF = dict(prompts="sharegpt:8", max_tokens=32)   # the real-pair runs that comp
 @pytest.fixture(scope="session")
 def target_only_ref(pair):
     """Target-only on REF's prompts, computed once for every test that checks SD's output against it."""
-    from sdeth.study import experiment
+    from sdeth.study.runs import experiment
     return experiment.run(experiment.RunConfig(mode="target-only", **REF), pair, progress=False)

@@ -1,4 +1,4 @@
-"""The mode-comparing benchmark (sdeth.study.bench): intervals, per-request synthetic sequences, and a
+"""The mode-comparing benchmark (sdeth.study.bench.modes): intervals, per-request synthetic sequences, and a
 small end-to-end run on the CPU with the tiny random pair (timings meaningless there; the shape is not)."""
 import pytest
 

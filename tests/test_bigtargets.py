@@ -1,5 +1,5 @@
 """Bigger targets without a GPU: the shapes' sizes against the model cards, random fused weights through the
-fast decoder, the batch inputs of the benchmark, and the readers of its results (sdeth.study.hetero)."""
+fast decoder, the batch inputs of the benchmark, and the readers of its results (sdeth.study.predict.hetero)."""
 import json
 
 import pytest
@@ -9,7 +9,8 @@ from sdeth.models import presets
 from sdeth.runtime.engine import Engine
 from sdeth.runtime.fastmodel import FastOptionsError, linear, quantize
 from sdeth.runtime.randomweights import fused_random
-from sdeth.study import bigtargets, hetero
+from sdeth.study.bench import targets as bigtargets
+from sdeth.study.predict import hetero
 
 
 @pytest.mark.parametrize("name", sorted(presets.PUBLIC_PARAMS))
@@ -92,7 +93,7 @@ def test_readers_put_measured_steps_beside_the_model_and_check_the_70b_claim(tmp
     assert r32["measured / modelled"] == pytest.approx(18.3 / hetero.modelled_step_s("Qwen3-32B", 64.0e9) / 1e3, rel=1e-3)
     t = hetero.targets_with_measured(runs, 5.19e-3)
     assert t["Qwen3-32B on H200"] == {"step_s": pytest.approx(18.25e-3), "kind": "measured",
-                                      "how": "sdeth.study.bigtargets, random bf16 weights, median of 2 calls"}
+                                      "how": "sdeth.study.bench.targets, random bf16 weights, median of 2 calls"}
     assert t["70B-class on 2x H200"]["kind"] == "modelled" and "Qwen3-14B on H200" not in t
     claim = hetero.check_70b_claim(runs, 0.71, 0.2e-3, 1.96e-3)
     kinds = [r["step kind"] for r in claim["rows"]]

@@ -277,7 +277,7 @@ def test_provision_on_a_cluster_puts_curve_on_the_link(monkeypatch, tmp_path):
     """M0 on k8s applies the ethernet-curve placement: the workers get a Secret of fresh keys and NetworkPolicies
     (a shared cluster network never carries the plain link by default); the key directory is in the result."""
     from sdeth.place import netprobe
-    from sdeth.study import experiment
+    from sdeth.study.runs import experiment
     applied = []
 
     class FakeCluster:

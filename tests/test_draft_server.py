@@ -133,7 +133,7 @@ def _in_threads(n, fn):
 def test_four_clients_interleaved_through_one_draft_each_get_the_target_output(pair, target_only_ref):
     """The embedded pair: four target clients, two prompts each, through one draft server at once."""
     from conftest import REF
-    from sdeth.study import experiment
+    from sdeth.study.runs import experiment
     from sdeth.wire.draft_server import pair_server
     server = pair_server(pair, DraftServerConfig(rows=8, capacity=1024))
     me = server.me
@@ -306,7 +306,7 @@ def test_target_workers_share_a_draft_server_over_the_wire(pair, target_only_ref
     """`worker --role target --draft-server`: two target workers, one draft server, Generate from a controller
     each, sync and pipelined: the target's own output, the draft used."""
     from conftest import REF
-    from sdeth.study import experiment
+    from sdeth.study.runs import experiment
     from sdeth.wire.draft_server import serve_draft_server
     from sdeth.wire.target_worker import TargetWorker
     from sdeth.wire.transport import Client

@@ -10,7 +10,7 @@ from sdeth.runtime.emulated import DraftChains, EmulatedEngine, parse_emulation
 from sdeth.runtime.engine import Engine
 from sdeth.runtime.loop import Drafter, generate_sd, generate_target_only
 from sdeth.runtime.verify import Sampling
-from sdeth.study.acceptance import chains_for
+from sdeth.study.runs.acceptance import chains_for
 
 from doubles import tiny_qwen3 as _tiny
 

@@ -7,9 +7,9 @@ import time
 import psutil
 import pytest
 
-from sdeth.study import experiment
+from sdeth.study.runs import experiment
 from sdeth.wire import protocol as W
-from sdeth.study.experiment import RunConfig
+from sdeth.study.runs.experiment import RunConfig
 from sdeth.place.testbed import Testbed, free_port, leftovers
 from sdeth.wire.transport import Client
 from sdeth.wire.remote import RemoteDrafter

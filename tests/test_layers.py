@@ -15,7 +15,15 @@ LAYERS = [
     ("runtime", {"sdeth.runtime"}),
     ("wire", {"sdeth.wire"}),
     ("place", {"sdeth.place"}),
-    ("study", {"sdeth.study"}),
+    # the study's rooms, lowest first: what every run shares (its configuration, results files and summaries),
+    # the vLLM study, runs, the models that predict, the benchmarks, the answer, and the pages that show it
+    ("study", {"sdeth.study", "sdeth.study.config", "sdeth.study.results", "sdeth.study.summary"}),
+    ("study.vllm", {"sdeth.study.vllm"}),
+    ("study.runs", {"sdeth.study.runs"}),
+    ("study.predict", {"sdeth.study.predict"}),
+    ("study.bench", {"sdeth.study.bench", "sdeth.study.streambench"}),
+    ("study.status", {"sdeth.study.status"}),
+    ("study.pages", {"sdeth.study.pages"}),
     ("cli", {"sdeth.cli", "sdeth.__main__"}),
 ]
 # beyond the order: what a layer may not import even though it lies below

@@ -122,7 +122,7 @@ def test_sd_with_a_lightened_draft_is_lossless():
 def test_step_benchmark_records_each_lever_on_a_cpu():
     """`bench step` end to end on a tiny shape (no GPU, no compile): every lever row has its step, floor
     and fp32 check, a failing lever is recorded rather than fatal, and the summary reads the runs."""
-    from sdeth.study import stepbench
+    from sdeth.study.bench import step as stepbench
     res = stepbench.bench_step(("tiny-4L",), "cpu", context=32, capacity=96, compile_mode="", budget_s=600,
                                progress=lambda r: None, levers=("weights=int8", "head=32768"), profile=False, steps=4)
     rows = {r["lever"]: r for r in res["rows"]}

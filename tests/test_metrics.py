@@ -53,7 +53,7 @@ def test_best_k_shrinks_when_drafting_is_expensive():
 
 
 def test_prometheus_spec_counters_are_summed_over_engines():
-    from sdeth.study.vllm_baseline import scrape_spec_counters
+    from sdeth.study.vllm.baseline import scrape_spec_counters
     page = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
 # TYPE vllm:spec_decode_num_drafts_total counter
 vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from sdeth.costmodel import expected_tokens
-from sdeth.study import pareto
-from sdeth.study.pareto import Tables
+from sdeth.study.predict import pareto
+from sdeth.study.predict.pareto import Tables
 
 ALPHA = 0.71
 

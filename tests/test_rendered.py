@@ -114,7 +114,7 @@ def test_design_map_labels_neither_overlap_nor_leave_the_map():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from sdeth.study import figures
+    from sdeth.study.pages import figures
     points = [{"device": d, "draft": f"Qwen3-1.7B {w}", "step_ms": s} for d, w, s in
               (("corsair", "fp8", 0.088), ("h200", "fp8", 1.56), ("h200", "bf16", 1.97), ("a100", "fp8", 2.33),
                ("a100", "bf16", 3.34), ("cpu", "fp8", 5.64), ("corsair", "bf16", 8.82))]

@@ -4,9 +4,9 @@ import json
 import pytest
 import torch
 
-from sdeth.study import experiment
+from sdeth.study.runs import experiment
 from sdeth.runtime.engine import CacheFull, Engine, prefill
-from sdeth.study.experiment import ConfigError, RunConfig
+from sdeth.study.runs.experiment import ConfigError, RunConfig
 from conftest import REF
 
 pytestmark = pytest.mark.slow

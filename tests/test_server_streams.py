@@ -60,7 +60,7 @@ def model_range(alpha: float, verify_s: float, step_s: float, rtt_s: float) -> t
 @pytest.mark.slow
 def test_four_pipelined_clients_of_two_streams_keep_drafts_on_offer(pair, target_only_ref):
     from conftest import REF
-    from sdeth.study import experiment
+    from sdeth.study.runs import experiment
     from sdeth.wire.draft_server import DraftServerConfig, pair_server
     server = pair_server(pair, DraftServerConfig(CLIENTS * B, 1024))
     me = server.me

@@ -343,7 +343,7 @@ def test_the_soak_deals_a_batch_among_its_target_workers_all_at_once(monkeypatch
     """soak(clients=N): request i goes to target worker i mod N, each worker's share from its own controller, the N
     shares in flight together (each controller here takes 0.3 s)."""
     from types import SimpleNamespace
-    from sdeth.study import soak
+    from sdeth.study.runs import soak
     sent = []
 
     def run_requests(cfg, prompts, tb):

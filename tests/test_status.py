@@ -64,7 +64,7 @@ def test_the_answer_has_its_labelled_parts_each_with_its_conditions():
 
 
 def test_the_index_shows_the_same_answer_with_every_bold_figure_read_back(tmp_path, monkeypatch):
-    from sdeth.study import index
+    from sdeth.study.pages import index
     monkeypatch.setattr(index, "REPORTS", tmp_path)
     page = index.write_index([]).read_text()
     answer = page.split('<table class="milestones"')[0].split('id="parts"')[1]

@@ -2,9 +2,9 @@
 its counters are consistent, and it decodes our token ids as our runtime does."""
 import pytest
 
-from sdeth.study import experiment
+from sdeth.study.runs import experiment
 from sdeth import metrics
-from sdeth.study.experiment import ConfigError, RunConfig
+from sdeth.study.runs.experiment import ConfigError, RunConfig
 
 slow = pytest.mark.slow
 P, T = "sharegpt:4", 24
@@ -68,7 +68,7 @@ def test_kv_cache_is_sized_from_the_run_not_from_node0_memory(node0_gib, tmp_pat
     needs, the same whatever node 0 or the machine reports."""
     import psutil
     from sdeth import hardware
-    from sdeth.study import vllm_baseline as V
+    from sdeth.study.vllm import baseline as V
     fake = tmp_path / "meminfo"
     fake.write_text(f"Node 0 MemTotal:       {int(node0_gib * 2**20)} kB\nNode 0 MemFree:        1000 kB\n")
     monkeypatch.setattr(hardware, "NODE0_MEMINFO", str(fake))
@@ -87,7 +87,7 @@ def test_kv_cache_is_sized_from_the_run_not_from_node0_memory(node0_gib, tmp_pat
 
 
 def test_kv_cache_override_and_the_error_that_names_it(monkeypatch):
-    from sdeth.study import vllm_baseline as V
+    from sdeth.study.vllm import baseline as V
     monkeypatch.setenv(V.KV_ENV, "512")
     assert V.engine_args(_job())["kv_cache_memory_bytes"] == 512 * 2**20
     monkeypatch.setenv(V.KV_ENV, "lots")

@@ -596,8 +596,8 @@ def test_a_proposer_keeps_within_the_limits_its_servers_welcome_carries():
 
 
 def test_acceptance_from_vllms_counters_and_sdeths_records_with_standard_errors():
-    from sdeth.study.vllm_baseline import SPEC_COUNTERS, scrape_spec_counters
-    from sdeth.study.vllm_remote import Acceptance, agree, counters_delta
+    from sdeth.study.vllm.baseline import SPEC_COUNTERS, scrape_spec_counters
+    from sdeth.study.vllm.remote import Acceptance, agree, counters_delta
     page = "\n".join([f"{SPEC_COUNTERS[0]}_total{{engine=\"0\"}} 100.0", f"{SPEC_COUNTERS[1]}_total{{engine=\"0\"}} 300.0",
                       f"{SPEC_COUNTERS[2]}_total{{engine=\"0\"}} 120.0"] +
                      [f'{SPEC_COUNTERS[3]}_total{{engine="0",position="{i}"}} {v}' for i, v in enumerate((60, 40, 20))])
@@ -726,7 +726,7 @@ def _phase(llm, ph: dict, prompts: list, sp) -> dict:
     """One phase of the runner: the prompts one at a time (concurrency 1) or all at once; the output ids and
     vLLM's spec-decode counters over it; the draft server killed `kill_after_s` into it when asked."""
     from vllm.inputs import TokensPrompt
-    from sdeth.study.vllm_baseline import _counters, _delta
+    from sdeth.study.vllm.baseline import _counters, _delta
     before = _counters(llm)
     timer = None
     if ph.get("kill_after_s"):
@@ -779,9 +779,9 @@ def _run_vllm(job: dict, env: dict, tmp: Path, timeout_s=900) -> dict:
 
 
 def _start_draft_server(log_path: Path, addr: str = ""):
-    """The study's draft server (study.vllm_servers: one thread, once it answers a Ping) with the embedded pair,
+    """The study's draft server (study.vllm.servers: one thread, once it answers a Ping) with the embedded pair,
     8 rows, gone after 900 s at the latest; (process, address)."""
-    from sdeth.study.vllm_servers import start_draft_server
+    from sdeth.study.vllm.servers import start_draft_server
     return start_draft_server("embedded", 8, log_path, addr=addr, max_seconds=900)
 
 
@@ -791,8 +791,8 @@ def vllm_runs(pair, tmp_path_factory):
     four prompts at concurrency 1, then 4, then 8 (each prompt twice); then 4 again with the draft server killed
     part way; then 4 with it gone; then 4 with a new draft server at the same address, vLLM still running. Greedy,
     24 tokens, k=3."""
-    from sdeth.study import experiment
-    from sdeth.study.vllm_baseline import _job, engine_args
+    from sdeth.study.runs import experiment
+    from sdeth.study.vllm.baseline import _job, engine_args
     cfg = experiment.RunConfig(engine="vllm", mode="sd", k=K, prompts=PROMPTS, max_tokens=MAX_TOKENS, max_len=512)
     job = _job(cfg, pair)
     base = {"prompts": [ids for _, ids in experiment.encode_prompts(cfg, pair.tokenizer)], "max_tokens": MAX_TOKENS,
@@ -880,7 +880,7 @@ SAMPLE_TEXT = "The capital of France is"       # short: the test's samples are c
 def _serve(engine: dict, env: dict, log_path: Path):
     """vLLM's OpenAI server (`python -m vllm.entrypoints.openai.api_server`) with these engine arguments; its
     process and base URL once /health answers."""
-    from sdeth.study.vllm_baseline import _wait_healthy
+    from sdeth.study.vllm.baseline import _wait_healthy
     port = free_port()
     args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", engine["model"], "--host",
             "127.0.0.1", "--port", str(port), "--dtype", engine["dtype"], "--max-model-len",
@@ -914,8 +914,8 @@ def _openai_phases(base: str, model: str, prompts: list, sample_ids: list[int], 
     the change of vLLM's spec-decode counters over it (from /metrics)."""
     import urllib.request
     from concurrent.futures import ThreadPoolExecutor
-    from sdeth.study.vllm_baseline import scrape_spec_counters
-    from sdeth.study.vllm_remote import counters_delta
+    from sdeth.study.vllm.baseline import scrape_spec_counters
+    from sdeth.study.vllm.remote import counters_delta
     counters = lambda: scrape_spec_counters(urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode())  # noqa: E731
     phases = {f"c{c}": (c, [(ids, MAX_TOKENS, 0.0, 0) for ids in prompts]) for c in (1, 4, 8)}
     phases["t08"] = (8, [(ids, MAX_TOKENS, TEMPERATURE, i) for i, ids in enumerate(prompts)])
@@ -934,8 +934,8 @@ def openai_runs(pair, tmp_path_factory):
     """vLLM's OpenAI server target-only, then with the remote proposer over a draft server of the embedded pair
     (k=3): _openai_phases through each; and sdeth's own runtime on the same prompts and k, greedy and at T=0.8
     with the draft's probabilities sent (draft_sampled)."""
-    from sdeth.study import experiment
-    from sdeth.study.vllm_baseline import _job, engine_args
+    from sdeth.study.runs import experiment
+    from sdeth.study.vllm.baseline import _job, engine_args
     cfg = experiment.RunConfig(engine="vllm", mode="sd", k=K, prompts=SERVER_PROMPTS, max_tokens=MAX_TOKENS,
                                max_len=512)
     engine = engine_args(_job(cfg, pair))
@@ -1014,7 +1014,7 @@ def test_at_t08_the_remote_proposers_output_distribution_is_target_onlys(openai_
 @slow
 @server
 def test_vllms_counters_agree_with_sdeths_runtime_and_both_acceptances_are_reported_at_t08(openai_runs):
-    from sdeth.study.vllm_remote import Acceptance, agree
+    from sdeth.study.vllm.remote import Acceptance, agree
     runs, ours = openai_runs
     theirs = Acceptance.of_counters(runs["remote"]["c1"]["counters"], K)
     mine = Acceptance.of_requests(ours[0.0])

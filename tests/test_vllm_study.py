@@ -1,4 +1,4 @@
-"""The vLLM study's measurement (study.vllm_study, study.vllm_remote) without vLLM: TPOT and TTFT from a scripted
+"""The vLLM study's measurement (study.vllm.study, study.vllm.remote) without vLLM: TPOT and TTFT from a scripted
 stream, nearest-rank percentiles and their intervals, the spec-decode counters' change from /metrics pages, and the
 results JSON of a run against a stand-in OpenAI server (streamed token ids, /metrics, /version)."""
 import json
@@ -8,9 +8,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from sdeth.study import vllm_study as S
-from sdeth.study.vllm_baseline import SPEC_COUNTERS, scrape_spec_counters
-from sdeth.study.vllm_remote import (counters_delta, identical, percentile, point_figures, read_stream,
+from sdeth.study.vllm import study as S
+from sdeth.study.vllm.baseline import SPEC_COUNTERS, scrape_spec_counters
+from sdeth.study.vllm.remote import (counters_delta, identical, percentile, point_figures, read_stream,
                                      request_timing, t_interval)
 
 
@@ -250,9 +250,9 @@ def test_the_correction_is_recorded_as_vllm_would_load_it(monkeypatch):
 
 def test_the_kv_cache_scales_one_requests_need_to_the_most_in_flight_unless_set(monkeypatch):
     from sdeth.models.presets import load_pair
-    from sdeth.study.vllm_baseline import KV_ENV
+    from sdeth.study.vllm.baseline import KV_ENV
     from sdeth.study.config import RunConfig
-    from sdeth.study.vllm_baseline import _job, engine_args
+    from sdeth.study.vllm.baseline import _job, engine_args
     pair = load_pair("embedded", roles=())
     monkeypatch.delenv(KV_ENV, raising=False)
     one = engine_args(_job(RunConfig(engine="vllm", mode="sd", prompts="sharegpt:2", max_len=512).check(), pair))
@@ -265,7 +265,7 @@ def test_the_kv_cache_scales_one_requests_need_to_the_most_in_flight_unless_set(
 
 def test_the_study_table_shows_the_tokens_per_s_interval_only_over_repeats():
     pytest.importorskip("pandas")
-    from sdeth.study.vllm_remote import study_table
+    from sdeth.study.vllm.remote import study_table
     point = {"config": "target-only", "variant": "plain", "temperature": 0.0, "tpot_p50_ms": None,
              "tpot_p99_ms": None, "ttft_p50_ms": None}
     doc = {"points": [{**point, "concurrency": 1, "tokens_per_s": {"mean": 5.0, "low": 5.0, "high": 5.0, "n": 1}},

@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("what", choices=["sd", "step", "rtt", "draft-loop", "targets", "wire", "streams", "vllm"], help="sd: target-only, "
                    "colocated, sync, adaptive, pipelined SD; step: the decode step, lever by lever (sdeth.study."
                    "stepbench); rtt: the link modes at each added round trip (--rtts); draft-loop: the pipelined "
-                   "draft's loop, phase by phase (sdeth.study.draftloop); targets: bigger targets' steps and "
+                   "draft's loop, phase by phase (sdeth.study.bench.draftloop); targets: bigger targets' steps and "
                    "colocated SD on one GPU (`bench targets -h`); wire: round trips plain against CURVE (`bench wire -h`); "
                    "streams: many streams, colocated and over a draft server (`bench streams -h`); vllm: vLLM target-only, its "
                    "own draft and a remote draft server through its OpenAI server (`bench vllm -h`)")
@@ -189,7 +189,9 @@ def main(argv=None) -> int:
     if argv[:1] == ["worker"]:
         return worker_main(argv[1:])
     if argv[:2] in (["bench", "targets"], ["bench", "wire"], ["bench", "streams"], ["bench", "vllm"]):   # own parsers
-        from .study import bigtargets, streambench, vllm_study, wirebench
+        from .study.bench import targets as bigtargets, wire as wirebench
+        from .study import streambench
+        from .study.vllm import study as vllm_study
         return ({"targets": bigtargets, "wire": wirebench, "streams": streambench,
                  "vllm": vllm_study}[argv[1]].main(argv[2:]) or 0)
     a = build_parser().parse_args(argv)
@@ -338,17 +340,17 @@ def _cluster(a) -> int:
 
 
 def _bench(a) -> int:
-    from .study import bench
+    from .study.bench import modes as bench
     from .study.config import ConfigError, parse_rtts, save
     if a.what == "draft-loop":
-        from .study import draftloop
+        from .study.bench import draftloop
         res = draftloop.bench_draft_loop(tuple(m for m in a.models.split(",") if m != "Qwen3-8B"), a.device, a.context,
                                          a.capacity, a.compile, a.trace, bench_alpha(a.pair, a.synthetic_alpha, a.trace))
         print(draftloop.table(res))
         print("wrote", save(res, a.json))
         return 0
     if a.what == "step" and a.kernels:
-        from .study import stepbench
+        from .study.bench import step as stepbench
         levers = tuple(a.kernels.split(","))
         bad = [x for x in levers if x not in stepbench.KERNEL_LEVERS]
         if bad:
@@ -360,7 +362,7 @@ def _bench(a) -> int:
         print("wrote", save(res, a.json))
         return 0
     if a.what == "step":
-        from .study import stepbench
+        from .study.bench import step as stepbench
         res = stepbench.bench_step(tuple(a.models.split(",")), a.device, a.context, a.capacity, a.compile,
                                    a.budget_s, save=lambda r: save(r, a.json),
                                    levers=a.levers.split(",") if a.levers else None)

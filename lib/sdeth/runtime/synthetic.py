@@ -11,7 +11,7 @@ pair, where it is the same event), and target-only decoding produces T. Figures 
 labelled synthetic.
 
 Trace-driven acceptance (AcceptanceTrace): instead of an independent coin per position, the draft's
-behaviour replays a trace recorded from a real pair (study.acceptance.record_trace): per position, the
+behaviour replays a trace recorded from a real pair (study.runs.acceptance.record_trace): per position, the
 rank of the target's token in the draft's order (0 = accepted). The synthetic draft's logits put that
 many other tokens above the true one, so runs of accepts, and the rank of each correction in the draft's
 order, are the real pair's. Figures from this mode are labelled trace-driven.

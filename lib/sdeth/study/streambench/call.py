@@ -10,8 +10,8 @@ import torch
 
 from ... import hardware
 from ...models.presets import shape
-from ..bigtargets import DRAFT_ALPHA
-from ..stepbench import copy_bandwidth
+from ..bench.targets import DRAFT_ALPHA
+from ..bench.step import copy_bandwidth
 from .colocated import colocated_part
 from .common import (CONTEXT, CONTEXTS, DRAFT_K, GOALS, SERVER_ROWS, TARGET, Grid, allow_recompiles,
                      build_fast, compiled, free)

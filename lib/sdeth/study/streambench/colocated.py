@@ -9,7 +9,7 @@ import torch
 from ...runtime.batchdraft import BatchDrafter
 from ...runtime.batchmodel import BatchDecoder
 from ...runtime.verify import Sampling
-from ..bigtargets import DRAFT_ALPHA
+from ..bench.targets import DRAFT_ALPHA
 from .common import COLOCATED_LABEL, CONTEXT, PREFILL_CHUNK, PROMPT, SLACK, coins, compiled, free, mean, pct
 from .report import colocated_row
 from .server import prompt_prefill_ms

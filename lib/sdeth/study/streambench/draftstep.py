@@ -10,7 +10,7 @@ from ...runtime.batchdraft import BatchDrafter
 from ...runtime.batchmodel import BatchDecoder, bucket
 from ...runtime.fastmodel import FastDecoder
 from ...runtime.verify import Sampling
-from ..stepbench import timed_replays
+from ..bench.step import timed_replays
 from .common import BATCHES, CONTEXTS, DRAFT_K, GOALS, SLACK, sync_device
 
 def as_fed(drafter: BatchDrafter, key, n: int):

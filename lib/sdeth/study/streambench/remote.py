@@ -5,7 +5,7 @@ import multiprocessing as mp
 import time
 
 from ...costmodel import Costs, simulate_pipelined
-from ..bigtargets import DRAFT_ALPHA
+from ..bench.targets import DRAFT_ALPHA
 from .colocated import best_k
 from .common import (BATCHES, CONTEXT, PIPELINED_K, PIPELINED_LABEL, PIPELINED_WINDOW, PROMPT, REMOTE_KS,
                      REMOTE_LABEL, SERVER_ROWS, TARGETS_N, TIMELINE, compiled, mean, pct, pipelined_grid)

@@ -9,7 +9,7 @@ import torch
 
 from ...runtime.batchmodel import BatchDecoder, bucket
 from ...runtime.fastmodel import FastDecoder
-from ..stepbench import timed_replays
+from ..bench.step import timed_replays
 from .common import BATCHES, CONTEXT, SLACK, VERIFY_KS, sync_device
 
 def target_points(fast: FastDecoder, batches=BATCHES, ks=VERIFY_KS, context: int = CONTEXT, reps: int = 20,
@@ -50,7 +50,7 @@ def big_tv(model: str, batches, k: int) -> dict:
     """(B, m) -> ms for m = 0..k of a bigger target (emulated): its t_v(B, m) from the newest `bench targets` call
     that measured it (graph replays, random weights), linear in m between the measured k and t_v(B, 0) = t(B)
     (pareto.Tables), at each B in batches (linear between the measured B)."""
-    from ..pareto import Tables
+    from ..predict.pareto import Tables
     from ..results import gpu_results
     runs = sorted((n, g) for n, g in gpu_results().items() if g.get("bench") == "targets")
     for name, run in reversed(runs):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..costmodel import expected_tokens
+from ...costmodel import expected_tokens
 
 KINDS = ("replica", "colocated", "remote", "pipelined", "eagle3")
 KS = tuple(range(1, 9))

@@ -1,4 +1,4 @@
-"""The processes of the vLLM study (study.vllm_study): vLLM's OpenAI server, a draft server and the testbed's relay
+"""The processes of the vLLM study (study.vllm.study): vLLM's OpenAI server, a draft server and the testbed's relay
 between them, each in its own process group with its output in a log file, stopped with its children."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from .vllm_remote import Endpoint, StudyError
+from .remote import Endpoint, StudyError
 
 RELAY_VARIANTS = ("plain", "slowed", "jittered")
 
@@ -40,8 +40,8 @@ def stop(proc: subprocess.Popen | None) -> None:
 def start_vllm(engine: dict, env: dict, log_path: Path, timeout_s: float = 900) -> tuple:
     """vLLM's OpenAI server with these engine arguments (vllm_baseline.engine_args); (process, Endpoint,
     seconds to /health)."""
-    from ..place.testbed import free_port
-    from .vllm_baseline import _wait_healthy, server_args
+    from ...place.testbed import free_port
+    from .baseline import _wait_healthy, server_args
     port = free_port()
     proc = spawn(server_args(engine, port), log_path, env)
     try:
@@ -58,9 +58,9 @@ def start_draft_server(pair: str, rows: int, log_path: Path, timeout_s: float = 
     """`python -m sdeth worker --role draft-server` with one thread (beside vLLM on a few cores two threads wait
     for each other's core), bound to addr (default a free loopback port), exiting after max_seconds (0: when
     stopped); (process, address) once it answers a Ping. StudyError with its log's tail if it does not."""
-    from ..place.testbed import free_port
-    from ..wire import protocol as W
-    from ..wire.transport import Client
+    from ...place.testbed import free_port
+    from ...wire import protocol as W
+    from ...wire.transport import Client
     addr = addr or f"tcp://127.0.0.1:{free_port()}"
     proc = spawn([sys.executable, "-m", "sdeth", "worker", "--role", "draft-server", "--bind", addr, "--pair", pair,
                   "--rows", str(rows), "--limit-reserve", "0", "--max-seconds", str(max_seconds)], log_path,
@@ -105,7 +105,7 @@ class Relay:
         self.set("plain")
 
     def set(self, variant: str) -> None:
-        from ..wire.vllm_proposer import RETRY_S
+        from ...wire.vllm_proposer import RETRY_S
         stop(self.proc)
         down, jitter = self.delays[variant]
         self.proc = start_relay(self.port, self.to, self.logs / f"relay-{variant}.log", down, jitter)

@@ -8,7 +8,7 @@ measured, emulated (paced replay of a real draft's tokens), modelled (a formula)
 """
 from __future__ import annotations
 
-from .. import costmodel, devices
+from ... import costmodel, devices
 
 VERIFY_SLOPE = 0.0125      # measured on the H200 8B step: verify of 8 tokens = 1.09 steps -> +1.25% per token
 HOST_S = 0.3e-3            # measured target host work per sync round on the H200 (reports/gpu/bench_sd_1.7b.json)
@@ -133,7 +133,7 @@ def testbed_runs(cfg, pair, emulations: list[str], chains_path: str, progress: b
     pipelined SD over the link with the pair's own draft (measured) and with each emulated draft device (the
     draft's recorded tokens, paced by the profile: emulated)."""
     from dataclasses import replace
-    from . import experiment
+    from ..runs import experiment
     runs = {"target-only": experiment.run(replace(cfg, mode="target-only", placement="ethernet"), pair, progress)}
     for label, extra in [("draft: this machine's CPU (measured)", {})] + [
             (f"draft: {e} (emulated)", {"draft_emulate": e, "draft_chains": chains_path}) for e in emulations]:
@@ -145,7 +145,7 @@ def testbed_runs(cfg, pair, emulations: list[str], chains_path: str, progress: b
 def runs_table(runs: dict[str, dict]):
     """testbed_runs' results, a row each (speedups against its first run, target-only: summary.sweep_table)."""
     import pandas as pd
-    from .summary import sweep_table
+    from ..summary import sweep_table
     rows = []
     for (label, r), t in zip(runs.items(), sweep_table(list(runs.values()))):
         rows.append({"run": label, "kind": "emulated" if "emulated" in label else "measured",
@@ -177,7 +177,7 @@ def load_targets(pattern: str = "reports/gpu/bench_targets_*.json") -> list[dict
     """Every call's results of `python -m sdeth bench targets` (one H200 each), oldest first."""
     import glob
     import json
-    from ..paths import REPO
+    from ...paths import REPO
     paths = sorted(glob.glob(pattern if pattern.startswith("/") else str(REPO / pattern)))
     if not paths:
         raise FileNotFoundError(f"no big-target results match {pattern!r} under {REPO}: run "
@@ -188,7 +188,7 @@ def load_targets(pattern: str = "reports/gpu/bench_targets_*.json") -> list[dict
 def modelled_step_s(shape: str, weight_bytes: float, profile: str = "h200", context: int = 512) -> float:
     """The event model's step for a shape on a device profile: the weights as stored plus the context's keys and
     values (bf16) over the profile's bandwidth, a fixed cost per layer, the host link (devices.DeviceProfile)."""
-    from ..models.presets import shape as shape_config
+    from ...models.presets import shape as shape_config
     c = shape_config(shape)
     kv = c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * c["head_dim"] * 2 * context
     return devices.load(profile).step_s(weight_bytes, kv, c["num_hidden_layers"])
@@ -235,7 +235,7 @@ def targets_with_measured(runs: list[dict], measured_8b_h200_s: float | None = N
             calls = sum(1 for r in runs for t in r["targets"] if t.get("model") == model and "step_ms" in t
                         and t.get("weights") == weights)
             out[label] = {"step_s": s, "kind": "measured",
-                          "how": f"sdeth.study.bigtargets, random {weights} weights, median of {calls} calls"}
+                          "how": f"sdeth.study.bench.targets, random {weights} weights, median of {calls} calls"}
     return out
 
 

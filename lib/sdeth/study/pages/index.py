@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from .results import REPORTS, results_path
+from ..results import REPORTS, results_path
 
 TITLE = "sd-ethernet: speculative decoding with the draft model on its own device"
 # what kind of figures each report holds (the index says so beside each)
@@ -54,8 +54,8 @@ def _milestones(ms) -> str:
 def write_index(rows: list[tuple[str, bool, str]]) -> Path:
     """reports/index.html: the verdict and the decision table, the answer's parts, the milestones, the reports,
     the glossary; every figure read from the results JSON named beside it."""
-    from . import status as st
-    from .status.glossary import glossary_html, link_first_use
+    from .. import status as st
+    from ..status.glossary import glossary_html, link_first_use
     v = st.verdict()
     verdict = f'<p class="verdict">{v.html()}</p>' if v else f"<p>{st.text.PENDING}</p>"
     parts = st.answer()

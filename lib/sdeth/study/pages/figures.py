@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .results import REPORTS, caption
+from ..results import REPORTS, caption
 
 
 def alt_text(fig) -> str:
@@ -110,7 +110,7 @@ def plot_k_sweep(ks: dict, hw: dict, what: str):
     `predicted` column's best k is the one the title names."""
     import matplotlib.pyplot as plt
     import pandas as pd
-    from .. import metrics
+    from ... import metrics
     df = pd.DataFrame(ks["rows"]).set_index("k")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
     kk = list(range(1, int(df.index.max()) + 1))
@@ -138,7 +138,7 @@ def plot_rtt_sweep(sw: dict, rtts, hw: dict, title: str) -> dict:
     injected one), "crossover"}."""
     import matplotlib.pyplot as plt
     import pandas as pd
-    from .summary import crossover, find_run
+    from ..summary import crossover, find_run
     table = pd.DataFrame(sw["table"])
     base_rtt = find_run(sw["runs"], "sd", "ethernet", min(rtts))["summary"]["wire_ms_per_round"] - min(rtts)
     link = table[(table["placement"] == "ethernet") & (table["mode"] != "target only")].sort_values("rtt_ms", kind="stable")
@@ -177,7 +177,7 @@ def draft_card(card: dict):
     import matplotlib.pyplot as plt
     import pandas as pd
     ev = card["eval"]
-    from ..models.distill import card_rounds
+    from ...models.distill import card_rounds
     rounds = card_rounds(card)
     df = pd.DataFrame([{"round": i + 1, "start": (r.get("recipe") or {}).get("init") or
                         f"the target's first {card['layers']} layers",

@@ -1,9 +1,9 @@
 """Results JSON -> tables, plots, HTML: the notebooks' one import (`from sdeth.study import report`) and the
 command that renders them.
 
-    python -m sdeth.study.report              # run every notebooks/NN_*.ipynb with papermill, render reports/
-    python -m sdeth.study.report 00_provision # just one
-    python -m sdeth.study.report --test-copies DIR   # the notebooks with their test parameters, for nbval
+    python -m sdeth.study.pages.report              # run every notebooks/NN_*.ipynb with papermill, render reports/
+    python -m sdeth.study.pages.report 00_provision # just one
+    python -m sdeth.study.pages.report --test-copies DIR   # the notebooks with their test parameters, for nbval
 
 Each notebook writes its results JSON to reports/<name>.json through `write_results`, with a one-line `status`;
 the index links each rendered notebook and its JSON with that line. The work lives in:
@@ -26,14 +26,14 @@ from .gpu_figures import (bench_components, bench_table, draft_loop, model_check
                           kernel_profile, emulated_target_sd)
 from .index import write_index
 from .notebook_run import TEST_PARAMETERS, render, test_copies  # noqa: F401
-from .results import (NOTEBOOKS, REPORTS, bench_sd_results, caption, gpu_costs, gpu_results,  # noqa: F401
+from ..results import (NOTEBOOKS, REPORTS, bench_sd_results, caption, gpu_costs, gpu_results,  # noqa: F401
                       h200_costs, results_path, rtt_results, step_runs, vllm_study_results, write_results)
 
 show_figures_with_alt_text()      # in a notebook's kernel: every figure's caption becomes its alt text
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sdeth.study.report", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m sdeth.study.pages.report", description=__doc__.split("\n\n")[0])
     ap.add_argument("names", nargs="*", help="notebook names (default: all notebooks/NN_*.ipynb)")
     ap.add_argument("--test-copies", metavar="DIR", help="instead: write the notebooks with their test parameters "
                     "(TEST_PARAMETERS) into DIR, not executed (make test runs them under nbval)")

@@ -26,15 +26,15 @@ import time
 
 import torch
 
-from .. import hardware
+from ... import hardware
 
 VARIANTS = {"off": dict(), "watch": dict(watch=2), "cache": dict(cache="on"), "off, real logits": dict(real=True)}
 
 
 def _loop(engine, context: int, steps: int, skip: int, watch: int = 0, cache: str = "off") -> dict:
-    from ..runtime.pipeline import StreamDrafter, parse_cache
-    from ..runtime.verify import Sampling
-    from ..wire import protocol
+    from ...runtime.pipeline import StreamDrafter, parse_cache
+    from ...runtime.verify import Sampling
+    from ...wire import protocol
     fanout, depth, ranks = parse_cache(cache)
     d = StreamDrafter(engine, 0, 16, fanout, depth, ranks, watch)
     prompt = torch.randint(0, 1000, (context,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -69,8 +69,8 @@ def bench_draft_loop(models=("Qwen3-1.7B", "Qwen3-0.6B"), device: str = "cuda:0"
     """Each model shape (random bf16 weights) as a draft engine like the draft worker's (fast decoder, CUDA
     graphs, synthetic or trace-driven answer), each variant's loop timed (medians over `steps`, the first 50
     not counted: graph captures)."""
-    from ..models.presets import PAIRS, random_model
-    from ..runtime import make_engine
+    from ...models.presets import PAIRS, random_model
+    from ...runtime import make_engine
     if torch.device(device).type == "cuda":
         torch.cuda.set_device(device)
     vocab = PAIRS["random-qwen3-8b/1.7b"].vocab_size

@@ -17,10 +17,10 @@ import tempfile
 import threading
 import time
 
-from ..hardware import describe as describe_hardware
-from ..wire import protocol
-from ..wire.auth import Keys, make_keys
-from ..wire.transport import Client, Log, serve_requests
+from ...hardware import describe as describe_hardware
+from ...wire import protocol
+from ...wire.auth import Keys, make_keys
+from ...wire.transport import Client, Log, serve_requests
 
 SIZES = {"ping": protocol.Ping(0.0), "drafted-size": protocol.Ping(0.0, b"x" * 64),
          "start-4095-ids": protocol.Start("r", list(range(1000, 5095)), 4096)}
@@ -54,7 +54,7 @@ def round_trips_us(addr: str, keys, msg, n: int) -> list[float]:
 
 def bench_curve(n: int = 2000, port: int = 0) -> dict:
     """Median and p90 round trip (us) per message size, plain and CURVE, and CURVE's added cost."""
-    from ..place.testbed import free_port
+    from ...place.testbed import free_port
     rows = []
     with tempfile.TemporaryDirectory() as d:
         keys = Keys.load(make_keys(pathlib.Path(d) / "keys"))

@@ -15,7 +15,7 @@ greedy or sampled (request i's seed: 1000 x repeat + i), and reads:
                tokens, n its output tokens (p50, p99: nearest rank over the requests of all repeats);
   TTFT         first token's arrival - the request's send (p50);
   acceptance   vLLM's spec-decode counters' change over the point (scraped from /metrics before and after):
-               rate, mean acceptance length, per position, with standard errors (study.vllm_remote).
+               rate, mean acceptance length, per position, with standard errors (study.vllm.remote).
 Remote points also carry `tpot_bound_ms` (target-only's TPOT p99 + the proposer's deadline: a step waits at most
 the deadline for its drafts) and whether their TPOT p99 kept within it; the slowed and jittered ones their TPOT
 against the plain remote run's (`vs_plain`). Greedy speculative points say how many outputs equal target-only's;
@@ -39,9 +39,9 @@ import time
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 
-from .results import REPORTS
-from .vllm_remote import Endpoint, StudyError, identical, point_figures, run_point, stream_request
-from .vllm_servers import Relay, start_draft_server, start_vllm, stop
+from ..results import REPORTS
+from .remote import Endpoint, StudyError, identical, point_figures, run_point, stream_request
+from .servers import Relay, start_draft_server, start_vllm, stop
 
 CONFIGS = ("target-only", "draft-model", "remote")
 OUT = str(REPORTS / "vllm_remote_cpu.json")
@@ -119,8 +119,8 @@ def _engine(opts: StudyOptions, pair) -> tuple[dict, list, int]:
     The KV cache is sized for the most requests in flight: what one request needs (vllm_baseline.kv_cache_bytes:
     both models, max_model_len, x KV_HEADROOM) x the largest concurrency, at least 256 MiB; $SDETH_VLLM_KV_MIB,
     when set, is taken as it is."""
-    from .config import RunConfig, encode_prompts
-    from .vllm_baseline import KV_ENV, _job, engine_args
+    from ..config import RunConfig, encode_prompts
+    from .baseline import KV_ENV, _job, engine_args
     cfg = RunConfig(pair=opts.pair, engine="vllm", mode="sd", k=opts.k, prompts=opts.prompts,
                     max_tokens=opts.max_tokens, max_len=opts.max_len).check()
     engine = engine_args(_job(cfg, pair))
@@ -205,8 +205,8 @@ def deadline_bound(opts: StudyOptions, target_only: dict) -> float:
 
 def _run_config(opts, config, engine, prompts, eos, res, save, progress, logs: Path) -> None:
     """Start one configuration's servers, measure its points, stop them."""
-    from ..place.testbed import free_port
-    from ..wire import vllm_proposer as VP
+    from ...place.testbed import free_port
+    from ...wire import vllm_proposer as VP
     eng, env, procs, relay = dict(engine), dict(os.environ), [], None
     spec = eng.pop("speculative_config")
     try:
@@ -252,7 +252,7 @@ def _results(opts: StudyOptions, pair, engine: dict, prompts: list) -> dict:
     """The results' record before any point: what ran where, with which settings. With --target-url the settings
     of servers this harness starts (the proposer's deadline, the draft server's faults, the KV cache) are left
     out: the endpoint's own are not known here."""
-    from .. import hardware
+    from ... import hardware
     settings = {**asdict(opts), "prompt_count": len(prompts), "seeds": "1000 x repeat + request"}
     settings.pop("logs")
     if opts.target_url:
@@ -290,8 +290,8 @@ def _run_endpoint(opts: StudyOptions, prompts, eos, res, save, progress) -> None
 
 def run_study(opts: StudyOptions, progress=lambda line: print(line, flush=True)) -> dict:
     """The study's results (also written to opts.json after every configuration)."""
-    from ..models.presets import load_pair
-    from .config import save as save_json
+    from ...models.presets import load_pair
+    from ..config import save as save_json
     opts.check()
     pair = load_pair(opts.pair, roles=())
     engine, prompts, eos = _engine(opts, pair)

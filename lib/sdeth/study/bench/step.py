@@ -24,8 +24,8 @@ from functools import partial
 
 import torch
 
-from .. import hardware
-from ..runtime.engine import Engine
+from ... import hardware
+from ...runtime.engine import Engine
 from .kernelprof import kernel_profile
 
 # a lever measured alone: its FastOptions on top of the base scope (and, for 'capacity', a cache
@@ -221,7 +221,7 @@ def bench_step(models=("Qwen3-1.7B", "Qwen3-0.6B", "Qwen3-8B"), device: str = "c
     1, 2, 4, 8); the whole-model compile beside the base for the models named in model_scope_for.
     Drafts get every lever; a target (Qwen3-8B) only the exact ones. Stops starting new rows after
     budget_s; whatever was measured is kept."""
-    from ..models.presets import random_model
+    from ...models.presets import random_model
     cuda = torch.device(device).type == "cuda"
     if cuda:
         torch.cuda.set_device(device)
@@ -450,8 +450,8 @@ def kernel_rows(model, name: str, lever: str, rows: int, context: int, compile_m
                 profile: bool) -> tuple[dict, torch.Tensor]:
     """`rows` independent sequences (row_lengths) in one BatchDecoder step with kernels=lever: step and replay ms,
     kernels a step, the floor (weights and every row's cache) and graph = eager. Returns (row, logits [rows, V])."""
-    from ..runtime.batchmodel import BatchDecoder
-    from ..runtime.fastmodel import FastDecoder
+    from ...runtime.batchmodel import BatchDecoder
+    from ...runtime.fastmodel import FastDecoder
     dec = BatchDecoder(FastDecoder(model, 8, f"kernels={lever}"), rows, context + 64, compile_mode=compile_mode or None)
     lengths = row_lengths(rows, context)
     g = torch.Generator().manual_seed(0)
@@ -488,7 +488,7 @@ def bench_kernels(models=("Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-8B"), device: str =
     `rows` independent rows at each of row_contexts; per lever its step, replay, kernels a step, floor, gain over
     'torch', graph = eager and its logits against 'torch' (max abs diff, argmax agreement). Stops starting new
     measurements after budget_s; whatever was measured is kept."""
-    from ..runtime.randomweights import fused_random
+    from ...runtime.randomweights import fused_random
     cuda = torch.device(device).type == "cuda"
     if cuda:
         torch.cuda.set_device(device)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import functools
 
-from .results import caption, gpu_results, kernel_runs, step_runs
+from ..results import caption, gpu_results, kernel_runs, step_runs
 
 
 @functools.lru_cache(maxsize=1)
 def _rechecked() -> tuple:
-    """Every SD measurement on two GPUs predicted by the current model (study.modelcheck), computed once."""
-    from . import modelcheck
+    """Every SD measurement on two GPUs predicted by the current model (study.predict.modelcheck), computed once."""
+    from ..predict import modelcheck
     return tuple(modelcheck.recheck(gpu_results(), modes=None))
 
 
@@ -126,7 +126,7 @@ def plot_gpu_rtt(sweeps: dict[str, dict]):
         ax.legend(fontsize=8)
     b = next(iter(sweeps.values()))
     fig.text(0.01, -0.04, caption(b["hardware"], f"measured timing, {b['acceptance_kind']} acceptance; dashed: the current "
-                                  "event model for the pipelined modes (study.modelcheck), from each run's own components"),
+                                  "event model for the pipelined modes (study.predict.modelcheck), from each run's own components"),
              fontsize=8)
     plt.show()
     return pd.DataFrame([{"run": n, **{f"{m} break-even ms (interpolated)": "never" if v is None else v
@@ -140,7 +140,7 @@ CHECK_GROUPS = ((("bench_cache", "bench_rtt"), "bench_cache_*, bench_rtt_* (the 
 
 
 def model_check():
-    """The current event model against every pipelined measurement on two GPUs (study.modelcheck), one row each,
+    """The current event model against every pipelined measurement on two GPUs (study.predict.modelcheck), one row each,
     with the prediction stored with the run beside it. Returns (the rows the model is valid for, lines): the
     largest error over those rows, the same per group of runs with their dates, and each row left out with why."""
     import pandas as pd
@@ -167,7 +167,7 @@ def model_check():
 
 
 def draft_loop() -> "object":
-    """The pipelined draft's loop, phase by phase (reports/gpu/draft_loop*.json; study.draftloop): before and after
+    """The pipelined draft's loop, phase by phase (reports/gpu/draft_loop*.json; study.bench.draftloop): before and after
     the host work was cut, one row per model and variant."""
     import pandas as pd
     rows = []
@@ -186,7 +186,7 @@ def step_levers():
     """The draft-step levers (reports/gpu/bench_step*.json) as a table: each model and lever, the step
     (median over runs), the gain against the same run's base, the bytes floor, compile seconds."""
     import pandas as pd
-    from . import stepbench
+    from ..bench import step as stepbench
     res = step_runs()
     if not res:
         return "no step benchmark in reports/gpu (python -m sdeth bench step on a GPU host)"
@@ -205,7 +205,7 @@ def step_levers():
 def step_goals():
     """The step goals (ms, batch 1, 512-token context) against the best measured lever set of each model."""
     import pandas as pd
-    from . import stepbench
+    from ..bench import step as stepbench
     res = step_runs()
     if not res:
         return "no step benchmark in reports/gpu"
@@ -287,7 +287,7 @@ def kernel_profile():
 def _emulated_row(g: dict) -> dict:
     """What one bench_emulated_target_*.json says of its setting: the draft (model, kernels, GPU) and the target's
     times (source hardware, time field, whether the host's argmax was taken off its pace)."""
-    from ..runtime.fastmodel import FastOptions
+    from ...runtime.fastmodel import FastOptions
     c, te = g["config"], g.get("target_emulation") or {}
     resolved = next((r.get("config", {}).get("pair_resolved") for r in (g.get("runs") or {}).values()), None) or {}
     draft = (c.get("draft") or resolved.get("draft") or c["pair"]).removeprefix("random:")

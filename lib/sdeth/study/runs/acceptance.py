@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..runtime.verify import Sampling, probs
+from ...runtime.verify import Sampling, probs
 
 
 @dataclass
@@ -73,8 +73,8 @@ def expected_alpha(target, draft, seqs: list[Sequence], s: Sampling) -> dict:
 def continuations(target, prompts: list[tuple[str, list[int]]], max_new: int, s: Sampling, eos: int | None,
                   seed: int = 0) -> list[Sequence]:
     """The target's own continuations of each prompt, at the run's sampling settings."""
-    from ..runtime.engine import Engine
-    from ..runtime.loop import generate_target_only
+    from ...runtime.engine import Engine
+    from ...runtime.loop import generate_target_only
     eng = Engine(target, "target")
     gen = torch.Generator(device=eng.device).manual_seed(seed)
     out = []
@@ -108,7 +108,7 @@ QWEN3_SAMPLING = {"thinking": Sampling(0.6, top_p=0.95, top_k=20), "non-thinking
 
 
 def _draft_step_ms(model, context: int = 128, reps: int = 7) -> float:
-    from ..runtime.engine import Engine, median_forward_s, prefill
+    from ...runtime.engine import Engine, median_forward_s, prefill
     eng = Engine(model, "draft")
     eng.start(context + 2)
     prefill(eng, list(range(100, 100 + context)))
@@ -119,7 +119,7 @@ class _FactorStudy:
     """factor_table's state: the pair, the prompts, the baseline's continuations and the rows so far."""
 
     def __init__(self, pair, prompt_spec: str, max_new: int, k: int, progress) -> None:
-        from ..models import prompts as P
+        from ...models import prompts as P
         self.pair, self.max_new, self.k, self.progress = pair, max_new, k, progress
         self.eos = pair.tokenizer.eos_token_id
         self.plist = P.load(prompt_spec)
@@ -128,7 +128,7 @@ class _FactorStudy:
         self.base_seqs: list[Sequence] = []                # the baseline's continuations (baseline())
 
     def encode(self, chat: bool, thinking: bool | None = None) -> list[tuple[str, list[int]]]:
-        from ..models import prompts as P
+        from ...models import prompts as P
         return [(p.id, P.encode(p, self.pair.tokenizer, chat=chat, thinking=thinking)) for p in self.plist]
 
     def continue_(self, ids, s: Sampling = _GREEDY, seed: int = 0) -> list[Sequence]:
@@ -144,7 +144,7 @@ class _FactorStudy:
                  expected_alpha(pair.target, pair.draft, self.base_seqs, _GREEDY), draft_step_ms=_draft_step_ms(pair.draft))
 
     def row(self, factor: str, setting: str, a: dict, note: str = "", draft_step_ms=None) -> dict:
-        from .. import metrics
+        from ... import metrics
         k = self.k
         r = {"factor": factor, "setting": setting, "alpha": a["alpha"], "se": a["se"], "positions": a["positions"],
              f"vLLM rate at k={k}": metrics.rate_from_alpha(a["alpha"], k),
@@ -202,7 +202,7 @@ class _FactorStudy:
 
     def pairing(self) -> None:
         """Draft size and training: the target's first layers untrained, and the target itself."""
-        from ..models.distill import make_draft
+        from ...models.distill import make_draft
         pair, base = self.pair, self.base_seqs
         n_d = pair.draft.config.num_hidden_layers
         for n in sorted({max(1, n_d // 2), n_d}):
@@ -262,8 +262,8 @@ def record_trace(pair, prompt_spec: str = "sharegpt:64", max_new: int = 128, pro
     """An acceptance trace of a real pair (greedy, chat template) on held-out prompts: what
     runtime.synthetic.AcceptanceTrace replays on other model shapes (trace-driven timing)."""
     import time
-    from .. import hardware
-    from ..models import prompts as P
+    from ... import hardware
+    from ...models import prompts as P
     tok = pair.tokenizer
     ids = [(p.id, P.encode(p, tok, chat=True)) for p in P.load(prompt_spec)]
     seqs = continuations(pair.target, ids, max_new, Sampling(), tok.eos_token_id)
@@ -283,7 +283,7 @@ def token_ranking(pair, prompt_spec: str = "sharegpt-train:512:0", max_new: int 
     """The target's output tokens ranked by how often its own greedy completions of training-split prompts
     use them (ties and unseen ids by id): what a pruned draft output layer keeps (FastOptions.head_rank)."""
     from collections import Counter
-    from ..models.distill import build_seqs
+    from ...models.distill import build_seqs
     seqs = build_seqs(pair.target, pair.tokenizer, prompt_spec, max_new, batch, "cpu")
     counts = Counter(t for ids, n in seqs for t in ids[n:])
     vocab = pair.vocab_size
@@ -299,7 +299,7 @@ def fast_draft_agreement(draft, seqs, fast: str = "", dtype=None) -> dict:
     (runtime.fastmodel.FastOptions) and in `dtype`, on (ids, prompt length) sequences whose continuations
     are the target's greedy tokens: P(draft argmax == the target's token)."""
     import copy
-    from ..runtime.engine import Engine
+    from ...runtime.engine import Engine
     model = draft if dtype is None else copy.deepcopy(draft).to(dtype)
     eng = Engine(model, "draft", impl="fast", fast=fast or None)
     hits = n = 0
@@ -322,8 +322,8 @@ def draft_variants(pair, rank_file: str, prompt_spec: str = "sharegpt:256:1000",
     output layer pruned to the `heads` most frequent target tokens. A draft's numerics change alpha,
     never the output (the target verifies)."""
     import time
-    from .. import hardware
-    from ..models.distill import build_seqs
+    from ... import hardware
+    from ...models.distill import build_seqs
     seqs = build_seqs(pair.target, pair.tokenizer, prompt_spec, max_new, 32, "cpu")
     variants = [("fp32 (as loaded)", "", None), ("bf16", "", torch.bfloat16), ("fp16", "", torch.float16),
                 ("int8 weights (weight-only, per row)", "weights=int8", None),
@@ -356,7 +356,7 @@ def factor_alpha(rows: list[dict], factor: str, contains: str) -> float | None:
 def recommend_k(costs: dict, k_max: int = 8) -> dict:
     """For each of the user's drafts (name -> costmodel.Costs measured on a GPU), its alpha (from the
     user's rate at k=5), the k the cost model picks and the speedups it predicts there and at k=5."""
-    from .. import costmodel, metrics
+    from ... import costmodel, metrics
     out = {}
     for name, c in costs.items():
         a = metrics.user_alpha(name)
@@ -368,7 +368,7 @@ def recommend_k(costs: dict, k_max: int = 8) -> dict:
 
 def m1_answer(rows: list[dict], pair_name: str, hw_label: str, draft_layers: int) -> str:
     """M1's answer in prose, every number from the factor table and the user's rates."""
-    from .. import metrics
+    from ... import metrics
     a0 = float(rows[0]["alpha"])
     temp = [r for r in rows if r["factor"] == "temperature" and r.get("alpha") is not None]
     best_temp = max(temp, key=lambda r: r["alpha"]) if temp else None
@@ -400,9 +400,9 @@ def chains_for(target, draft, prompts: list[tuple[str, list[int]]], max_new: int
                eos: int | None = None) -> dict:
     """For each prompt: the target's greedy output t (max_new tokens) and, from every prefix t[:p], the
     draft's own greedy continuation of `depth` tokens: what runtime.emulated.EmulatedEngine replays."""
-    from ..runtime.engine import Engine
-    from ..runtime.loop import generate_target_only
-    from ..runtime.synthetic import prompt_key
+    from ...runtime.engine import Engine
+    from ...runtime.loop import generate_target_only
+    from ...runtime.synthetic import prompt_key
     t_eng, d_eng = Engine(target, "target"), Engine(draft, "draft")
     seqs = []
     for pid, ids in prompts:
@@ -427,8 +427,8 @@ def chains_for(target, draft, prompts: list[tuple[str, list[int]]], max_new: int
 def record_chains(pair, prompt_spec: str, max_new: int, depth: int = 17, chat: bool = True) -> dict:
     """chains_for on a pair's prompts (as RunConfig encodes them), with what it ran on."""
     import time
-    from .. import hardware
-    from ..models import prompts as P
+    from ... import hardware
+    from ...models import prompts as P
     tok = pair.tokenizer
     ids = [(p.id, P.encode(p, tok, chat=chat)) for p in P.load(prompt_spec)]
     doc = chains_for(pair.target, pair.draft, ids, max_new, depth, tok.eos_token_id)

@@ -27,8 +27,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..metrics import percentile  # noqa: F401  (nearest rank; the tests read it here too)
-from .vllm_baseline import SPEC_COUNTERS, scrape_spec_counters
+from ...metrics import percentile  # noqa: F401  (nearest rank; the tests read it here too)
+from .baseline import SPEC_COUNTERS, scrape_spec_counters
 
 
 class StudyError(RuntimeError):

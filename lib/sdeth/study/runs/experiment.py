@@ -11,26 +11,26 @@ from dataclasses import asdict
 
 import torch
 
-from .. import costmodel, hardware
-from ..runtime.engine import Engine, median_forward_s, prefill
-from ..runtime.loop import Drafter, generate_sd, generate_target_only
-from ..runtime import make_engine
-from .config import SCHEMA, ConfigError, RunConfig, encode_prompts, save  # noqa: F401  (the study's API)
-from .summary import model_curves, summarize, sweep_table  # noqa: F401
+from ... import costmodel, hardware
+from ...runtime.engine import Engine, median_forward_s, prefill
+from ...runtime.loop import Drafter, generate_sd, generate_target_only
+from ...runtime import make_engine
+from ..config import SCHEMA, ConfigError, RunConfig, encode_prompts, save  # noqa: F401  (the study's API)
+from ..summary import model_curves, summarize, sweep_table  # noqa: F401
 
 
 def run(cfg: RunConfig, pair=None, progress: bool = True, on_testbed=None) -> dict:
     """Run every prompt of cfg.prompts through cfg.mode; returns the results dict. on_testbed: a
     running Testbed to use for placement 'ethernet' (its delay must be cfg.rtt_ms; see sweep())."""
     from tqdm.auto import tqdm
-    from ..models.presets import load_pair
+    from ...models.presets import load_pair
     cfg = cfg.check()
     pair = pair or load_pair(cfg.pair, cfg.target, cfg.draft, device=cfg.device)
     if cfg.engine == "vllm":
-        from .vllm_baseline import run_vllm
+        from ..vllm.baseline import run_vllm
         return run_vllm(cfg, pair)
     if cfg.engine == "vllm-server":
-        from .vllm_baseline import run_vllm_server
+        from ..vllm.baseline import run_vllm_server
         return run_vllm_server(cfg, pair)
     s = cfg.sampling()
     torch.manual_seed(cfg.seed)
@@ -65,7 +65,7 @@ def run(cfg: RunConfig, pair=None, progress: bool = True, on_testbed=None) -> di
 
 def testbed_for(cfg: RunConfig, **testbed_kw):
     """A two-node testbed whose workers run cfg's pair, devices and engine options (not started yet)."""
-    from ..place.testbed import Testbed
+    from ...place.testbed import Testbed
     kw = dict(up_ms=cfg.rtt_ms / 2, down_ms=cfg.rtt_ms / 2, netns=cfg.netns, device=cfg.device,
               draft_device=cfg.draft_device, target=cfg.target, draft=cfg.draft, worker_config=cfg.worker_config())
     return Testbed(cfg.pair, **{**kw, **testbed_kw})
@@ -76,9 +76,9 @@ def run_requests(cfg: RunConfig, prompts, testbed=None, **testbed_kw) -> tuple[l
     cfg.seed + i; the testbed is started here and torn down after, unless a running one is passed in.
     Returns (request records, the testbed's description)."""
     from contextlib import nullcontext
-    from ..wire import protocol
-    from ..wire.auth import Keys
-    from ..wire.transport import Client
+    from ...wire import protocol
+    from ...wire.auth import Keys
+    from ...wire.transport import Client
     reqs = []
     with nullcontext(testbed) if testbed is not None else testbed_for(cfg, **testbed_kw) as tb:
         # a request's whole decode; SDETH_CLIENT_TIMEOUT (seconds) overrides it, e.g. to see a stall sooner
@@ -106,8 +106,8 @@ def run_requests(cfg: RunConfig, prompts, testbed=None, **testbed_kw) -> tuple[l
 def _await_reply(client, tb, pid: str):
     """The target worker's reply to request pid, watching its process meanwhile: if it exits, a clear error
     naming it and its exit status (and its log's tail) at once, not a timeout."""
-    from ..place.testbed import TestbedError
-    from ..wire.transport import PeerGone
+    from ...place.testbed import TestbedError
+    from ...wire.transport import PeerGone
     t_end = time.time() + client.timeout_s
     while time.time() < t_end:
         try:
@@ -148,7 +148,7 @@ SWEEP_RTTS = (0.0, 0.2, 1.0, 5.0, 20.0)
 
 def first_prompt(spec: str) -> str:
     """A prompt spec's set and seed with one prompt ('sharegpt:8:3' -> 'sharegpt:1:3'): a warm-up request."""
-    from ..models import prompts as P
+    from ...models import prompts as P
     if str(spec).startswith("random:"):
         _, length, seed = P.random_spec(spec)
         return f"random:1:{length}:{seed}"
@@ -162,7 +162,7 @@ def sweep(cfg: RunConfig, rtts=SWEEP_RTTS, pair=None, progress: bool = True) -> 
     link modes) and sync SD and pipelined SD over the link at each injected round trip. Returns
     {"runs": [results dicts], "table": rows with measured and predicted speedups}."""
     from dataclasses import replace
-    from ..models.presets import load_pair
+    from ...models.presets import load_pair
     cfg = cfg.check()
     pair = pair or load_pair(cfg.pair, cfg.target, cfg.draft, device=cfg.device)
     # not timed: a process's first requests pay one-time costs (allocations, kernels chosen for new shapes), which
@@ -189,8 +189,8 @@ def provision(placement: str, pair: str, device: str = "cpu", namespace: str = "
     (the GPU workloads scaled to zero on leaving, also on error), placed by the `ethernet-curve` overlay: CURVE
     on the link and NetworkPolicies, its keys from keys_dir (`python -m sdeth keys DIR`; "": a new key directory
     under the cache, named in the result). Returns {"nodes", "link_kind", "link"} (and "keys_dir" on k8s)."""
-    from ..place import cluster, netprobe
-    from ..place.testbed import LINK_SCENARIOS, Testbed, probe_link
+    from ...place import cluster, netprobe
+    from ...place.testbed import LINK_SCENARIOS, Testbed, probe_link
     if placement == "local":
         with Testbed(pair, netns=None, device=device) as tb:
             d = tb.describe()
@@ -214,8 +214,8 @@ def provision(placement: str, pair: str, device: str = "cpu", namespace: str = "
 def _new_keys(namespace: str):
     """A fresh CURVE key directory for one deployment, under the cache (its secrets readable by this user only)."""
     import tempfile
-    from ..paths import cache_dir
-    from ..wire.auth import make_keys
+    from ...paths import cache_dir
+    from ...wire.auth import make_keys
     parent = cache_dir() / "keys"
     parent.mkdir(parents=True, exist_ok=True)
     return make_keys(tempfile.mkdtemp(prefix=f"{namespace}-", dir=parent))

@@ -3,7 +3,7 @@
     python -m sdeth run --engine vllm --mode sd --k 3 --prompts sharegpt:8 --json out.json
 
 vLLM's offline engine starts worker processes and must run under `if __name__ == "__main__"`, so
-`run_vllm` starts this module as a subprocess (`python -m sdeth.study.vllm_baseline CONFIG.json OUT.json`).
+`run_vllm` starts this module as a subprocess (`python -m sdeth.study.vllm.baseline CONFIG.json OUT.json`).
 Prompts are encoded by sdeth (same chat template, same token ids) and given to vLLM as token ids, one
 request at a time (batch 1, like sdeth's runner). Acceptance comes from vLLM's own counters
 (`vllm:spec_decode_num_drafts`, `..._num_draft_tokens`, `..._num_accepted_tokens`,
@@ -86,21 +86,21 @@ SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_toke
 
 def run_vllm(cfg, pair=None, timeout_s: float = 1800) -> dict:
     """Run cfg (an experiment.RunConfig with engine 'vllm') in a vLLM subprocess; the results dict."""
-    from .config import encode_prompts
-    from ..models.presets import load_pair
+    from ..config import encode_prompts
+    from ...models.presets import load_pair
     pair = pair or load_pair(cfg.pair, cfg.target, cfg.draft, device=cfg.device)
     job = _job(cfg, pair)
     job["prompts"] = encode_prompts(cfg, pair.tokenizer)
     with tempfile.TemporaryDirectory(prefix="sdeth-vllm-") as tmp:
         cfg_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
         cfg_path.write_text(json.dumps(job))
-        p = subprocess.run([sys.executable, "-m", "sdeth.study.vllm_baseline", str(cfg_path), str(out_path)],
+        p = subprocess.run([sys.executable, "-m", "sdeth.study.vllm.baseline", str(cfg_path), str(out_path)],
                            capture_output=True, text=True, timeout=timeout_s, cwd=tmp)
         if p.returncode or not out_path.exists():
             tail = "\n".join((p.stdout + p.stderr).splitlines()[-25:])
             raise start_error(p.returncode, tail, engine_args(job)["kv_cache_memory_bytes"])
         res = json.loads(out_path.read_text())
-    from .. import hardware
+    from ... import hardware
     res["config"]["pair_resolved"] = pair.describe()
     res["hardware"] = hardware.describe(cfg.device)
     return res
@@ -108,7 +108,7 @@ def run_vllm(cfg, pair=None, timeout_s: float = 1800) -> dict:
 
 def _job(cfg, pair) -> dict:
     """What the vLLM runner needs from sdeth: the config, model directories and their configs."""
-    from ..models.presets import model_dir
+    from ...models.presets import model_dir
     tdir, ddir = model_dir(pair.config.target), model_dir(pair.config.draft)
     return {"config": asdict(cfg), "target_dir": tdir, "draft_dir": ddir, "dtype": pair.config.dtype,
             "target_config": json.loads((Path(tdir) / "config.json").read_text()),
@@ -136,7 +136,7 @@ def _delta(after: dict, before: dict, k: int) -> tuple[int, int, int, list[int]]
 
 def _summary(reqs: list[dict], mode: str, k: int, engine: str, start_s: float) -> dict:
     """The run summary both vLLM paths write: timing and vLLM's acceptance figures from its counters."""
-    from .. import metrics
+    from ... import metrics
     sd = mode == "sd"
     return {"mode": mode, "k": k if sd else None, "placement": "colocated", "engine": engine,
             "engine_start_s": start_s, **metrics.timing(reqs),
@@ -223,10 +223,10 @@ def run_vllm_server(cfg, pair=None, port: int = 0, start_timeout_s: float = 600)
     """cfg through vLLM's OpenAI-compatible server, as on the cluster: `python -m vllm.entrypoints.openai.
     api_server` in a subprocess, one streamed /v1/completions request at a time (token ids in, token ids
     out), the spec-decode counters scraped from its Prometheus /metrics before and after each request."""
-    from .. import hardware
-    from .config import encode_prompts
-    from ..models.presets import load_pair
-    from ..place.testbed import free_port
+    from ... import hardware
+    from ..config import encode_prompts
+    from ...models.presets import load_pair
+    from ...place.testbed import free_port
     pair = pair or load_pair(cfg.pair, cfg.target, cfg.draft, device=cfg.device)
     port = port or free_port()
     base = f"http://127.0.0.1:{port}"

@@ -1,6 +1,6 @@
 """Where a step's device time goes: the kernels of a captured CUDA graph's replays (torch.profiler), grouped by
 name and by family (the fused GEMV or attention, cuBLAS's GEMMs, torch's attention, norms, elementwise, sampling,
-copies). Used by `bench step` (study.stepbench), the big-target study and scripts/gpu_step_profile.py.
+copies). Used by `bench step` (study.bench.step), the big-target study and scripts/gpu_step_profile.py.
 """
 from __future__ import annotations
 

@@ -22,11 +22,11 @@ from dataclasses import fields
 
 from pathlib import Path
 
-from .. import costmodel
-from ..paths import REPO
-from ..runtime.pipeline import parse_cache
-from .config import RunConfig
-from .summary import draft_period, rank_shares, summarize
+from ... import costmodel
+from ...paths import REPO
+from ...runtime.pipeline import parse_cache
+from ..config import RunConfig
+from ..summary import draft_period, rank_shares, summarize
 
 
 def _config(d: dict) -> RunConfig:

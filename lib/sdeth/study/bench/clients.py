@@ -12,16 +12,16 @@ import statistics
 import threading
 import time
 
-from .. import hardware
-from ..place.testbed import free_port
-from ..runtime import make_engine
-from ..runtime.loop import generate_sd, generate_target_only
-from ..runtime.verify import Sampling
-from ..wire import protocol
-from ..wire.draft_client import DraftServerClient, ServerDraft
-from ..wire.draft_server import DraftServer, DraftServerConfig, pair_server
-from ..wire.transport import Log
-from .config import RunConfig, encode_prompts
+from ... import hardware
+from ...place.testbed import free_port
+from ...runtime import make_engine
+from ...runtime.loop import generate_sd, generate_target_only
+from ...runtime.verify import Sampling
+from ...wire import protocol
+from ...wire.draft_client import DraftServerClient, ServerDraft
+from ...wire.draft_server import DraftServer, DraftServerConfig, pair_server
+from ...wire.transport import Log
+from ..config import RunConfig, encode_prompts
 
 
 class KeptLog(Log):
@@ -116,7 +116,7 @@ def client_table(run: dict):
 def bench_runs() -> dict[str, dict]:
     """The `bench streams` results of reports/gpu (bench_streams_*.json), by file stem; a call that stopped part
     way (a name with 'partial') and one a later call superseded (its JSON says why) are left out."""
-    from .results import gpu_results
+    from ..results import gpu_results
     return {n: g for n, g in gpu_results().items()
             if g.get("bench") == "streams" and "partial" not in n and "superseded" not in g}
 
@@ -124,7 +124,7 @@ def bench_runs() -> dict[str, dict]:
 def tables_of(run: dict):
     """pareto.Tables from one `bench streams` call: t(B) and t_v(B, k) of the target (graph replays), the
     draft's batch step at the run's context; rtt: the loopback network share the remote points measured."""
-    from . import pareto
+    from ..predict import pareto
     pts = run["target"]["points"]
     draft = run["settings"]["drafts"][0]
     part = next(p for p in run["draft_step"] if p.get("draft") == draft and "points" in p)
@@ -149,7 +149,7 @@ def pareto_rows(run: dict, alpha: float) -> list[dict]:
     """Every point of one call on the Pareto axes: replicas (measured t(B)), colocated SD, remote shared SD with
     sync rounds and with pipelined streams (emulated targets against the real draft server), all measured; and
     EAGLE-3 (modelled from the measured t(B): pareto.eagle_points)."""
-    from . import pareto
+    from ..predict import pareto
     t = tables_of(run)
     hw = run["hardware"].get("label", "one GPU")
     rows = [dict(r, label=f"target-only replicas (measured t(B), {hw})") for r in pareto.replica_points(t)]
@@ -216,7 +216,7 @@ def model_check(run: dict, alpha: float, rounds: int = 600) -> "object":
     """Each measured remote point beside the event model's prediction from the same call's measured steps (sync
     rounds: pareto.simulate_shared; pipelined streams: pareto.pipelined_round), and whether it is within 15%."""
     import pandas as pd
-    from . import pareto
+    from ..predict import pareto
     t = tables_of(run)
     rows = []
     for p in (p for p in run.get("remote", {}).get("points", []) if "tpot_ms" in p):
@@ -241,7 +241,7 @@ def model_check(run: dict, alpha: float, rounds: int = 600) -> "object":
 def answer(runs: dict, alpha: float) -> dict:
     """pareto.answer for each call (its own measured t(1) as the reference), with the call's compile setting and
     the pipelined streams' drafts on offer per target step (mean over its points)."""
-    from . import pareto
+    from ..predict import pareto
     out = {}
     for name, run in runs.items():
         rows = pareto_rows(run, alpha)
@@ -357,7 +357,7 @@ def goal_lines(runs: dict, worker: dict | None = None) -> list[str]:
 def worker_speedups() -> dict[str, float]:
     """The draft worker's pipelined speedup (`bench sd --emulate-target`) measured in each server call, by that
     call's stem (reports/gpu/bench_sd_emulated_worker_<call>.json)."""
-    from .results import gpu_results
+    from ..results import gpu_results
     out = {}
     for n, g in gpu_results().items():
         if n.startswith("bench_sd_emulated_worker_"):
@@ -381,7 +381,7 @@ def per_cost(rows: list[dict], draft_price: float = 1.0) -> list[dict]:
 def cost_table(run: dict, alpha: float, budgets_ms=(5.0, 6.0, 8.0, 12.0), prices=(1.0, 0.5)):
     """The most tokens/s per unit of GPU price at TPOT <= each budget, per kind, for each draft-GPU price ratio."""
     import pandas as pd
-    from . import pareto
+    from ..predict import pareto
     rows = pareto_rows(run, alpha)
     out = []
     for price in prices:

@@ -21,8 +21,8 @@ from dataclasses import replace
 
 import psutil
 
-from ..place.testbed import LinkFaults
-from .config import RunConfig, encode_prompts
+from ...place.testbed import LinkFaults
+from ..config import RunConfig, encode_prompts
 from .experiment import run, run_requests, testbed_for
 
 FAULTS = ("none", "draft restarted", "jitter", "stalls", "resets", "cut")
@@ -116,7 +116,7 @@ def soak(requests: int = 2000, batch: int = 25, warmup: int = 100, seed: int = 0
          pair=None, progress=print, clients: int = 1) -> dict:
     """Run `requests` short requests in batches; each batch meets one fault (or none), drawn at random. clients: the
     target workers and their controllers, all at once (module docstring)."""
-    from ..models.presets import load_pair
+    from ...models.presets import load_pair
     if clients < 1:
         raise ValueError(f"clients={clients}: give 1 (a draft worker and a target) or more (a draft server and that "
                          f"many targets)")

@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from .results import NOTEBOOKS, REPORTS, results_path
+from ..results import NOTEBOOKS, REPORTS, results_path
 
 
 # The kernel of a rendered notebook inherits these: no progress bars (tqdm, Hugging Face), and no warning that a
@@ -73,7 +73,7 @@ def to_html(nb) -> str:
     """A executed notebook as the report shows it: its first heading as the page's title, the code cells hidden
     (they stay in the notebook), alt text on every figure, and each glossary term's first use linked."""
     from nbconvert import HTMLExporter
-    from .status.glossary import link_first_use
+    from ..status.glossary import link_first_use
     alts = add_alt_text(nb)
     exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title_of(nb)}})

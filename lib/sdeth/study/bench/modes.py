@@ -16,11 +16,11 @@ import statistics
 import time
 from dataclasses import asdict, replace
 
-from .. import hardware, metrics
-from ..runtime.pipeline import CACHE_DEFAULT
-from .config import RunConfig
-from .experiment import run, testbed_for
-from .summary import identical_outputs
+from ... import hardware, metrics
+from ...runtime.pipeline import CACHE_DEFAULT
+from ..config import RunConfig
+from ..runs.experiment import run, testbed_for
+from ..summary import identical_outputs
 
 # name -> the RunConfig fields that make the mode (k: the run's k; k_max: the most, where k adapts)
 MODES = {
@@ -85,7 +85,7 @@ def emulation_record(emulated, vocab: int) -> dict:
     """The emulated target's description, with the host's argmax time per width over the pair's `vocab` columns as
     the bench process times it (host_argmax_ms_bench_process: the colocated mode's target runs here; each target
     worker times its own, on its host, and takes that off its pace)."""
-    from ..runtime.emulated import host_argmax_s, ms_by_width
+    from ...runtime.emulated import host_argmax_s, ms_by_width
     return {**emulated.describe(),
             "host_argmax_ms_bench_process": ms_by_width(host_argmax_s(vocab, emulated.max_width))}
 
@@ -94,7 +94,7 @@ def bench_sd(base: RunConfig, modes=tuple(MODES), k_max: int = 8, warmup_tokens:
              progress: bool = False) -> dict:
     """Run each mode on base's requests (ethernet modes on one testbed, colocated in this process) and
     compare them. base: pair, devices, engine options, prompts (e.g. random:16:512), max_tokens, k."""
-    from ..models.presets import load_pair
+    from ...models.presets import load_pair
     base = base.check()
     if "target-only" not in modes:
         modes = ("target-only", *modes)
@@ -141,9 +141,9 @@ def colocated_device(cfg: RunConfig) -> str:
 def probe_rtt_ms(addr: str, n: int = 30) -> float:
     """The link's round trip as the link probe sees it: the median of n bare Ping/Pong exchanges with the draft
     worker through the same path the target uses (the delay relay included)."""
-    from ..wire import protocol
-    from ..wire.auth import Keys
-    from ..wire.transport import Client
+    from ...wire import protocol
+    from ...wire.auth import Keys
+    from ...wire.transport import Client
     client = Client(addr, timeout_s=2.0, keys=Keys.from_env())
     try:
         rtts = []
@@ -166,7 +166,7 @@ def bench_rtt(base: RunConfig, rtts=RTT_SWEEP, modes=("sync", "pipelined", "cach
     (the relay's own cost included), each mode's speedup over target-only with its interval, and the cost
     model's; `break_even` is each mode's largest round trip that still beats target-only (measured, by the
     probe's round trip, interpolated between points)."""
-    from ..models.presets import load_pair
+    from ...models.presets import load_pair
     base = base.check()
     pair = pair or load_pair(base.pair, base.target, base.draft, device=base.device, roles=())
     length = base.prompt_spec.length or 64       # random:N:LEN: the prompts' own length
@@ -216,7 +216,7 @@ def break_even(points: list[dict], modes) -> dict:
 
 def acceptance_label(cfg: RunConfig) -> str:
     if cfg.acceptance_kind == "trace-driven":
-        from ..runtime.synthetic import AcceptanceTrace
+        from ...runtime.synthetic import AcceptanceTrace
         tr = AcceptanceTrace.load(cfg.synthetic_trace, cfg.synthetic_alpha)
         return (f"trace-driven: random weights, the draft replays the acceptance trace of {tr.source} "
                 f"(alpha {tr.alpha0:.3f} recorded" + (f", scaled to {tr.alpha:.3f})" if cfg.synthetic_alpha is not None

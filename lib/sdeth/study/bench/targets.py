@@ -28,11 +28,11 @@ from pathlib import Path
 
 import torch
 
-from .. import hardware
-from ..models.presets import shape
-from ..runtime.engine import Engine
-from ..runtime.randomweights import fused_random
-from .stepbench import copy_bandwidth, decode_run_ms, kernel_profile, timed_ms, timed_replays
+from ... import hardware
+from ...models.presets import shape
+from ...runtime.engine import Engine
+from ...runtime.randomweights import fused_random
+from .step import copy_bandwidth, decode_run_ms, kernel_profile, timed_ms, timed_replays
 
 TARGETS = {"Qwen2.5-72B": "fp8", "Qwen3-32B": "bf16", "Qwen3-14B": "bf16", "Qwen3-8B": "bf16"}  # largest first
 DRAFT_ALPHA = {"Qwen3-1.7B": 0.71, "Qwen3-0.6B": 0.56}   # the alphas bench sd used with the 8B (reports/gpu)
@@ -144,7 +144,7 @@ def headline(model, name: str, bw: float, rate: float, compile_mode: str = "defa
 
 def sd_pair(model, name: str, draft: str, device: str):
     """The target (fused, random) with a random-weight draft shape of the same tokenizer family."""
-    from ..models.presets import Pair, PairConfig, RandomTokenizer, random_model
+    from ...models.presets import Pair, PairConfig, RandomTokenizer, random_model
     d = random_model(draft, device, torch.bfloat16, seed=1)
     vocab = min(model.config.vocab_size, d.config.vocab_size)     # the tokenizer both tables cover
     cfg = PairConfig(f"random:{name} + random:{draft}", f"random:{name}", f"random:{draft}", "bfloat16", vocab,
@@ -155,7 +155,7 @@ def sd_pair(model, name: str, draft: str, device: str):
 
 
 def sd_config(pair, device: str, acceptance: str, draft: str, k: int, requests: int, max_tokens: int):
-    from .config import RunConfig
+    from ..config import RunConfig
     if acceptance not in ("synthetic", "trace-driven"):
         raise ValueError(f"acceptance {acceptance!r}: use 'synthetic' or 'trace-driven'")
     return RunConfig(pair=pair.config.name, mode="sd", placement="colocated", adaptive=False, k=k, device=device,
@@ -170,8 +170,8 @@ def colocated_sd(model, name: str, drafts, acceptances, device: str = "cuda:0", 
     """Target-only, then colocated SD with each draft and acceptance kind, on the same requests (in this process:
     one GPU holds both models). Each row: speedup over target-only with its 95% paired bootstrap interval,
     alpha with its interval, the cost model's prediction, and the per-request lists the intervals came from."""
-    from .bench import compare, per_request
-    from .experiment import run
+    from .modes import compare, per_request
+    from ..runs.experiment import run
     out, ref = [], None
     for draft in drafts:
         pair = sd_pair(model, name, draft, device)
@@ -199,7 +199,7 @@ def colocated_sd(model, name: str, drafts, acceptances, device: str = "cuda:0", 
 
 
 def _label(cfg) -> str:
-    from .bench import acceptance_label
+    from .modes import acceptance_label
     return acceptance_label(cfg)
 
 

@@ -1,0 +1,1 @@
+"""Runs: one configuration -> one results JSON (experiment), the soak under faults, the acceptance study."""
