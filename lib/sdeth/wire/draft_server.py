@@ -290,7 +290,7 @@ class DraftServer:
                     self._refuse(c, row.seq, row.gen, "desync", "pos", f"{e}: open the stream again")
         if not (foreseen or missed):
             return []
-        return [protocol.Streamed(foreseen, 0, 0.0, time.time(), sum(s.stream for s in self.d.seqs.values()),
+        return [protocol.Streamed(foreseen, 0, 0.0, time.time(), sum(s.stream for s in self.d.seqs.values()), 0,
                                   missed)]
 
     @staticmethod
@@ -400,7 +400,8 @@ class DraftServer:
         for seq in rows:
             if (d := out.get(id(seq))) is not None:
                 msgs.setdefault(seq.key[0], []).append(self._stream_row(seq, positions[id(seq)], d))
-        return [(ident, protocol.Streamed(m, len(rows), draft_ms, stepped, held)) for ident, m in msgs.items()]
+        return [(ident, protocol.Streamed(m, len(rows), draft_ms, stepped, held, len(extra)))
+                for ident, m in msgs.items()]
 
     def pick(self) -> list[tuple[Client, list]]:
         """The rows of the next step: every waiting row whose prompt is fed, clients in turn from `turn`, whole

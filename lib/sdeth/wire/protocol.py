@@ -246,6 +246,7 @@ class Streamed(msgspec.Struct, tag="streamed"):
     draft_ms: float = 0.0
     stepped_at: float = 0.0  # the step's tokens on the server's host (its wall clock, time.time())
     streams: int = 0         # streams the server holds (all clients'), at the step
+    branch_rows: int = 0     # verdict cache: branch rows in the step (beside the `batch` stream rows)
     missed: list[str] = []   # verdict cache: streams whose restart (a Commit just read) found no branch; a foreseen
                              # one is answered at once with its branch's drafts (rows, since = the commit's pos)
 
