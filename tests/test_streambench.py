@@ -135,7 +135,7 @@ def test_the_ssd_points_off_and_on_with_a_full_server(fast):
     """Verdict cache off and on (two servers over the tiny model, threads) and a full one (rows = B * N), synthetic
     ranks at a 0.9 hit rate: on foresees restarts (hits, branch rows), off and full spend nothing on branches;
     each point carries the event model with the cache's terms."""
-    from sdeth.study.streambench.ssd import ssd_points
+    from sdeth.study.streambench.ssd import ssd_points, ssd_table
     servers = {}
     for cache, rows in (("off", 8), ("2x4x4", 8), ("4x4x8", 4)):
         addr = f"tcp://127.0.0.1:{free_port()}"
@@ -160,3 +160,5 @@ def test_the_ssd_points_off_and_on_with_a_full_server(fast):
     assert st["hits"] == 0 and st["branches"] == st["evicted"] + st["dropped"]   # given back to the new stream
     for p in (on, off, full):
         assert p["tokens_per_step"] > 1 and p["model_cached"]["tokens_per_round"] > 1
+    table = ssd_table({"call": res})
+    assert len(table) == 3 and table["on / off"].notna().all() and set(table["cache"]) == set(pts)

@@ -201,3 +201,23 @@ def test_four_clients_sampled_with_the_cache_on_reproduce_the_target_distributio
         counts[tuple(r.output_ids[:2])] = counts.get(tuple(r.output_ids[:2]), 0) + 1
     assert server.vc.stats["branches"] > 0
     assert two_token_chi2(Engine(target, "ref"), prompt, s, counts) > 1e-3
+
+
+@pytest.mark.slow
+def test_the_embedded_pair_through_the_cache_gives_the_target_only_output(pair, target_only_ref):
+    """The embedded pair, four clients of two pipelined streams each, the server's verdict cache on: every output
+    is target-only's, and the cache foresaw some rejections."""
+    from conftest import REF
+    from sdeth.study import experiment
+    from sdeth.wire.draft_server import DraftServerConfig, pair_server
+    from test_server_streams import B, CLIENTS, _serving, _streams
+    server = pair_server(pair, DraftServerConfig(CLIENTS * B * 3, 1024, verdict_cache="4x4x8"))
+    addr = _serving(server)
+    prompts = experiment.encode_prompts(experiment.RunConfig(mode="sd", **REF), pair.tokenizer)
+    me = server.me
+    hello = W.Hello(W.PROTOCOL_VERSION, "target", "t", pair.vocab_size, me.tokenizer_sha, me.dtype)
+    runs = _streams(addr, hello, pair, prompts)
+    assert [r.output_ids for r in runs] == [r["output_ids"] for r in target_only_ref["requests"]]
+    s = server.vc.summary()
+    print(s)
+    assert s["branches"] > 0 and s["hits"] >= 1, s

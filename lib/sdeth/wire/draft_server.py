@@ -26,6 +26,14 @@ refusal names the limit and is logged with the peer and the field. The admission
 for new clients, connections per address) is wire.server_config's; a client that says Hello again with the same
 client id (`Hello.client`, from the same address or key) takes its sequences back from its old connection.
 
+Streams (Open(stream=True)) are drafted a token a step and sent in Streamed; the client sends Commits. With
+`verdict_cache` on (runtime.verdictcache), the rows no sequence holds draft *branches*: for a stream's drafts that
+await their verdict, the continuation after each likely rejection (a position x one of the draft's next choices
+there); a Commits that rejects a drafted token with a foreseen token adopts that branch (its row becomes the
+stream's) and is answered at once with the branch's drafts (a new epoch); one not foreseen is answered `missed`
+and restarts as without the cache. Live streams are stepped first, and an Open evicts branches for its row.
+Open.watch asks for the draft's next choices with each streamed token (StreamRow.alts).
+
 No request within the limits ends the process: a row drafts only within its own room (runtime.batchdraft), and an
 error in a step is contained to the rows that caused it (refused `internal` and freed); the server serves on.
 docs/reliability.md lists what is guaranteed, each with its test.

@@ -44,7 +44,8 @@ def run_call(call: int, json_path: str, grid: Grid, drafts=("Qwen3-1.7B",), devi
            "draft_step": [], "target": {}, "colocated": [], "remote": {}, "goal_check": [], "skipped": []}
     save = lambda: Path(json_path).write_text(json.dumps(res, indent=1, default=str))  # noqa: E731
     first = drafts[0]
-    if g.only_ssd:
+    if g.only_ssd:                # (its own bench name: the streams tables read complete calls only)
+        res["bench"] = "streams-ssd"
         res["settings"]["acceptance"] = "ranks (streambench.ranks: trace-driven or synthetic), target side"
         ssd_part(res, first, device, g, t_end, progress, save)
         res["wall_s"] = round(time.time() - t_start, 1)

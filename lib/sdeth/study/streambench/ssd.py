@@ -158,5 +158,34 @@ def ssd_part(res: dict, name: str, device: str, g, t_end: float, progress, save)
         save()
 
 
-__all__ = ["ssd_part", "ssd_points", "ssd_record",
+def ssd_runs() -> dict[str, dict]:
+    """The results of reports/gpu that carry an ssd part (`bench streams --verdict-cache ...`), by file stem."""
+    from ..results import gpu_results
+    return {n: g for n, g in gpu_results().items() if g.get("ssd", {}).get("points")}
+
+
+def ssd_table(runs: dict):
+    """Each ssd point, cache off beside on at the same (target, ranks, B, N): TPOT, tokens/s per GPU, tokens per
+    target step against the event model's, the hit rate (measured and modelled), branch rows per step, and on's
+    speedup over off."""
+    import pandas as pd
+    rows = []
+    for name, run in runs.items():
+        pts = [p for p in run["ssd"]["points"] if "tpot_ms" in p]
+        off = {(p["target"], p["verdict_cache"]["ranks"], p["B"], p["N"]): p for p in pts
+               if p["verdict_cache"]["spec"] == "off"}
+        for p in pts:
+            v, m = p["verdict_cache"], p.get("model_cached") or {}
+            base = off.get((p["target"], v["ranks"], p["B"], p["N"]))
+            rows.append({"call": name, "target": p["target"], "ranks": v["ranks"], "B": p["B"], "N": p["N"],
+                         "cache": v["spec"], "TPOT mean ms": p["tpot_ms"]["mean"], "tok/s/GPU": p["tokens_per_s_per_gpu"],
+                         "tokens/step": p["tokens_per_step"], "model tokens/step": m.get("tokens_per_round"),
+                         "hit rate": v["hit_rate"], "model hit rate": m.get("cache_hit_rate"),
+                         "branch rows/step": v["branch_rows_per_step"], "answer wait ms": v["answer_wait_ms"],
+                         "speedup vs target-only": p.get("speedup"),
+                         "on / off": round(base["tpot_ms"]["mean"] / p["tpot_ms"]["mean"], 3) if base else None})
+    return pd.DataFrame(rows)
+
+
+__all__ = ["ssd_part", "ssd_runs", "ssd_table", "ssd_points", "ssd_record",
            "ssd_row", "start_servers"]
