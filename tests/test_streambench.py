@@ -162,3 +162,20 @@ def test_the_ssd_points_off_and_on_with_a_full_server(fast):
         assert p["tokens_per_step"] > 1 and p["model_cached"]["tokens_per_round"] > 1
     table = ssd_table({"call": res})
     assert len(table) == 3 and table["on / off"].notna().all() and set(table["cache"]) == set(pts)
+
+
+@pytest.mark.slow
+def test_an_ssd_only_call_on_a_cpu_writes_its_json(tmp_path):
+    """`bench streams --only-ssd` end to end with the tiny-2L shape on a CPU: two server processes (cache off, on),
+    one emulated target process, trace-driven ranks; the JSON has both points, labelled, and its own bench name."""
+    import json
+    from sdeth.study.streambench.call import run_call
+    g = sb.Grid(verdict_caches=("off", "on"), only_ssd=True, ssd_points=((1, 1),), ssd_targets=("Qwen3-8B",),
+                ssd_ranks=("trace",), ssd_s=1.0, ssd_rows=4, prompt=PROMPT, context=100)
+    path = tmp_path / "ssd.json"
+    run_call(1, str(path), g, ("tiny-2L",), "cpu", budget_s=150, progress=lambda line: None)
+    res = json.loads(path.read_text())
+    assert res["bench"] == "streams-ssd" and set(res["ssd"]["servers"]) == {"off", "on"}
+    pts = res["ssd"]["points"]
+    assert [p["verdict_cache"]["spec"] for p in pts] == ["off", "on"], pts
+    assert all("trace-driven ranks" in p["label"] and p["tokens"] > 0 for p in pts)

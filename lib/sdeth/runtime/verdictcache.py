@@ -127,11 +127,11 @@ class VerdictCache:
             if not span or len(held) >= self.spec.budget:
                 continue
             fs = fanouts(self.alpha(seq), self.spec.fanout, self.spec.budget, len(seq.chain) - seq.acked)
-            for j in span:
-                for t in seq.alts[j][:fs[j - seq.acked]]:
-                    if (j, t) not in held and len(held) + sum(s is seq for s, _, _ in want) < self.spec.budget:
-                        want.append((seq, j, t))
-        want = want[:len(self.d.free_rows)]
+            room = self.spec.budget - len(held)
+            new = [(j - seq.acked, r, (seq, j, t)) for j in span for r, t in enumerate(seq.alts[j][:fs[j - seq.acked]])
+                   if (j, t) not in held]
+            want += new[:room]
+        want = [w for *_, w in sorted(want, key=lambda w: w[:2])][:len(self.d.free_rows)]   # nearest first, all streams
         for (seq, j, t), row in zip(want, self.d.fork(want)):
             self.held.setdefault(seq, {})[(j, t)] = Branch(row, j, t, j - seq.acked)
         self.stats["branches"] += len(want)

@@ -17,7 +17,7 @@ from .common import (CONTEXT, CONTEXTS, DRAFT_K, GOALS, SERVER_ROWS, TARGET, Gri
                      build_fast, compiled, free)
 from .draftstep import draft_step, goal_check
 from .remote import remote_part
-from .ssd import ssd_part
+from .ssd import SSD_ALPHA, ssd_part
 from .report import NOTES, draft_row, summary_lines
 from .target import target_points, tv_table
 
@@ -35,7 +35,7 @@ def run_call(call: int, json_path: str, grid: Grid, drafts=("Qwen3-1.7B",), devi
     res = {"schema": "sdeth.bench/1", "bench": "streams", "call": call,
            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "hardware": hardware.describe(device),
            "copy_bandwidth_Bps": copy_bandwidth(device),
-           "settings": {"target": TARGET, "drafts": list(drafts), "alpha": {d: DRAFT_ALPHA[d] for d in drafts},
+           "settings": {"target": TARGET, "drafts": list(drafts), "alpha": {d: DRAFT_ALPHA.get(d, SSD_ALPHA) for d in drafts},
                         "weights": "random bf16 (runtime.randomweights)", "acceptance": "synthetic (coins, target side)",
                         "prompt": g.prompt, "context": g.context, "contexts": list(CONTEXTS), "draft_k": DRAFT_K,
                         "server_rows": SERVER_ROWS, "compile": compiled(g), "quick": quick, "budget_s": budget_s,

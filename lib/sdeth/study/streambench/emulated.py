@@ -179,11 +179,11 @@ class EmulatedPipelined:
             if not isinstance(m, protocol.Streamed):
                 continue
             arrived = time.time()
-            if self.last_step:
-                self.rec["period_ms"].append((m.stepped_at - self.last_step) * 1e3)
-            self.last_step = m.stepped_at
             self.missed.update(m.missed)
             if m.batch:                         # (a step's: an answer to a Commits carries no step)
+                if self.last_step:
+                    self.rec["period_ms"].append((m.stepped_at - self.last_step) * 1e3)
+                self.last_step = m.stepped_at
                 self.rec["draft_ms"].append(m.draft_ms)
                 self.rec["batch"].append(m.batch)
                 self.rec["branch_rows"].append(m.branch_rows)
