@@ -194,16 +194,18 @@ class BatchDrafter:
         if bad:
             raise ValueError(f"branches at {bad}: a branch starts inside its stream's fed context")
         self.free_rows.sort()
+        rows = self.free_rows[:len(forks)]
+        self.dec.copy_prefix([s.row for s, _, _ in forks], rows, max(s.base + p for s, p, _ in forks) if forks else 0)
+        del self.free_rows[:len(forks)]           # (taken once the copy went through)
         out = []
-        for seq, pos, token in forks:
+        for (seq, pos, token), row in zip(forks, rows):
             p = seq.base + pos
-            rng = torch.Generator(device=self.device).manual_seed(hash((seq.seed, seq.epoch, pos, token)) & (2 ** 62 - 1))
-            out.append(Sequence(seq.key, seq.gen, self.free_rows.pop(0), seq.s, rng, seq.q_top, n=p + 1, fed=p,
+            seed = hash((seq.seed, seq.epoch, pos, token)) & (2 ** 62 - 1)     # (ints hash the same in every run)
+            rng = torch.Generator(device=self.device).manual_seed(seed)
+            out.append(Sequence(seq.key, seq.gen, row, seq.s, rng, seq.q_top, n=p + 1, fed=p,
                                 pending=[token], stream=True, window=seq.window, base=seq.base,
                                 chain=seq.chain[:pos] + [token], acked=pos + 1, epoch=seq.epoch, seed=seq.seed,
                                 watch=seq.watch))
-        self.dec.copy_prefix([s.row for s, _, _ in forks], [b.row for b in out],
-                             max(s.base + p for s, p, _ in forks) if forks else 0)
         return out
 
     def adopt(self, seq: Sequence, branch: Sequence) -> None:

@@ -328,9 +328,21 @@ class DraftServer:
         out += [(c.ident, self._drafts(c, [])) for c in self.clients.values() if c.refused]
         for ident, m in out:
             reply(sock, ident, m)
+        self._plan()                     # (after the step's tokens went out: the live streams wait for nothing)
         fed = self._prefill()
         return (bool(fed) or any(c.refused or any(s.ready for s, _, _ in c.waiting) for c in self.clients.values())
                 or any(self._may_stream(s) for s in self.d.seqs.values()) or bool(self._branch_rows(1)))
+
+    def _plan(self) -> None:
+        """The verdict cache's new branches on the free rows; an error there drops every branch (logged), and the
+        streams serve on without them."""
+        if self.vc is None:
+            return
+        try:
+            self.vc.plan([s for s in self.d.seqs.values() if s.stream])
+        except Exception as e:         # contained: branches only, never a live stream
+            self.log.line(f"verdict cache: {type(e).__name__}: {e}; its branches dropped")
+            self.vc.evict(len(self.vc.branches()))
 
     def _branch_rows(self, room: int) -> list:
         """The verdict cache's branches for the next stream step (after its live streams: `room` rows left)."""
@@ -402,7 +414,6 @@ class DraftServer:
         self.batches.append(len(rows) + len(extra))
         if self.vc is not None:
             self.vc.took(out)
-            self.vc.plan([s for s in self.d.seqs.values() if s.stream])
         stepped, held = time.time(), sum(s.stream for s in self.d.seqs.values())
         msgs: dict[bytes, list] = {}
         for seq in rows:
