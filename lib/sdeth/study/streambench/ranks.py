@@ -45,7 +45,8 @@ class Ranks:
                 f"probability {self.hit}, else outside its first {TOP})")
 
     def shares(self) -> list[float]:
-        """P(rank r | a rejection) for r = 0..TOP (costmodel.verdict_terms' rank_shares)."""
+        """P(rank r | a rejection) for r = 0..TOP, TOP: outside the draft's first TOP choices (the first TOP are
+        costmodel.verdict_terms' rank_shares)."""
         out = [0.0] * (TOP + 1)
         if self.trace is not None:
             rej = [min(r, TOP) for s in self.trace.seqs for r in s if r]

@@ -30,6 +30,21 @@ from .target import big_tv
 SSD_ALPHA = 0.71          # the acceptance of a draft shape bench sd did not measure (a tiny one in the tests)
 
 
+SSD_NOTES = [
+    "Emulated targets (t_v of each shape from `bench targets`, graph replays on the same GPU model), the real draft "
+    "server with random bf16 weights of the draft shape; the draft's tokens mean nothing, so acceptance is "
+    "trace-driven or synthetic (each point's label says which): the target's token is the draft's rank-r choice.",
+    "Two servers run side by side on one GPU, cache off and on; each point runs against each in turn with the same "
+    "seed (the same rank stream). Both send the draft's next 8 choices with each token (the same top-k work).",
+    "Cache on: after a rejection the target waits for the server's answer to its Commits (the foreseen branch's "
+    "drafts, or `missed`) before its next verify; answer_wait_ms is that wait. Cache off: it never waits.",
+    "hit rate: restarts answered with drafts at once over all restarts (the target's count); by position: the "
+    "rejection's offset past the last settled position. branch_rows_per_step: branch rows beside the live rows.",
+    "model_cached: costmodel.simulate_pipelined (never waiting) fed the point's measured server step and commit "
+    "transit, with costmodel.verdict_terms from the cache's spec and the ranks' shares (a prediction, not a fit).",
+]
+
+
 def ssd_label(model: str, ranks: Ranks, cache: str) -> str:
     return (f"emulated target (measured t_v of the {model} shape), pipelined streams, real draft server, verdict "
             f"cache {cache}; {ranks.label}")
@@ -66,7 +81,8 @@ def model_cached(p: dict, cache: str, ranks: Ranks, tv: dict, k: int) -> dict | 
     one_way = (p["timeline_ms"]["sent_to_read"]["p50"] or 0.0) / 1e3
     c = Costs(tv[(B, 0)] / 1e3, step_ms / 1e3, {m + 1: tv[(B, m)] / 1e3 for m in range(1, k + 1)}, rtt=2 * one_way,
               draft_period=max(p["server_period_ms_p25"] or step_ms, step_ms) / 1e3)
-    terms = (verdict_terms(alpha, spec.fanout, spec.depth, spec.budget, ranks.shares(), 1.0, PIPELINED_WINDOW)
+    shares = ranks.shares()[:TOP]          # (TOP: outside the draft's first TOP choices, never foreseen)
+    terms = (verdict_terms(alpha, spec.fanout, spec.depth, spec.budget, shares, 1.0, PIPELINED_WINDOW)
              if spec.on else None)
     sim = simulate_pipelined(alpha, c, k, n_tokens=6000, policy="offered", cache=terms)
     out = {"tokens_per_round": round(sim["tokens_per_round"], 3), "speedup": round(sim["tokens_per_s"] * c.target_step, 3),
@@ -142,7 +158,7 @@ def ssd_part(res: dict, name: str, device: str, g, t_end: float, progress, save)
     from .emulated import Targets
     res["ssd"] = {"draft": name, "address": "loopback TCP", "server_rows": g.ssd_rows, "k": PIPELINED_K,
                   "window": PIPELINED_WINDOW, "caches": list(g.verdict_caches), "ranks": list(g.ssd_ranks),
-                  "targets": list(g.ssd_targets), "seconds_per_point": g.ssd_s, "points": []}
+                  "targets": list(g.ssd_targets), "seconds_per_point": g.ssd_s, "notes": SSD_NOTES, "points": []}
     servers = {}
     try:
         with Targets(max(n for _, n in g.ssd_points)) as pool:
