@@ -135,7 +135,7 @@ def test_the_ssd_points_off_and_on_with_a_full_server(fast):
     """Verdict cache off and on (two servers over the tiny model, threads) and a full one (rows = B * N), synthetic
     ranks at a 0.9 hit rate: on foresees restarts (hits, branch rows), off and full spend nothing on branches;
     each point carries the event model with the cache's terms."""
-    from sdeth.study.streambench.ssd import ssd_points, ssd_table
+    from sdeth.study.streambench.ssd import goal_lines, ssd_points, ssd_table
     servers = {}
     for cache, rows in (("off", 8), ("2x4x4", 8), ("4x4x8", 4)):
         addr = f"tcp://127.0.0.1:{free_port()}"
@@ -162,6 +162,9 @@ def test_the_ssd_points_off_and_on_with_a_full_server(fast):
         assert p["tokens_per_step"] >= 1 and p["model_cached"]["tokens_per_round"] >= 1
     table = ssd_table({"call": res})
     assert len(table) == 3 and table["on / off"].notna().all() and set(table["cache"]) == set(pts)
+    res["ssd"]["server_rows"] = 4                          # (the full server's rows, as its call records them)
+    lines = goal_lines({"call": res})
+    assert len(lines) == 2 and all("full server (4 rows)" in line and "within 5%" in line for line in lines), lines
 
 
 @pytest.mark.slow

@@ -206,5 +206,37 @@ def ssd_table(runs: dict):
     return pd.DataFrame(rows)
 
 
-__all__ = ["ssd_part", "ssd_runs", "ssd_table", "ssd_points", "ssd_record",
+GOALS = (   # (ranks, target, B, N, what, least): the verdict cache's goals at one H200, emulated targets
+    ("trace", "Qwen3-8B", 1, 1, "on / off", 1.25), ("trace", "Qwen3-8B", 1, 1, "speedup vs target-only", 1.4),
+    ("trace", "Qwen3-32B", 1, 1, "on / off", 1.3), ("synthetic:0.9", "Qwen3-32B", 1, 1, "on / off", 1.6),
+)
+
+
+def goal_lines(runs: dict) -> list[str]:
+    """Each goal's figure in each call that measured it (the cache on's best spec at the point), and each full
+    server's point (rows = B * N): on's TPOT against off's, within 5% the goal."""
+    t = ssd_table(runs)
+    if not len(t):
+        return ["no verdict-cache points"]
+    on = t[t["cache"] != "off"]
+    out = []
+    for ranks, target, b, n, what, least in GOALS:
+        sel = on[(on["ranks"] == ranks) & (on["target"] == target) & (on["B"] == b) & (on["N"] == n)]
+        for call, rows in sel[sel[what].notna()].groupby("call"):
+            best = rows.loc[rows[what].astype(float).idxmax()]
+            fig = best[what]
+            out.append(f"{call}: {target} B={b} N={n} {ranks}, {what} {fig} with {best['cache']} (goal >= {least}: "
+                       f"{'met' if fig is not None and fig >= least else 'missed'}; hit rate {best['hit rate']}, "
+                       f"branch rows/step {best['branch rows/step']})")
+    for name, run in runs.items():
+        rows_ = run["ssd"].get("server_rows")
+        full = on[(on["call"] == name) & (on["B"] * on["N"] == rows_)]
+        for _, r in full.iterrows():
+            out.append(f"{name}: full server ({rows_} rows) {r['target']} B={r['B']} N={r['N']} {r['ranks']}: on / off "
+                       f"{r['on / off']} with {r['cache']} (goal within 5%: "
+                       f"{'met' if r['on / off'] is not None and abs(r['on / off'] - 1) <= 0.05 else 'missed'})")
+    return out
+
+
+__all__ = ["goal_lines", "ssd_part", "ssd_runs", "ssd_table", "ssd_points", "ssd_record",
            "ssd_row", "start_servers"]
