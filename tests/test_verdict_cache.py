@@ -223,3 +223,21 @@ def test_the_embedded_pair_through_the_cache_gives_the_target_only_output(pair, 
     s = server.vc.summary()
     print(s)
     assert s["branches"] > 0 and s["hits"] >= 1, s
+
+
+def test_the_event_models_verdict_terms_follow_the_fanout_rule():
+    """costmodel.verdict_terms: the positions the fan-out covers (the same rule as the cache), and the hit
+    probability from the ranks' shares weighted by where first rejections fall; a hit costs no restart in the
+    model, so more hits give more tokens per round."""
+    from sdeth.costmodel import Costs, simulate_pipelined, verdict_terms
+    shares = [0.0, 0.5, 0.2, 0.1, 0.05, 0.0, 0.0, 0.0]
+    t = verdict_terms(0.7, 4, 4, 8, shares)
+    assert t.forks == 3 and t.depth == 4                    # fanouts(0.7, 4, 8) = 4, 3, 1
+    w = [1, 0.7, 0.49]
+    want = (w[0] * 0.85 + w[1] * 0.8 + w[2] * 0.5) / sum(w)
+    assert abs(t.hit - want) < 1e-9
+    assert verdict_terms(0.7, 1, 4, 1, shares) == (1, 4, 0.5, 1.0)
+    c = Costs(0.02, 0.002, {m: 0.02 + 0.001 * m for m in range(2, 6)}, rtt=0.0004)
+    plain = simulate_pipelined(0.7, c, 4, n_tokens=4000, policy="offered")
+    cached = simulate_pipelined(0.7, c, 4, n_tokens=4000, policy="offered", cache=t)
+    assert cached["tokens_per_round"] > plain["tokens_per_round"] and cached["cache_hit_rate"] > 0.5

@@ -10,6 +10,16 @@ With the cache on, the target waits for its restart's answer (hit or `missed`) b
 Each point: hits and the hit rate by position (the client's count: a restart answered with drafts at once),
 rows spent (branch rows per step), tokens per target step, TPOT, tokens/s per GPU, and the event model
 (costmodel.simulate_pipelined with costmodel.verdict_terms) beside it.
+
+Two calls on one H200 (each within a ~380 s device call; points not started by --budget-s are recorded skipped,
+the B=1 points first):
+
+    python -m sdeth bench streams --call 1 --only-ssd --verdict-cache off,on --ssd-s 1.5 --budget-s 340 \
+        --json reports/gpu/bench_streams_ssd_1.json            # 8 (B, N) x 3 targets x 2 ranks x 2 servers
+    python -m sdeth bench streams --call 2 --only-ssd --verdict-cache off,on,8x4x16 --ssd-rows 32 \
+        --ssd-points 1:1,1:4,8:4 --ssd-targets Qwen3-8B,Qwen3-32B --ssd-s 4 --budget-s 340 \
+        --json reports/gpu/bench_streams_ssd_2.json            # the goals' points longer, a wider fan-out, and
+                                                               # 8:4 on 32 rows: a full server
 """
 from __future__ import annotations
 
