@@ -209,6 +209,7 @@ def ssd_table(runs: dict):
             rows.append({"call": name, "target": p["target"], "ranks": v["ranks"], "B": p["B"], "N": p["N"],
                          "cache": v["spec"], "TPOT mean ms": p["tpot_ms"]["mean"], "tok/s/GPU": p["tokens_per_s_per_gpu"],
                          "tokens/step": p["tokens_per_step"], "model tokens/step": m.get("tokens_per_round"),
+                         "measured / model": m.get("tokens_measured_over_model"),
                          "hit rate": v["hit_rate"], "model hit rate": m.get("cache_hit_rate"),
                          "branch rows/step": v["branch_rows_per_step"], "answer wait ms": v["answer_wait_ms"],
                          "speedup vs target-only": p.get("speedup"),
