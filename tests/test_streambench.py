@@ -113,3 +113,72 @@ def test_a_pipelined_point_carries_the_timeline_the_streams_held_and_the_model(f
     assert p["offered_mean"] > 0.3                     # the streams keep drafts on offer
     assert p["speedup"] > 1.0 and 0 < p["model"]["verified_per_round"] <= sb.PIPELINED_K
     assert not server.d.seqs                           # every stream ended (End, Ended)
+
+
+def test_ranks_name_the_draft_choices_tokens():
+    from sdeth.study.streambench.ranks import TOP, Ranks, token_of
+    syn = Ranks("synthetic:0.9", 0.7, 1)
+    rs = [syn.rank(0, j) for j in range(4000)]
+    rej = [r for r in rs if r]
+    assert abs(rs.count(0) / len(rs) - 0.7) < 0.03 and abs(rej.count(1) / len(rej) - 0.9) < 0.04
+    assert set(rej) <= {1, TOP} and syn.shares()[1] == 0.9 and "synthetic ranks" in syn.label
+    tr = Ranks("trace", 0.71, 1)
+    assert abs(tr.trace.realized_alpha - 0.71) < 0.02 and "trace-driven" in tr.label
+    assert 0.1 < tr.shares()[1] < 0.3 and abs(sum(tr.shares()) - 1) < 1e-9     # the trace's 2nd choices: 18%
+    assert token_of(0, 5, [7, 9], 300) == 5 and token_of(2, 5, [7, 9], 300) == 9
+    assert token_of(TOP, 5, [6, 7], 300) == 8 and token_of(1, None, None, 300) == -1
+    with pytest.raises(ValueError, match="synthetic:H"):
+        Ranks("sometimes", 0.7, 1)
+
+
+def test_the_ssd_points_off_and_on_with_a_full_server(fast):
+    """Verdict cache off and on (two servers over the tiny model, threads) and a full one (rows = B * N), synthetic
+    ranks at a 0.9 hit rate: on foresees restarts (hits, branch rows), off and full spend nothing on branches;
+    each point carries the event model with the cache's terms."""
+    from sdeth.study.streambench.ssd import goal_lines, ssd_points, ssd_table
+    servers = {}
+    for cache, rows in (("off", 8), ("2x4x4", 8), ("4x4x8", 4)):
+        addr = f"tcp://127.0.0.1:{free_port()}"
+        server = build_server(fast, sb.welcome("tiny", 300, rows), DraftServerConfig(
+            rows, 256, ttl_s=30, prefill_chunk=16, verdict_cache=cache, limits=ServerLimits(reserve=0)))
+        threading.Thread(target=server.serve, args=(addr,), kwargs={"max_seconds": 60}, daemon=True).start()
+        servers[cache] = (server, addr, {"vocab": 300})
+    g = sb.Grid(ssd_points=((2, 2),), ssd_targets=("Qwen3-8B",), ssd_ranks=("synthetic:0.9",), ssd_s=1.5,
+                prompt=PROMPT, context=100)
+    res = {"ssd": {"points": []}}
+    with sb.Targets(2) as pool:
+        ssd_points(res, "Qwen3-1.7B", servers, pool, g, time.time() + 60, lambda line: None, lambda: None)
+    pts = {p["verdict_cache"]["spec"]: p for p in res["ssd"]["points"] if "verdict_cache" in p}
+    assert set(pts) == {"off", "2x4x4", "4x4x8"}, res["ssd"]["points"]
+    on, off, full = pts["2x4x4"], pts["off"], pts["4x4x8"]
+    assert "synthetic ranks" in on["label"] and on["target"] == "Qwen3-8B"
+    assert on["verdict_cache"]["hits"] > 0 and on["verdict_cache"]["branch_rows_per_step"] > 0
+    assert on["verdict_cache"]["hit_rate_by_position"] and on["model_cached"]["terms"]["hit"] > 0.5
+    assert off["verdict_cache"]["hits"] == 0 and not off["verdict_cache"]["branch_rows_per_step"]
+    assert full["verdict_cache"]["hits"] == 0 and not full["verdict_cache"]["branch_rows_per_step"]
+    st = servers["4x4x8"][0].vc.stats       # full: a branch only on a row freed between an End and the next Open,
+    assert st["hits"] == 0 and st["branches"] == st["evicted"] + st["dropped"]   # given back to the new stream
+    for p in (on, off, full):
+        assert p["tokens_per_step"] >= 1 and p["model_cached"]["tokens_per_round"] >= 1
+    table = ssd_table({"call": res})
+    assert len(table) == 3 and table["on / off"].notna().all() and set(table["cache"]) == set(pts)
+    res["ssd"]["server_rows"] = 4                          # (the full server's rows, as its call records them)
+    lines = goal_lines({"call": res})
+    assert len(lines) == 2 and all("full server (4 rows)" in line and "within 5%" in line for line in lines), lines
+
+
+@pytest.mark.slow
+def test_an_ssd_only_call_on_a_cpu_writes_its_json(tmp_path):
+    """`bench streams --only-ssd` end to end with the tiny-2L shape on a CPU: two server processes (cache off, on),
+    one emulated target process, trace-driven ranks; the JSON has both points, labelled, and its own bench name."""
+    import json
+    from sdeth.study.streambench.call import run_call
+    g = sb.Grid(verdict_caches=("off", "on"), only_ssd=True, ssd_points=((1, 1),), ssd_targets=("Qwen3-8B",),
+                ssd_ranks=("trace",), ssd_s=1.0, ssd_rows=4, prompt=PROMPT, context=100)
+    path = tmp_path / "ssd.json"
+    run_call(1, str(path), g, ("tiny-2L",), "cpu", budget_s=150, progress=lambda line: None)
+    res = json.loads(path.read_text())
+    assert res["bench"] == "streams-ssd" and set(res["ssd"]["servers"]) == {"off", "on"}
+    pts = res["ssd"]["points"]
+    assert [p["verdict_cache"]["spec"] for p in pts] == ["off", "on"], pts
+    assert all("trace-driven ranks" in p["label"] and p["tokens"] > 0 for p in pts)

@@ -468,6 +468,8 @@ def draft_server_arguments(ap) -> None:
     g.add_argument("--messages-per-s", type=int, default=4000, help="messages one client (connection or CURVE key) "
                    "may send a second")
     g.add_argument("--per-pass", type=int, default=4, help="messages of one client handled between two draft steps")
+    g.add_argument("--verdict-cache", default="off", help="streams: draft the likely verdicts' continuations on free "
+                   "rows: off, on (4x4x8) or FANOUT[xDEPTH[xBUDGET]] (runtime.verdictcache)")
     for name in limit_fields():
         g.add_argument(f"--limit-{name.replace('_', '-')}", type=int, default=getattr(ServerLimits(), name),
                        help=f"ServerLimits.{name}")
@@ -481,7 +483,7 @@ def draft_server_config(a, cfg, spin_s: float):
         rows=a.rows, capacity=a.capacity or cfg.capacity, ttl_s=a.ttl, prefill_chunk=a.prefill_chunk,
         prefill_budget=a.prefill_budget, compile_mode=a.compile, fast=cfg.draft_fast if a.fast is None else a.fast,
         warm=not a.no_warm, spin_s=spin_s, messages_per_s=a.messages_per_s, per_pass=a.per_pass,
-        limits=limits).check()
+        verdict_cache=a.verdict_cache, limits=limits).check()
 
 
 def worker_config(a):

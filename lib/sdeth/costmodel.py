@@ -387,5 +387,25 @@ def cache_terms(fanout: int, depth: int, ranks: int, rank_shares: list[float], r
     return CacheTerms(max(fanout // ranks, 1), depth, sum(rank_shares[1:ranks + 1]), row_costs.get(known[-1], 1.0))
 
 
+def verdict_terms(alpha: float, fanout: int, depth: int, budget: int, rank_shares: list[float], row_cost: float = 1.0,
+                  window: int = 8) -> CacheTerms:
+    """simulate_pipelined's cache terms for the draft server's verdict cache (runtime.verdictcache): round(fanout *
+    alpha^i) branches (at least one at the first) on the draft's next choices at the i-th unverified position,
+    `budget` in all. forks: the positions covered; hit: P(a rejection at one of them finds its branch), each
+    position weighted by where first rejections fall (alpha^i) and covered by its fan-out's share of correction
+    ranks (rank_shares[r] = P(the correction is the draft's rank-r choice | a rejection), r >= 1)."""
+    fs, left = [], budget
+    for i in range(window):
+        f = min(max(round(fanout * alpha ** i), 1 if i == 0 else 0), left)
+        fs.append(f)
+        left -= f
+    covered = [i for i, f in enumerate(fs) if f]
+    if not covered:
+        return CacheTerms(0, 0, 0.0, row_cost)
+    w = [alpha ** i for i in covered]
+    hit = sum(wi * sum(rank_shares[1:fs[i] + 1]) for wi, i in zip(w, covered)) / sum(w)
+    return CacheTerms(len(covered), depth, hit, row_cost)
+
+
 def pipelined_speedup(alpha: float, c: Costs, k_max: int, **kw) -> float:
     return simulate_pipelined(alpha, c, k_max, **kw)["tokens_per_s"] * c.target_step

@@ -76,6 +76,9 @@ class Sequence:
     opened: float = field(default_factory=time.perf_counter)
     prefill_s: float = 0.0         # the prompt's forwards
     drafted: int = 0               # proposals made
+    seed: int = 0                  # its draws' seed (a branch's own generator is derived from it)
+    watch: int = 0                 # stream: the draft's next choices sent with each token (Open.watch)
+    alts: dict = field(default_factory=dict)           # stream: position -> the draft's next choices there
 
     @property
     def ready(self) -> bool:
@@ -94,6 +97,7 @@ class Drafted:
     tokens: list[int]
     q_idx: list[list[int]] | None = None
     q_val: list[list[float]] | None = None
+    alts: list[list[int]] | None = None      # per token: the draft's next choices (BatchDrafter.alts of them)
 
 
 class BatchDrafter:
@@ -102,6 +106,8 @@ class BatchDrafter:
         self.free_rows = list(range(decoder.rows))
         self.seqs: dict[tuple, Sequence] = {}
         self.last_batch = 0            # rows in the newest draft step
+        self.alts = 0                  # the draft's next choices kept per drafted token (0: none)
+        self.cache = None              # a runtime.verdictcache.VerdictCache: its branches hold free rows
 
     @property
     def device(self):
@@ -113,14 +119,16 @@ class BatchDrafter:
 
     def open(self, key: tuple, gen: int, prompt_ids: list[int], s: Sampling, seed: int, q_top: int) -> Sequence:
         """A new sequence (an old one under the same key is replaced). Its prompt is fed by prefill()."""
-        old = self.seqs.pop(key, None)
-        if old is not None:
-            self.free_rows.append(old.row)
+        if key in self.seqs:
+            self.free(key)
+        if not self.free_rows and self.cache is not None:
+            self.cache.evict(1)            # a live sequence before any branch
         if not self.free_rows:
             raise Full(f"all {self.dec.rows} cache rows hold sequences")
         self.free_rows.sort()
         rng = torch.Generator(device=self.device).manual_seed(seed)
-        seq = Sequence(key, gen, self.free_rows.pop(0), s, rng, q_top, n=len(prompt_ids), pending=list(prompt_ids))
+        seq = Sequence(key, gen, self.free_rows.pop(0), s, rng, q_top, n=len(prompt_ids), pending=list(prompt_ids),
+                       seed=seed)
         self.seqs[key] = seq
         return seq
 
@@ -151,6 +159,7 @@ class BatchDrafter:
             seq.chain = seq.chain[:pos] + [token]
             seq.epoch += 1
         seq.acked = max(seq.acked, pos + 1)
+        seq.alts = {p: a for p, a in seq.alts.items() if p > pos}
         seq.read_at, seq.read_pos = time.time(), pos
         return restart
 
@@ -160,6 +169,8 @@ class BatchDrafter:
         to CATCH_UP tokens) is caught up in the same step: its tokens are fed in the step's first forward."""
         out = self.draft([(seq, 1) for seq in seqs])
         for seq, d in zip(seqs, out):
+            if d.alts:
+                seq.alts[len(seq.chain)] = d.alts[0]
             seq.chain.append(d.tokens[0])
             seq.pending, seq.n, seq.prev = [d.tokens[0]], seq.n + 1, []
         return out
@@ -168,7 +179,48 @@ class BatchDrafter:
         seq = self.seqs.pop(key, None)
         if seq is not None:
             self.free_rows.append(seq.row)
+            if self.cache is not None:
+                self.cache.drop(seq)
         return seq
+
+    def fork(self, forks: list[tuple[Sequence, int, int]]) -> list[Sequence]:
+        """Branches of streams, one per (stream, position, token): each takes a free row holding its stream's
+        context before the position (one slice copy per layer for all), then the token at the position (fed by its
+        first step); a branch drafts a token a step like a stream (stream_step) but is no sequence of the table.
+        Each position must be in its stream's cache row (base + pos <= fed); Full when rows run out."""
+        if len(forks) > len(self.free_rows):
+            raise Full(f"{len(forks)} branches, {len(self.free_rows)} free cache rows")
+        bad = [(s.key, p) for s, p, _ in forks if not 0 <= s.base + p <= s.fed]
+        if bad:
+            raise ValueError(f"branches at {bad}: a branch starts inside its stream's fed context")
+        self.free_rows.sort()
+        rows = self.free_rows[:len(forks)]
+        self.dec.copy_prefix([s.row for s, _, _ in forks], rows, max(s.base + p for s, p, _ in forks) if forks else 0)
+        del self.free_rows[:len(forks)]           # (taken once the copy went through)
+        out = []
+        for (seq, pos, token), row in zip(forks, rows):
+            p = seq.base + pos
+            seed = hash((seq.seed, seq.epoch, pos, token)) & (2 ** 62 - 1)     # (ints hash the same in every run)
+            rng = torch.Generator(device=self.device).manual_seed(seed)
+            out.append(Sequence(seq.key, seq.gen, row, seq.s, rng, seq.q_top, n=p + 1, fed=p,
+                                pending=[token], stream=True, window=seq.window, base=seq.base,
+                                chain=seq.chain[:pos] + [token], acked=pos + 1, epoch=seq.epoch, seed=seq.seed,
+                                watch=seq.watch))
+        return out
+
+    def adopt(self, seq: Sequence, branch: Sequence) -> None:
+        """The stream takes its branch's row and drafts (the client's token at the fork was the branch's): a new
+        epoch from the fork on, as commit() would start, with the branch's continuation already drafted."""
+        self.free_rows.append(seq.row)
+        pos = branch.acked - 1
+        seq.row, seq.fed, seq.pending, seq.n = branch.row, branch.fed, branch.pending, branch.n
+        seq.chain, seq.prev, seq.acked, seq.epoch = branch.chain, [], branch.acked, seq.epoch + 1
+        seq.alts = {p: a for p, a in branch.alts.items() if p > pos}
+        seq.read_at, seq.read_pos = time.time(), pos
+
+    def release(self, branch: Sequence) -> None:
+        """A branch's row back to the free rows."""
+        self.free_rows.append(branch.row)
 
     def apply(self, seq: Sequence, have: int, accepted: int, tokens: list[int]) -> None:
         """The client's verdict: `accepted` of the last proposal, then `tokens` (the target's); `have`: the
@@ -225,17 +277,20 @@ class BatchDrafter:
         top = max(s.n for s, _ in batch)
         logits = self.dec.step(ids, pos, slots, top)
         active = slots[:, -1] < self.dec.capacity
-        toks, qs = [], []
+        toks, qs, alts = [], [], []
         for i in range(K):
             t, q = self._choose(logits, batch, i)
             toks.append(t)
             qs.append(q)
+            if self.alts:                       # the draft's first choices (the drawn token is left out below)
+                alts.append(logits[:, :self.vocab].topk(self.alts + 1, -1).indices)
             if i < K - 1:
                 p = base + i                    # [R]; a row past its own n + k writes the scratch slot
                 slot = torch.where(active & (p < stop), p, self.dec.capacity)
                 logits = self.dec.step(t[:, None], torch.minimum(p, stop - 1)[:, None], slot[:, None],
                                        max(min(s.n + i, s.n + k - 1) for s, k in batch) + 1)
-        host = HostCopy(torch.stack(toks, 1)).value()
+        tk = torch.stack(toks, 1)
+        host = HostCopy(torch.cat([tk[:, :, None], torch.stack(alts, 1)], 2) if alts else tk).value()
         self.last_batch = len(batch)
         return [self._settle(seq, k, host[seq.row], qs) for seq, k in batch]
 
@@ -271,11 +326,15 @@ class BatchDrafter:
                 qs[seq.row] = q
         return t, qs
 
-    def _settle(self, seq: Sequence, k: int, row_tokens: list[int], qs: list[dict]) -> Drafted:
+    def _settle(self, seq: Sequence, k: int, row_tokens: list, qs: list[dict]) -> Drafted:
+        choices = None
+        if row_tokens and isinstance(row_tokens[0], list):    # [token, first choices...] per step
+            choices = [[a for a in r[1:] if a != r[0]][:self.alts] for r in row_tokens[:k]]
+            row_tokens = [r[0] for r in row_tokens]
         seq.fed, seq.pending = seq.n, []
         seq.prev, seq.ahead = row_tokens[:k], min(k, len(row_tokens) - 1)
         seq.drafted += 1
-        out = Drafted(seq.prev)
+        out = Drafted(seq.prev, alts=choices)
         if seq.row in qs[0]:
             top = q_support(torch.stack([qs[i][seq.row] for i in range(k)]), seq.q_top)
             out.q_idx, out.q_val = top.indices.tolist(), top.values.tolist()

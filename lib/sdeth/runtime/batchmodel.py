@@ -136,6 +136,20 @@ class BatchDecoder:
         return 2 * f.n_layers * f.n_kv * f.head_dim * self.k_cache[0].element_size()
 
     @torch.inference_mode()
+    def copy_prefix(self, src: list[int], dst: list[int], n: int) -> None:
+        """Rows dst[i] take the first n slots of rows src[i], every layer (a branch of a sequence starts from
+        its context; slots past n are stale and masked by position). One copy per layer and cache, no read."""
+        if not src:
+            return
+        if n > self.capacity or max(src + dst) >= self.rows or min(src + dst) < 0:
+            raise ValueError(f"copy of {n} slots between rows {src} -> {dst}: this cache has rows "
+                             f"0..{self.rows - 1} of {self.capacity} slots")
+        s = torch.tensor(src, device=self.device)
+        d = torch.tensor(dst, device=self.device)
+        for cache in (*self.k_cache, *self.v_cache):
+            cache[d, :, :n] = cache[s, :, :n]
+
+    @torch.inference_mode()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, row0: int = 0,
                 span: int | None = None) -> torch.Tensor:
         """Eager: ids, positions, slots [R, W] (long, on the device) into cache rows row0..row0+R-1; the

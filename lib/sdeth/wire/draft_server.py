@@ -26,6 +26,14 @@ refusal names the limit and is logged with the peer and the field. The admission
 for new clients, connections per address) is wire.server_config's; a client that says Hello again with the same
 client id (`Hello.client`, from the same address or key) takes its sequences back from its old connection.
 
+Streams (Open(stream=True)) are drafted a token a step and sent in Streamed; the client sends Commits. With
+`verdict_cache` on (runtime.verdictcache), the rows no sequence holds draft *branches*: for a stream's drafts that
+await their verdict, the continuation after each likely rejection (a position x one of the draft's next choices
+there); a Commits that rejects a drafted token with a foreseen token adopts that branch (its row becomes the
+stream's) and is answered at once with the branch's drafts (a new epoch); one not foreseen is answered `missed`
+and restarts as without the cache. Live streams are stepped first, and an Open evicts branches for its row.
+Open.watch asks for the draft's next choices with each streamed token (StreamRow.alts).
+
 No request within the limits ends the process: a row drafts only within its own room (runtime.batchdraft), and an
 error in a step is contained to the rows that caused it (refused `internal` and freed); the server serves on.
 docs/reliability.md lists what is guaranteed, each with its test.
@@ -37,6 +45,7 @@ import time
 from dataclasses import asdict
 
 from ..runtime.batchdraft import CATCH_UP, BatchDrafter, Desync, Full, Overflow
+from ..runtime.verdictcache import VerdictCache, VerdictSpec
 from ..runtime.verify import Sampling
 from . import protocol
 from .admission import Client, Shares, address_of, in_turn, no_room
@@ -47,6 +56,7 @@ from .transport import Log, PeerLimits, key_of, reply, serve_requests
 __all__ = ["DraftServer", "DraftServerConfig", "ServerLimits", "build_server", "pair_server", "serve_draft_server"]
 DECODE = protocol.Decoder("a draft server", protocol.SERVER_TAKES)
 SWEEP_S = 1.0            # how often the TTL sweep runs
+WATCH_MOST = 8           # a stream's Open.watch: the draft's next choices sent with each token, at most
 GONE_S = 2.0             # a closed connection's client is forgotten this long after (unless it speaks again: a
                          # reconnection under the same routing id)
 
@@ -74,6 +84,8 @@ class DraftServer:
         self.t_sweep = time.time()
         self.steps = 0
         self.batches: collections.deque = collections.deque(maxlen=4096)    # sequences per step, newest last
+        spec = VerdictSpec.parse(cfg.verdict_cache)
+        self.vc = VerdictCache(drafter, spec) if spec.on else None          # verdict speculation (streams)
         self.handlers = {protocol.Ping: self.handle_ping, protocol.Hello: self.handle_hello,
                          protocol.Open: self.handle_open, protocol.Rounds: self.handle_rounds,
                          protocol.Commits: self.handle_commits, protocol.End: self.handle_end}
@@ -176,7 +188,10 @@ class DraftServer:
         s = Sampling(*protocol.sampling_args(msg))
         try:
             if msg.stream:
-                self.d.open_stream((c.ident, msg.seq), msg.gen, msg.prompt_ids, s, msg.seed, msg.q_top, msg.window)
+                seq = self.d.open_stream((c.ident, msg.seq), msg.gen, msg.prompt_ids, s, msg.seed, msg.q_top,
+                                         msg.window)
+                seq.watch = msg.watch
+                self.d.alts = max(self.d.alts, msg.watch)
             else:
                 self.d.open((c.ident, msg.seq), msg.gen, msg.prompt_ids, s, msg.seed, msg.q_top)
         except Full as e:
@@ -192,6 +207,8 @@ class DraftServer:
         if n + 1 > lim.context - 1:
             return "limit", "context", (f"a context of {n} tokens: this server drafts within {lim.context} tokens a "
                                         f"sequence; open a shorter context")
+        if msg.stream and not 0 <= msg.watch <= WATCH_MOST:
+            return "bad-message", "watch", f"watch {msg.watch}: send 0 to {WATCH_MOST} next choices a token"
         if msg.stream and n + msg.window + 1 > lim.context - 1:
             return "limit", "window", (f"a stream of {n} tokens drafting {msg.window} ahead would pass this server's "
                                        f"{lim.context} tokens a sequence: open a shorter context or a smaller window")
@@ -255,6 +272,7 @@ class DraftServer:
         if len(msg.rows) > self.limits.rows_per_message:
             return [protocol.Error("limit", f"rows_per_message: {len(msg.rows)} commits in one message, the most "
                                             f"is {self.limits.rows_per_message}: send them in several")]
+        foreseen, missed = [], []
         for row in msg.rows:
             seq = self.d.seqs.get((c.ident, row.seq))
             if seq is None or seq.gen != row.gen or not seq.stream:
@@ -269,11 +287,28 @@ class DraftServer:
                              f"{seq.base + row.pos}, past this server's {self.limits.context} tokens: end it")
             else:
                 try:
-                    self.d.commit(seq, row.pos, row.token)
+                    hit = self.vc.on_commit(seq, row.pos, row.token) if self.vc else None
+                    if hit is not None:            # a foreseen verdict: the branch's drafts go out at once
+                        foreseen = [r for r in foreseen if r.seq != row.seq]
+                        foreseen += [self._stream_row(seq, p, d) for p, d in hit.out]
+                    elif self.d.commit(seq, row.pos, row.token) and self.vc:
+                        missed.append(row.seq)
                 except Desync as e:
                     self.d.free(seq.key)
                     self._refuse(c, row.seq, row.gen, "desync", "pos", f"{e}: open the stream again")
-        return []
+        if not (foreseen or missed):
+            return []
+        return [protocol.Streamed(foreseen, 0, 0.0, time.time(), sum(s.stream for s in self.d.seqs.values()), 0,
+                                  missed)]
+
+    @staticmethod
+    def _stream_row(seq, pos: int, d) -> protocol.StreamRow:
+        """A stream's drafted token at pos as a StreamRow (the first after a commit read carries its stamps)."""
+        r = protocol.StreamRow(seq.key[1], seq.gen, seq.epoch, pos, d.tokens[0], d.q_idx[0] if d.q_idx else None,
+                               d.q_val[0] if d.q_val else None, seq.read_pos, seq.read_at if seq.read_pos >= 0 else 0.0,
+                               d.alts[0][:seq.watch] if seq.watch and d.alts else None)
+        seq.read_pos = -1                   # (the timeline: the first draft after each commit read)
+        return r
 
     def handle_end(self, c: Client, msg: protocol.End, t1: float) -> list:
         self._drop_waiting(c, msg.req)
@@ -293,9 +328,27 @@ class DraftServer:
         out += [(c.ident, self._drafts(c, [])) for c in self.clients.values() if c.refused]
         for ident, m in out:
             reply(sock, ident, m)
+        self._plan()                     # (after the step's tokens went out: the live streams wait for nothing)
         fed = self._prefill()
         return (bool(fed) or any(c.refused or any(s.ready for s, _, _ in c.waiting) for c in self.clients.values())
-                or any(self._may_stream(s) for s in self.d.seqs.values()))
+                or any(self._may_stream(s) for s in self.d.seqs.values()) or bool(self._branch_rows(1)))
+
+    def _plan(self) -> None:
+        """The verdict cache's new branches on the free rows; an error there drops every branch (logged), and the
+        streams serve on without them."""
+        if self.vc is None:
+            return
+        try:
+            self.vc.plan([s for s in self.d.seqs.values() if s.stream])
+        except Exception as e:         # contained: branches only, never a live stream
+            self.log.line(f"verdict cache: {type(e).__name__}: {e}; its branches dropped")
+            self.vc.evict(len(self.vc.branches()))
+
+    def _branch_rows(self, room: int) -> list:
+        """The verdict cache's branches for the next stream step (after its live streams: `room` rows left)."""
+        if self.vc is None:
+            return []
+        return [b for b in self.vc.rows(room) if b.n + 1 <= self.limits.context - 1]
 
     def _prefill(self) -> int:
         """One budget of prompt tokens fed; an error there refuses (and frees) the prompt being fed, the others
@@ -350,23 +403,24 @@ class DraftServer:
         rows = [seq for _, seqs in in_turn(sorted(by_client.items()), self.stream_turn, self.limits.batch)
                 for seq in seqs]
         self.stream_turn += 1
-        if not rows:
+        extra = self._branch_rows(self.limits.batch - len(rows))      # live streams first, branches on what is left
+        if not rows and not extra:
             return []
         c0 = self.d.dec.clock.seconds
         positions = {id(seq): len(seq.chain) for seq in rows}
-        out = self._contained([(seq, 1) for seq in rows], lambda b: self.d.stream_step([s for s, _ in b]))
+        out = self._contained([(seq, 1) for seq in rows + extra], lambda b: self.d.stream_step([s for s, _ in b]))
         draft_ms = (self.d.dec.clock.seconds - c0) * 1e3
         self.steps += 1
-        self.batches.append(len(rows))
+        self.batches.append(len(rows) + len(extra))
+        if self.vc is not None:
+            self.vc.took(out)
         stepped, held = time.time(), sum(s.stream for s in self.d.seqs.values())
         msgs: dict[bytes, list] = {}
         for seq in rows:
             if (d := out.get(id(seq))) is not None:
-                msgs.setdefault(seq.key[0], []).append(protocol.StreamRow(
-                    seq.key[1], seq.gen, seq.epoch, positions[id(seq)], d.tokens[0], d.q_idx[0] if d.q_idx else None,
-                    d.q_val[0] if d.q_val else None, seq.read_pos, seq.read_at if seq.read_pos >= 0 else 0.0))
-                seq.read_pos = -1               # (the timeline: the first draft after each commit read)
-        return [(ident, protocol.Streamed(m, len(rows), draft_ms, stepped, held)) for ident, m in msgs.items()]
+                msgs.setdefault(seq.key[0], []).append(self._stream_row(seq, positions[id(seq)], d))
+        return [(ident, protocol.Streamed(m, len(rows), draft_ms, stepped, held, len(extra)))
+                for ident, m in msgs.items()]
 
     def pick(self) -> list[tuple[Client, list]]:
         """The rows of the next step: every waiting row whose prompt is fed, clients in turn from `turn`, whole

@@ -183,6 +183,7 @@ class Open(msgspec.Struct, tag="open"):
     seed: DraftSeed = 0
     stream: bool = False     # pipelined: the server drafts ahead (up to `window` past what the client settled)
     window: int = 8          # and streams each token in Streamed; the client sends Commits, not Rounds
+    watch: int = 0           # stream: send the draft's next `watch` choices with each token (StreamRow.alts)
 
 
 class Row(msgspec.Struct, array_like=True):
@@ -235,6 +236,7 @@ class StreamRow(msgspec.Struct, array_like=True):
     q_val: list[float] | None = None
     since: int = -1          # the first row after the server read a commit: that commit's position (else -1)
     read_at: float = 0.0     # ... and when the server read it (its wall clock, time.time())
+    alts: list[int] | None = None   # the draft's next choices at pos (Open.watch)
 
 
 class Streamed(msgspec.Struct, tag="streamed"):
@@ -244,6 +246,9 @@ class Streamed(msgspec.Struct, tag="streamed"):
     draft_ms: float = 0.0
     stepped_at: float = 0.0  # the step's tokens on the server's host (its wall clock, time.time())
     streams: int = 0         # streams the server holds (all clients'), at the step
+    branch_rows: int = 0     # verdict cache: branch rows in the step (beside the `batch` stream rows)
+    missed: list[str] = []   # verdict cache: streams whose restart (a Commit just read) found no branch; a foreseen
+                             # one is answered at once with its branch's drafts (rows, since = the commit's pos)
 
 
 class Drafts(msgspec.Struct, tag="drafts"):

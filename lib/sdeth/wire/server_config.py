@@ -69,6 +69,8 @@ class DraftServerConfig:
     spin_s: float = 0.0            # busy-poll the socket this long after a message
     messages_per_s: int = 4000     # what one client (a connection, or a per-client CURVE key) may send a second
     per_pass: int = 4              # messages of one client handled between two draft steps (others wait in turn)
+    verdict_cache: str = "off"     # streams: branches for the likely verdicts on free rows (runtime.verdictcache:
+                                   # off, on or FANOUT[xDEPTH[xBUDGET]])
     limits: ServerLimits = field(default_factory=ServerLimits)
 
     def resolved(self, device_type: str) -> "DraftServerConfig":
@@ -84,6 +86,8 @@ class DraftServerConfig:
         if bad or not 1 <= self.rows <= 128 or self.ttl_s <= 0:
             raise ValueError(f"draft server config {bad or (self.rows, self.ttl_s)}: rows 1 to 128, capacity, "
                              f"per_pass and messages_per_s at least 1, ttl_s above 0")
+        from ..runtime.verdictcache import VerdictSpec
+        VerdictSpec.parse(self.verdict_cache)            # (its error names the flag's forms)
         if not 1 <= self.limits.reply_bytes <= MAX_MESSAGE_BYTES:
             raise ValueError(f"limits.reply_bytes {self.limits.reply_bytes}: use 1 to the protocol's frame limit "
                              f"{MAX_MESSAGE_BYTES} (a larger reply is refused by its client)")

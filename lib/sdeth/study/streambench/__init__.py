@@ -29,9 +29,12 @@ mean (time over tokens). tokens/s per GPU: all streams' tokens per second over t
   event model (costmodel.simulate_pipelined) fed the point's measured server step.
 - big_targets: the same against emulated Qwen3-32B / Qwen2.5-72B (fp8) targets, their t_v from `bench targets`.
 
+- ssd (`--verdict-cache off,on`, `--only-ssd`): the draft server's verdict cache, off and on side by side against
+  emulated 8B / 32B / 72B targets whose acceptance carries ranks (ranks: trace-driven or labelled synthetic).
+
 Modules: common (constants, the typed Grid), draftstep, target, colocated, server (the draft server's
 process), emulated (the emulated targets), remote (the remote parts), report (rows, notes), call (one call,
-the command line).
+the command line), ranks, ssd.
 """
 from __future__ import annotations
 

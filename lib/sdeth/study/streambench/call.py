@@ -17,6 +17,7 @@ from .common import (CONTEXT, CONTEXTS, DRAFT_K, GOALS, SERVER_ROWS, TARGET, Gri
                      build_fast, compiled, free)
 from .draftstep import draft_step, goal_check
 from .remote import remote_part
+from .ssd import SSD_ALPHA, ssd_part
 from .report import NOTES, draft_row, summary_lines
 from .target import target_points, tv_table
 
@@ -34,7 +35,7 @@ def run_call(call: int, json_path: str, grid: Grid, drafts=("Qwen3-1.7B",), devi
     res = {"schema": "sdeth.bench/1", "bench": "streams", "call": call,
            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "hardware": hardware.describe(device),
            "copy_bandwidth_Bps": copy_bandwidth(device),
-           "settings": {"target": TARGET, "drafts": list(drafts), "alpha": {d: DRAFT_ALPHA[d] for d in drafts},
+           "settings": {"target": TARGET, "drafts": list(drafts), "alpha": {d: DRAFT_ALPHA.get(d, SSD_ALPHA) for d in drafts},
                         "weights": "random bf16 (runtime.randomweights)", "acceptance": "synthetic (coins, target side)",
                         "prompt": g.prompt, "context": g.context, "contexts": list(CONTEXTS), "draft_k": DRAFT_K,
                         "server_rows": SERVER_ROWS, "compile": compiled(g), "quick": quick, "budget_s": budget_s,
@@ -43,6 +44,13 @@ def run_call(call: int, json_path: str, grid: Grid, drafts=("Qwen3-1.7B",), devi
            "draft_step": [], "target": {}, "colocated": [], "remote": {}, "goal_check": [], "skipped": []}
     save = lambda: Path(json_path).write_text(json.dumps(res, indent=1, default=str))  # noqa: E731
     first = drafts[0]
+    if g.only_ssd:                # (its own bench name: the streams tables read complete calls only)
+        res["bench"] = "streams-ssd"
+        res["settings"]["acceptance"] = "ranks (streambench.ranks: trace-driven or synthetic), target side"
+        ssd_part(res, first, device, g, t_end, progress, save)
+        res["wall_s"] = round(time.time() - t_start, 1)
+        save()
+        return res
     dfast = build_fast(first, device, 1)
     res["draft_step"].append(draft_step(dfast, dfast.vocab, first, g.batches, CONTEXTS, reps=g.reps,
                                         compile_mode=g.models_compile))
@@ -58,6 +66,8 @@ def run_call(call: int, json_path: str, grid: Grid, drafts=("Qwen3-1.7B",), devi
     free()
     remote_part(res, first, device, tv_table(pts), g, t_end, progress, save)
     extras(res, dfast, first, tdec, g, device, t_end, progress, save)
+    if g.verdict_caches:
+        ssd_part(res, first, device, g, t_end, progress, save)
     res["wall_s"] = round(time.time() - t_start, 1)
     save()
     for line in summary_lines(res):
@@ -102,6 +112,10 @@ def ints(text: str) -> tuple:
     return tuple(int(x) for x in text.split(",") if x)
 
 
+def names(text: str) -> tuple:
+    return tuple(x for x in text.split(",") if x)
+
+
 def pairs(text: str) -> tuple:
     """'B:N,B:N' -> ((B, N), ...)."""
     try:
@@ -116,10 +130,15 @@ def grid_of(a) -> Grid:
              extra_drafts=tuple(x for x in a.drafts.split(",") if x)[1:],
              big_targets=tuple(x for x in a.big_targets.split(",") if x))
     g = g.quick() if a.quick else g
+    g.only_ssd, g.ssd_s, g.ssd_rows = a.only_ssd, a.ssd_s, a.ssd_rows or g.ssd_rows
+    if g.only_ssd and not a.verdict_cache:
+        raise SystemExit("--only-ssd runs the verdict cache's part: give --verdict-cache, e.g. off,on")
     for name, text, parse in (("compile_modes", a.compile, lambda t: tuple(x for x in t.split(",") if x)),
                               ("pipelined", a.pipelined, pairs), ("big_points", a.big_points, pairs),
                               ("remote_batches", a.remote_batches, ints), ("remote_ns", a.remote_ns, ints),
-                              ("remote_ks", a.remote_ks, ints), ("colocated_ks", a.colocated_ks, ints)):
+                              ("remote_ks", a.remote_ks, ints), ("colocated_ks", a.colocated_ks, ints),
+                              ("verdict_caches", a.verdict_cache, names), ("ssd_targets", a.ssd_targets, names),
+                              ("ssd_points", a.ssd_points, pairs), ("ssd_ranks", a.ssd_ranks, names)):
         if text is not None:
             setattr(g, name, parse(text))
     return g
@@ -152,6 +171,16 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--remote-ns", default=None, help="sync rounds: N values (default 1, 2, 4, 8, 16)")
     ap.add_argument("--remote-ks", default=None, help="sync rounds: k values (default 3, 5)")
     ap.add_argument("--colocated-ks", default=None, help="colocated: k values (default 2, 3, 4, 5)")
+    ap.add_argument("--verdict-cache", default=None, help="the ssd part: the servers' verdict caches, comma-separated "
+                    "(e.g. off,on or off,4x4x8; default: the part is left out)")
+    ap.add_argument("--only-ssd", action="store_true", help="run the ssd part alone")
+    ap.add_argument("--ssd-targets", default=None, help="ssd: emulated targets (default Qwen3-8B,Qwen3-32B,Qwen2.5-72B)")
+    ap.add_argument("--ssd-points", default=None, help="ssd: (B, N) as B:N,... (default 1:1,1:4,2:1,2:4,4:1,4:4,8:1,8:4)")
+    ap.add_argument("--ssd-ranks", default=None, help="ssd: acceptance ranks, comma-separated (default "
+                    "trace,synthetic:0.9; coins: no ranks)")
+    ap.add_argument("--ssd-s", type=float, default=1.5, help="ssd: seconds of each point")
+    ap.add_argument("--ssd-rows", type=int, default=0, help="ssd: the servers' cache rows (default 128; B*N of "
+                    "them: a full server, whose cache drafts no branch)")
     return ap
 
 

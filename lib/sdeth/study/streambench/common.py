@@ -57,6 +57,13 @@ class Grid:
     big_points: tuple = ((1, 1), (1, 4), (2, 4), (4, 4))   # their (B, N)
     prompt: int = PROMPT
     context: int = CONTEXT
+    verdict_caches: tuple = ()         # the ssd part's server settings, e.g. ("off", "on"); () leaves it out
+    only_ssd: bool = False             # run the ssd part alone (no draft_step, target, colocated or remote parts)
+    ssd_targets: tuple = ("Qwen3-8B", "Qwen3-32B", "Qwen2.5-72B")   # emulated from their t_v (bench targets)
+    ssd_points: tuple = ((1, 1), (1, 4), (2, 1), (2, 4), (4, 1), (4, 4), (8, 1), (8, 4))   # (B, N), in this order
+    ssd_ranks: tuple = ("trace", "synthetic:0.9")                  # streambench.ranks specs
+    ssd_s: float = 1.5                 # seconds of each ssd point
+    ssd_rows: int = SERVER_ROWS        # the ssd servers' cache rows (B*N of them: a full server)
 
     def quick(self) -> "Grid":
         """A small grid (a smoke run)."""

@@ -11,6 +11,9 @@ from ...runtime.pipeline import StreamView
 from ...runtime.verify import Sampling
 from ...wire import protocol
 from .common import CONTEXT, PROMPT, TIMELINE, coins, hello, wait_until
+from .ranks import Ranks, token_of
+
+FORESEEN_WAIT_S = 0.05     # the most a target waits for its restart's answer (a foreseen verdict's drafts or `missed`)
 
 class Emulated:
     """One emulated target: B streams in lockstep through one DraftServerClient, a verify wait of tv_ms a round."""
@@ -103,21 +106,31 @@ class EmulatedPipelined:
     never waits for drafts: a stream with none on offer gains its own token. The bonus token (after every draft on
     offer was accepted) matches the draft's token at its position with probability alpha when that draft reached
     the target by the verify's end, and counts as a mismatch (the draft restarts there) when it did not: a little
-    pessimistic, where the draft may have made it but not yet sent it."""
+    pessimistic, where the draft may have made it but not yet sent it.
+
+    ranks (streambench.ranks): which token the target's is in the draft's order, per position ("coins": none of
+    the draft's on a rejection); watch: the draft's next choices the server sends with each token. foreseen: the
+    server runs a verdict cache, so after a rejection the target waits for the server's answer to its Commits (the
+    branch's drafts when the verdict was foreseen, `missed` when not; at most FORESEEN_WAIT_S) before its next
+    verify, as a target that knows the server speculates on its verdicts would."""
 
     def __init__(self, addr: str, index: int, B: int, k: int, tv_ms: dict, alpha: float, seed: int, vocab: int,
-                 window: int = 8, prompt: int = PROMPT, context: int = CONTEXT, **_):
+                 window: int = 8, prompt: int = PROMPT, context: int = CONTEXT, ranks: str = "coins",
+                 watch: int = 0, foreseen: bool = False, **_):
         from ...wire.draft_client import DraftServerClient
         self.c = DraftServerClient(addr, hello(vocab), timeout_s=60)
         self.index, self.B, self.k, self.alpha, self.vocab = index, B, k, alpha, vocab
         self.tv_s = {int(m): v / 1e3 for m, v in tv_ms.items()}     # drafts verified per stream -> seconds
         self.window, self.prompt, self.context = window, prompt, context
         self.rng, self.count = random.Random(seed), 0
+        self.ranks, self.watch, self.foreseen = Ranks(ranks, alpha, seed), watch, foreseen
+        self.missed: set = set()               # streams the server said had no branch for their restart
         self.streams = [self.fresh() for _ in range(B)]
         self.rec = {key: [] for key in ("step_ms", "tpot_ms", "offered", "accepted", "draft_ms", "batch",
-                                        "tv_over", "held", "period_ms", *TIMELINE)}
+                                        "tv_over", "held", "period_ms", "branch_rows", "answer_ms", *TIMELINE)}
         self.last_step = 0.0                   # the newest Streamed's step (server clock)
-        self.rec.update(tokens=0, restarts=0, stream_tokens=[0] * B, late=0)
+        self.rec.update(tokens=0, restarts=0, stream_tokens=[0] * B, late=0, hits=0, misses=0, hits_at={},
+                        rejections_at={}, rank_hist={})
 
     def fresh(self) -> dict:
         """A new stream: Open(stream) and its first token's commit."""
@@ -125,11 +138,11 @@ class EmulatedPipelined:
         seq = f"p{self.index}-{self.count}"
         ids = [self.rng.randrange(self.vocab) for _ in range(self.prompt)]
         self.c.client.send(protocol.Open(seq, 0, ids, seed=self.rng.randrange(2 ** 31), q_top=0, stream=True,
-                                         window=self.window))
+                                         window=self.window, watch=self.watch))
         first = self.rng.randrange(self.vocab)
         view = StreamView()
         view.on_commit(0, first)
-        s = {"seq": seq, "settled": 1, "view": view, "sent": {}, "first": None}
+        s = {"seq": seq, "settled": 1, "view": view, "sent": {}, "first": None, "key": self.index * 100_003 + self.count}
         self.send_commits([(s, protocol.CommitRow(seq, 0, 0, first))])
         return s
 
@@ -166,15 +179,18 @@ class EmulatedPipelined:
             if not isinstance(m, protocol.Streamed):
                 continue
             arrived = time.time()
-            if self.last_step:
-                self.rec["period_ms"].append((m.stepped_at - self.last_step) * 1e3)
-            self.last_step = m.stepped_at
-            self.rec["draft_ms"].append(m.draft_ms)
-            self.rec["batch"].append(m.batch)
+            self.missed.update(m.missed)
+            if m.batch:                         # (a step's: an answer to a Commits carries no step)
+                if self.last_step:
+                    self.rec["period_ms"].append((m.stepped_at - self.last_step) * 1e3)
+                self.last_step = m.stepped_at
+                self.rec["draft_ms"].append(m.draft_ms)
+                self.rec["batch"].append(m.batch)
+                self.rec["branch_rows"].append(m.branch_rows)
             self.rec["held"].append(m.streams)
             for r in m.rows:
                 if r.seq in by:
-                    by[r.seq]["view"].on_drafted(r.epoch, r.pos, r.token, None)
+                    by[r.seq]["view"].on_drafted(r.epoch, r.pos, r.token, None, alts=r.alts)
                     if r.since >= 0:
                         self.note_first(by[r.seq], r, m, arrived)
 
@@ -193,6 +209,33 @@ class EmulatedPipelined:
             self.rec["arrived_to_verified"].append((time.time() - arrived) * 1e3)
             s["first"] = None
 
+    def verdict(self, s: dict, m: int) -> tuple[int, int]:
+        """(drafts accepted, the rank of the target's token after them) for m drafts on offer."""
+        for i in range(m + 1):
+            r = self.ranks.rank(s["key"], s["settled"] + i)
+            if r or i == m:
+                return i, r
+        return m, 0
+
+    def answers(self, restarted: list) -> None:
+        """After a rejection with the server's verdict cache on: wait for each restarted stream's answer (its
+        foreseen drafts: a hit; `missed`: a miss), at most FORESEEN_WAIT_S; the wait and the hits recorded."""
+        if not (self.foreseen and restarted):
+            return
+        t0 = time.perf_counter()
+        while True:
+            self.take()
+            waiting = [(s, a) for s, a in restarted if s["seq"] not in self.missed and not self.offered(s)]
+            if not waiting or time.perf_counter() - t0 > FORESEEN_WAIT_S:
+                break
+        self.rec["answer_ms"].append((time.perf_counter() - t0) * 1e3)
+        for s, a in restarted:
+            hit = s["seq"] not in self.missed and self.offered(s) > 0
+            self.rec["hits" if hit else "misses"] += 1
+            if hit:
+                self.rec["hits_at"][str(a)] = self.rec["hits_at"].get(str(a), 0) + 1
+        self.missed.clear()
+
     def step(self) -> None:
         t0 = time.perf_counter()
         self.take()
@@ -200,21 +243,22 @@ class EmulatedPipelined:
         for s, m in zip(self.streams, offers):
             self.verified(s, m)
         tv = self.tv_s[max(offers)]
-        accepted = [coins(self.rng, m, self.alpha) for m in offers]
+        verdicts = [self.verdict(s, m) for s, m in zip(self.streams, offers)]
         wait_until(t0 + tv)                   # the verify of what was on offer: its verdict is known only now
         self.take()                           # the draft's token at the bonus position, if it was made meanwhile
-        commits, toks = [], []
-        for s, m, a in zip(self.streams, offers, accepted):
+        commits, toks, restarted = [], [], []
+        for s, m, (a, rank) in zip(self.streams, offers, verdicts):
             pos, view = s["settled"] + a, s["view"]
             drafted = view.drafts.get(pos, (None,))[0] if not view.unresolved else None
-            if a < m:                                   # a rejected draft: the target's token differs
-                token = (drafted + 1) % self.vocab
-            elif drafted is not None and self.rng.random() < self.alpha:
-                token = drafted                         # the draft's next token, already here, matches
-            else:
+            token = token_of(rank, drafted, view.alts.get(pos), self.vocab)
+            if token < 0:                               # the draft's token there not here yet: our own
                 token = self.rng.randrange(self.vocab)
+            self.rec["rank_hist"][str(rank)] = self.rec["rank_hist"].get(str(rank), 0) + (a < m or drafted is not None)
             restarts = view.restarts
             view.on_commit(pos, token)                  # the same rules as the server's (runtime.pipeline)
+            if view.restarts > restarts:
+                restarted.append((s, a))
+                self.rec["rejections_at"][str(a)] = self.rec["rejections_at"].get(str(a), 0) + 1
             self.rec["restarts"] += view.restarts - restarts
             commits.append((s, protocol.CommitRow(s["seq"], 0, pos, token)))
             s["settled"] = pos + 1
@@ -222,6 +266,7 @@ class EmulatedPipelined:
             self.rec["offered"].append(m)
             self.rec["accepted"].append(a)
         self.send_commits(commits)
+        self.answers(restarted)
         for j, s in enumerate(self.streams):
             if self.prompt + s["settled"] + self.window + self.k + 2 > self.context:
                 self.c.client.send(protocol.End(s["seq"]))
@@ -244,7 +289,7 @@ class EmulatedPipelined:
                 break
             time.sleep(0.001)
         for key in self.rec:
-            self.rec[key] = [] if isinstance(self.rec[key], list) else 0
+            self.rec[key] = type(self.rec[key])()
         self.rec["stream_tokens"] = [0] * self.B
         conn.send({"ready": True, "cold_start_ms": round((time.perf_counter() - t0) * 1e3, 2)})
         start_at, seconds = conn.recv()

@@ -1,0 +1,193 @@
+"""Verdict speculation for the streams of a batched draft (the draft server's verdict cache).
+
+While a stream's drafted positions await the target's verdict, the draft prepares the next speculation for the
+likely verdicts: a rejection at position j with the target's token there being one of the draft's next choices
+at j (its 2nd, 3rd, ... token). Each (j, token) is a *branch*: a free cache row that takes the stream's context
+before j (a slice copy per layer), feeds the token and drafts its continuation a token a step, in the same
+batched steps as the live streams (after them: live streams are always stepped first, and a branch takes only a
+row no sequence holds; a new sequence evicts branches).
+
+    vc = VerdictCache(drafter, VerdictSpec.parse("4x4x8"))   # drafter.cache = vc; drafter.alts >= fanout
+    extra = vc.rows(room)                 # branches to step beside the live streams (stream_step)
+    vc.took(drafted)                      # their tokens, after the step
+    vc.plan(streams)                      # new branches on free rows, after the step
+    b = vc.on_commit(seq, pos, token)     # before BatchDrafter.commit: a hit adopts the branch (no commit then)
+
+Fan-out per position is geometric in the acceptance observed for the stream (Saguaro's rule, Kumar et al.
+2026): offset i past the last settled position gets round(fanout * alpha^i) branches on the draft's next
+choices, until the stream holds `budget` branches. A commit that settles a position as drafted drops the
+branches at it and before; a rejection that finds its (j, token) adopts that branch (the stream's row becomes
+the branch's, its drafted continuation goes out at once: a *hit*), and drops the others either way.
+
+Lossless: the target verifies the adopted continuation as any other drafts. A branch's tokens are drawn as the
+stream's would be (greedy: the argmax; sampled: from q given the branch's context, by a generator of the
+branch's own), and its q goes with each token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .batchdraft import BatchDrafter, Drafted, Sequence
+
+VERDICT_DEFAULT = "4x4x8"
+ALPHA_PRIOR, PRIOR_WEIGHT = 0.7, 4.0   # a stream's acceptance before it has verdicts (the prior's pseudo-counts)
+
+
+@dataclass(frozen=True)
+class VerdictSpec:
+    """A verdict cache: `fanout` branches at the first unverified position (0: off), `depth` tokens drafted past
+    each fork, at most `budget` branches a stream. Written "off", "on" (VERDICT_DEFAULT) or FANOUT[xDEPTH[xBUDGET]]."""
+    fanout: int = 0
+    depth: int = 4
+    budget: int = 8
+
+    @classmethod
+    def parse(cls, spec: str) -> "VerdictSpec":
+        if spec in ("", "off", "0"):
+            return cls()
+        try:
+            parts = [int(x) for x in (VERDICT_DEFAULT if spec == "on" else spec).lower().split("x")]
+        except ValueError:
+            parts = []
+        if not 1 <= len(parts) <= 3 or min(parts) < 1:
+            raise ValueError(f"verdict cache {spec!r}: use 'off', 'on' ({VERDICT_DEFAULT}) or FANOUT[xDEPTH[xBUDGET]] "
+                             "with each >= 1, e.g. '4x4' or '2x6x4'")
+        fanout, depth, budget = parts + [4, max(parts[0] * 2, 1)][len(parts) - 1:]
+        return cls(fanout, depth, budget)
+
+    @property
+    def on(self) -> bool:
+        return self.fanout > 0
+
+    def __str__(self) -> str:
+        return f"{self.fanout}x{self.depth}x{self.budget}" if self.on else "off"
+
+
+@dataclass(eq=False)
+class Branch:
+    row: Sequence                  # its cache row and chain (chain[pos] = token)
+    pos: int
+    token: int
+    offset: int                    # pos past its stream's settled positions when it was made
+    out: list = field(default_factory=list)     # (position, Drafted) of its continuation
+
+
+def fanouts(alpha: float, fanout: int, budget: int, n: int) -> list[int]:
+    """Branches at each of n unverified positions: round(fanout * alpha^i), at least one at the first, in all at
+    most budget (the first positions first)."""
+    out, left = [], budget
+    for i in range(n):
+        f = min(max(round(fanout * alpha ** i), 1 if i == 0 else 0), left)
+        out.append(f)
+        left -= f
+    return out
+
+
+class VerdictCache:
+    """The branches of every stream of one BatchDrafter, and what they foresaw (stats)."""
+
+    def __init__(self, drafter: BatchDrafter, spec: VerdictSpec):
+        if not spec.on:
+            raise ValueError("a verdict cache needs fanout >= 1 (VerdictSpec.parse('on'))")
+        self.d, self.spec = drafter, spec
+        drafter.cache, drafter.alts = self, max(drafter.alts, spec.fanout)
+        self.held: dict[Sequence, dict[tuple[int, int], Branch]] = {}
+        self.seen: dict[Sequence, list[float]] = {}       # stream -> [positions settled as drafted, rejections]
+        self.stats = {"branches": 0, "hits": 0, "misses": 0, "uncovered": 0, "foreseen_tokens": 0,
+                      "rows_stepped": 0, "dropped": 0, "evicted": 0, "hits_at": {}, "rejections_at": {}}
+
+    def alpha(self, seq: Sequence) -> float:
+        acc, rej = self.seen.get(seq, (0.0, 0.0))
+        return (acc + ALPHA_PRIOR * PRIOR_WEIGHT) / (acc + rej + PRIOR_WEIGHT)
+
+    def branches(self) -> list[Branch]:
+        return [b for held in self.held.values() for b in held.values()]
+
+    def rows(self, room: int) -> list[Sequence]:
+        """Up to `room` branches that may draft their next token (fewer than depth drafted), the nearest forks
+        first."""
+        ready = [b for b in self.branches() if len(b.out) < self.spec.depth and b.row.ready]
+        return [b.row for b in sorted(ready, key=lambda b: b.offset)[:max(room, 0)]]
+
+    def took(self, drafted: dict) -> None:
+        """A step's tokens ({id(row): Drafted}) for the branches that were in it."""
+        for b in self.branches():
+            d: Drafted | None = drafted.get(id(b.row))
+            if d is not None:
+                b.out.append((len(b.row.chain) - 1, d))
+                self.stats["rows_stepped"] += 1
+
+    def plan(self, streams: list[Sequence]) -> int:
+        """New branches for the streams' unverified positions (geometric fan-out on each stream's own alpha),
+        within each one's budget and the drafter's free rows; returns how many were made."""
+        want = []
+        for seq in streams:
+            held = self.held.get(seq, {})
+            span = [j for j in range(seq.acked, len(seq.chain)) if seq.base + j <= seq.fed and j in seq.alts]
+            if not span or len(held) >= self.spec.budget:
+                continue
+            fs = fanouts(self.alpha(seq), self.spec.fanout, self.spec.budget, len(seq.chain) - seq.acked)
+            room = self.spec.budget - len(held)
+            new = [(j - seq.acked, r, (seq, j, t)) for j in span for r, t in enumerate(seq.alts[j][:fs[j - seq.acked]])
+                   if (j, t) not in held]
+            want += new[:room]
+        want = [w for *_, w in sorted(want, key=lambda w: w[:2])][:len(self.d.free_rows)]   # nearest first, all streams
+        for (seq, j, t), row in zip(want, self.d.fork(want)):
+            self.held.setdefault(seq, {})[(j, t)] = Branch(row, j, t, j - seq.acked)
+        self.stats["branches"] += len(want)
+        return len(want)
+
+    def on_commit(self, seq: Sequence, pos: int, token: int) -> Branch | None:
+        """The client's token at pos, before BatchDrafter.commit: a rejection whose (pos, token) was foreseen
+        adopts that branch and returns it (the caller skips commit, the branch's drafts go out at once); any
+        rejection drops the stream's other branches; a position settled as drafted drops the branches at it
+        and before. None: commit as usual."""
+        held = self.held.get(seq, {})
+        seen = self.seen.setdefault(seq, [0.0, 0.0])
+        seen[0] += max(min(pos, len(seq.chain)) - seq.acked, 0)
+        if not (pos < len(seq.chain) and seq.chain[pos] != token):
+            for key in [key for key in held if key[0] <= pos]:
+                self._release(held.pop(key))
+            return None
+        seen[1] += 1
+        at = str(pos - seq.acked)
+        self.stats["rejections_at"][at] = self.stats["rejections_at"].get(at, 0) + 1
+        b = held.pop((pos, token), None)
+        covered = any(key[0] == pos for key in held)
+        self.drop(seq)
+        if b is None:
+            self.stats["misses"] += 1
+            self.stats["uncovered"] += not covered
+            return None
+        self.d.adopt(seq, b.row)
+        self.stats["hits"] += 1
+        self.stats["foreseen_tokens"] += len(b.out)
+        self.stats["hits_at"][at] = self.stats["hits_at"].get(at, 0) + 1
+        return b
+
+    def _release(self, b: Branch) -> None:
+        self.d.release(b.row)
+        self.stats["dropped"] += 1
+
+    def drop(self, seq: Sequence) -> None:
+        """Every branch of seq (its stream restarted, ended or was freed)."""
+        for b in self.held.pop(seq, {}).values():
+            self._release(b)
+        if seq not in self.d.seqs.values():
+            self.seen.pop(seq, None)
+
+    def evict(self, n: int) -> int:
+        """Free n rows for live sequences: the farthest forks first. Returns the rows freed."""
+        victims = sorted(((b.offset, id(b), seq, key) for seq, held in self.held.items() for key, b in held.items()),
+                         key=lambda v: -v[0])[:n]
+        for _, _, seq, key in victims:
+            self.d.release(self.held[seq].pop(key).row)
+            self.stats["evicted"] += 1
+        return len(victims)
+
+    def summary(self) -> dict:
+        """The stats with the hit rate (hits over rejections) and the rows branches hold now."""
+        s = self.stats
+        rej = s["hits"] + s["misses"]
+        return {**s, "spec": str(self.spec), "hit_rate": s["hits"] / rej if rej else None,
+                "held_rows": len(self.branches())}

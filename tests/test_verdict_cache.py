@@ -1,0 +1,243 @@
+"""The draft server's verdict cache (runtime.verdictcache): branches for the likely verdicts on free rows, adopted
+when the target's token was foreseen. Lossless (greedy identical to target-only, sampled chi-square), counted
+(a foreseen verdict answered without a fresh draft step), never at a live stream's cost (a full server drafts no
+branch), and rows never leak (a property test over random commits)."""
+import time
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from doubles import two_token_chi2
+from sdeth.runtime.batchdraft import BatchDrafter
+from sdeth.runtime.batchmodel import BatchDecoder
+from sdeth.runtime.engine import Engine
+from sdeth.runtime.fastmodel import FastDecoder
+from sdeth.runtime.pipeline import generate_pipelined
+from sdeth.runtime.loop import generate_target_only
+from sdeth.runtime.verdictcache import VerdictCache, VerdictSpec, fanouts
+from sdeth.runtime.verify import Sampling
+from sdeth.wire import protocol as W
+from sdeth.wire.draft_client import DraftServerClient, ServerStream
+from test_draft_server import HELLO, VOCAB, _in_threads, serving, tiny_pair, tiny_server
+
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
+
+
+def drafter(draft, rows=6, cache="2x3x4"):
+    d = BatchDrafter(BatchDecoder(FastDecoder(draft, 8), rows, 128), VOCAB, 16)
+    return d, (VerdictCache(d, VerdictSpec.parse(cache)) if cache != "off" else None)
+
+
+def stepped(d, vc, seq, n):
+    """n stream steps of seq (and the cache's branches), planning branches after each."""
+    while d.waiting():
+        d.prefill()
+    for _ in range(n):
+        extra = vc.rows(d.dec.rows) if vc else []
+        out = d.stream_step([seq] + extra)
+        if vc:
+            vc.took({id(s): o for s, o in zip([seq] + extra, out)})
+            vc.plan([seq])
+
+
+def test_spec_parse_and_geometric_fanout():
+    assert VerdictSpec.parse("off") == VerdictSpec() and not VerdictSpec().on
+    assert VerdictSpec.parse("on") == VerdictSpec(4, 4, 8)
+    assert VerdictSpec.parse("3x5") == VerdictSpec(3, 5, 6)
+    with pytest.raises(ValueError, match="FANOUT"):
+        VerdictSpec.parse("2xq")
+    assert fanouts(0.7, 4, 8, 6) == [4, 3, 1, 0, 0, 0]       # round(4 * 0.7^i), the budget's 8 in all
+    assert fanouts(0.2, 4, 8, 3) == [4, 1, 0]
+
+
+def test_an_adopted_branch_drafts_what_a_restart_would():
+    """Greedy: the rejection at position 2 with the draft's second choice there adopts that branch; the stream's
+    chain then equals that of a drafter without the cache restarted at the same (position, token), token for
+    token, and the new epoch began."""
+    _, draft = tiny_pair()
+    d, vc = drafter(draft)
+    ref, _ = drafter(draft, cache="off")
+    seqs = [x.open_stream(("c", "s"), 0, PROMPT, Sampling(), 1, 0, window=6) for x in (d, ref)]
+    for x, s in zip((d, ref), seqs):
+        x.commit(s, 0, 7)
+    stepped(d, vc, seqs[0], 5)
+    stepped(ref, None, seqs[1], 5)
+    assert seqs[0].chain == seqs[1].chain
+    alt = seqs[0].alts[2][0]
+    assert alt != seqs[0].chain[2] and (2, alt) in vc.held[seqs[0]]
+    b = vc.on_commit(seqs[0], 2, alt)
+    assert b is not None and len(b.out) == 3 and seqs[0].epoch == 1
+    assert ref.commit(seqs[1], 2, alt) and seqs[1].epoch == 1
+    stepped(ref, None, seqs[1], 3)
+    assert seqs[0].chain == seqs[1].chain[:len(seqs[0].chain)] and len(seqs[0].chain) == 6
+    assert vc.stats["hits"] == 1 and vc.stats["foreseen_tokens"] == 3
+    assert not vc.held.get(seqs[0]) and sorted(d.free_rows + [seqs[0].row]) == list(range(6))
+
+
+def test_a_full_drafter_makes_no_branch():
+    """Every row holds a live stream: plan makes nothing; a new stream takes a row a branch held (evicted)."""
+    _, draft = tiny_pair()
+    d, vc = drafter(draft, rows=2)
+    a = d.open_stream(("c", "a"), 0, PROMPT, Sampling(), 1, 0, window=6)
+    d.commit(a, 0, 7)
+    stepped(d, vc, a, 4)
+    assert vc.branches() and not d.free_rows                 # the one free row went to a branch
+    b = d.open_stream(("c", "b"), 0, PROMPT, Sampling(), 2, 0, window=6)
+    assert not vc.branches() and vc.stats["evicted"] == 1
+    d.commit(b, 0, 7)
+    stepped(d, vc, a, 3)
+    assert vc.plan([a, b]) == 0 and not vc.branches() and vc.stats["branches"] == 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 3), st.integers(0, 2)), min_size=1, max_size=25))
+def test_rows_never_leak(ops):
+    """Random steps, commits (settled as drafted, rejected with a foreseen token or another), ends and opens:
+    each row is held by exactly one live stream, one branch, or free."""
+    _, draft = _PAIR
+    d, vc = drafter(draft, rows=5, cache="2x2x3")
+    live = {}
+    for who, what, arg in ops:
+        key = ("c", str(who))
+        seq = live.get(key)
+        if seq is None or what == 3:
+            if seq is not None and arg == 0:
+                d.free(key)
+                live.pop(key)
+                continue
+            seq = live[key] = d.open_stream(key, 0, PROMPT, Sampling(), who, 0, window=4)
+            d.commit(seq, 0, 7)
+        if what == 0:
+            stepped(d, vc, seq, arg + 1)
+        elif what in (1, 2) and len(seq.chain) > seq.acked:
+            pos = seq.acked + min(arg, len(seq.chain) - seq.acked - 1)
+            alts = seq.alts.get(pos, [])
+            tok = (alts[0] if alts and what == 1 else seq.chain[pos] if what == 2 and arg == 0
+                   else (seq.chain[pos] + 1) % VOCAB)
+            if vc.on_commit(seq, pos, tok) is None:
+                d.commit(seq, pos, tok)
+        held = [s.row for s in d.seqs.values()] + [b.row.row for b in vc.branches()]
+        assert sorted(held + d.free_rows) == list(range(5)), (held, d.free_rows)
+
+
+_PAIR = tiny_pair()
+
+
+def _pipelined_runs(addr, target, n_streams, prompts, s, max_tokens, seeds=None, k=3):
+    def run(i):
+        c = DraftServerClient(addr, HELLO, timeout_s=30)
+        eng, out = Engine(target, "t"), []
+        stream = ServerStream(c, s, q_top=0, window=6)
+        for j, p in enumerate(prompts):
+            gen = torch.Generator().manual_seed(seeds[i][j]) if seeds else None
+            out.append(generate_pipelined(eng, stream, p, max_tokens, k, s, None, gen=gen, draft_seed=j))
+            c.end_seq(stream.seq)                # (Ended taken: a close at once would drop the End)
+        c.close()
+        return out
+    return _in_threads(n_streams, run)
+
+
+def test_four_clients_greedy_with_the_cache_on_give_the_target_output_and_hits_are_answered_at_once():
+    """Four pipelined clients through one server with the cache on: each output is target-only's; some
+    rejections were foreseen (hits), their drafts sent at once with the Commit's answer (a hit's foreseen
+    tokens reach the client before any step after the commit)."""
+    target, draft = tiny_pair()
+    server = tiny_server(draft, rows=16, verdict_cache="4x4x8")
+    addr = serving(server)
+    prompts = [[5 + i, 6, 7, 8, 9, 10 + i] for i in range(3)]
+    runs = _pipelined_runs(addr, target, 4, prompts, Sampling(), 40)
+    eng = Engine(target, "ref")
+    want = [generate_target_only(eng, p, 40, Sampling(), None).output_ids for p in prompts]
+    assert all([r.output_ids for r in rs] == want for rs in runs)
+    s = server.vc.summary()
+    assert s["hits"] >= 1 and s["foreseen_tokens"] >= 1 and s["rows_stepped"] > 0, s    # (a branch adopted before
+                                                                                        # its first step sends none)
+    assert s["hit_rate"] is not None and s["hits"] + s["misses"] == sum(s["rejections_at"].values())
+    time.sleep(0.5)
+    assert not server.d.seqs and not server.vc.branches(), (server.d.seqs, s)   # every stream ended, branches freed
+    assert sorted(server.d.free_rows) == list(range(16))
+
+
+def test_a_foreseen_verdict_is_answered_without_a_draft_step():
+    """A client's Commits that rejects a drafted token with the draft's second choice there: the server's
+    immediate answer (dispatch, no step run) carries the branch's continuation in the new epoch."""
+    _, draft = tiny_pair()
+    server = tiny_server(draft, rows=8, verdict_cache="2x3x4")
+    ident = b"c1"
+    me = server.dispatch(ident, HELLO, time.time(), "tcp://127.0.0.1:1")
+    assert isinstance(me[0], W.Welcome)
+    server.dispatch(ident, W.Open("s", 0, PROMPT, stream=True, window=6, q_top=0), time.time(), "p")
+    server.dispatch(ident, W.Commits([W.CommitRow("s", 0, 0, 7)]), time.time(), "p")
+    for _ in range(8):
+        server._prefill()
+        server.stream_step()
+        server._plan()
+    seq = server.d.seqs[(ident, "s")]
+    alt = seq.alts[1][0]
+    steps = server.d.dec.steps
+    out = server.dispatch(ident, W.Commits([W.CommitRow("s", 0, 1, alt)]), time.time(), "p")
+    assert server.d.dec.steps == steps                         # no draft step ran
+    m = out[0]
+    assert isinstance(m, W.Streamed) and not m.missed and m.rows
+    assert [r.pos for r in m.rows] == list(range(2, 2 + len(m.rows))) and all(r.epoch == 1 for r in m.rows)
+    assert m.rows[0].since == 1 and server.vc.stats["hits"] == 1
+    out = server.dispatch(ident, W.Commits([W.CommitRow("s", 0, 2, (m.rows[0].token + 1) % VOCAB)]), time.time(), "p")
+    if out:                                      # a miss is told at once too (no branch there, or another token)
+        assert out[0].missed == ["s"] and not out[0].rows
+
+
+def test_four_clients_sampled_with_the_cache_on_reproduce_the_target_distribution():
+    """Sampled drafts (q on the wire) through the cache: branch tokens are drawn from q by a generator of the
+    branch's own; the first two tokens' joint distribution is the target's (chi-square), four clients."""
+    target, draft = tiny_pair()
+    server = tiny_server(draft, rows=16, verdict_cache="3x3x6")
+    addr = serving(server)
+    s, n = Sampling(1.0, top_k=3, draft_sampled=True), 60
+    prompt = [3, 1, 4, 1, 5]
+    runs = _pipelined_runs(addr, target, 4, [prompt] * n, s, 3, seeds=[list(range(i * n, (i + 1) * n))
+                                                                       for i in range(4)])
+    counts = {}
+    for r in (r for rs in runs for r in rs):
+        counts[tuple(r.output_ids[:2])] = counts.get(tuple(r.output_ids[:2]), 0) + 1
+    assert server.vc.stats["branches"] > 0
+    assert two_token_chi2(Engine(target, "ref"), prompt, s, counts) > 1e-3
+
+
+@pytest.mark.slow
+def test_the_embedded_pair_through_the_cache_gives_the_target_only_output(pair, target_only_ref):
+    """The embedded pair, four clients of two pipelined streams each, the server's verdict cache on: every output
+    is target-only's, and the cache foresaw some rejections."""
+    from conftest import REF
+    from sdeth.study import experiment
+    from sdeth.wire.draft_server import DraftServerConfig, pair_server
+    from test_server_streams import B, CLIENTS, _serving, _streams
+    server = pair_server(pair, DraftServerConfig(CLIENTS * B * 3, 1024, verdict_cache="4x4x8"))
+    addr = _serving(server)
+    prompts = experiment.encode_prompts(experiment.RunConfig(mode="sd", **REF), pair.tokenizer)
+    me = server.me
+    hello = W.Hello(W.PROTOCOL_VERSION, "target", "t", pair.vocab_size, me.tokenizer_sha, me.dtype)
+    runs = _streams(addr, hello, pair, prompts)
+    assert [r.output_ids for r in runs] == [r["output_ids"] for r in target_only_ref["requests"]]
+    s = server.vc.summary()
+    print(s)
+    assert s["branches"] > 0 and s["hits"] >= 1, s
+
+
+def test_the_event_models_verdict_terms_follow_the_fanout_rule():
+    """costmodel.verdict_terms: the positions the fan-out covers (the same rule as the cache), and the hit
+    probability from the ranks' shares weighted by where first rejections fall; a hit costs no restart in the
+    model, so more hits give more tokens per round."""
+    from sdeth.costmodel import Costs, simulate_pipelined, verdict_terms
+    shares = [0.0, 0.5, 0.2, 0.1, 0.05, 0.0, 0.0, 0.0]
+    t = verdict_terms(0.7, 4, 4, 8, shares)
+    assert t.forks == 3 and t.depth == 4                    # fanouts(0.7, 4, 8) = 4, 3, 1
+    w = [1, 0.7, 0.49]
+    want = (w[0] * 0.85 + w[1] * 0.8 + w[2] * 0.5) / sum(w)
+    assert abs(t.hit - want) < 1e-9
+    assert verdict_terms(0.7, 1, 4, 1, shares) == (1, 4, 0.5, 1.0)
+    c = Costs(0.02, 0.002, {m: 0.02 + 0.001 * m for m in range(2, 6)}, rtt=0.0004)
+    plain = simulate_pipelined(0.7, c, 4, n_tokens=4000, policy="offered")
+    cached = simulate_pipelined(0.7, c, 4, n_tokens=4000, policy="offered", cache=t)
+    assert cached["tokens_per_round"] > plain["tokens_per_round"] and cached["cache_hit_rate"] > 0.5
