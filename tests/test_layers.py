@@ -125,6 +125,52 @@ def test_every_module_imports_only_downward():
     assert violations(graph()) == []
 
 
+def test_every_import_of_the_package_names_a_module_that_is_there():
+    """A module moved to another room leaves no import of its old place behind, not even inside a function (which
+    no import of the module would reveal until that function runs)."""
+    g = graph()
+    assert [f"{m} imports {d}, which is no module" for m, deps in g.items() for d in sorted(deps)
+            if d.split(".")[0] == "sdeth" and d not in g] == []
+
+
+def top_names(path: Path) -> set[str]:
+    """What a module defines or imports at its top level (a star import counts as everything)."""
+    out = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                out |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            out |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.If, ast.Try)):
+            out |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return out
+
+
+def test_every_name_imported_from_the_package_is_there():
+    """`from sdeth.X import n`: n is a module of X or a name X defines (an import of a moved module's old name from
+    its package, inside a function, fails only when that function runs)."""
+    g, bad = graph(), []
+    for path in sorted(ROOT.rglob("*.py")):
+        me = module_name(path, ROOT)
+        pkg = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = pkg.split(".")[:len(pkg.split(".")) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            if target not in g:
+                continue
+            src = ROOT.parent / Path(*target.split("."))
+            src = src / "__init__.py" if src.is_dir() else src.with_suffix(".py")
+            names = top_names(src)
+            bad += [f"{me}: from {target} import {a.name}" for a in node.names
+                    if a.name not in ("*", "__doc__") and f"{target}.{a.name}" not in g and a.name not in names]
+    assert bad == []
+
+
 def test_no_import_cycles_even_through_function_level_imports():
     assert cycles(graph()) == []
 

@@ -210,7 +210,7 @@ def test_the_embedded_pair_through_the_cache_gives_the_target_only_output(pair, 
     """The embedded pair, four clients of two pipelined streams each, the server's verdict cache on: every output
     is target-only's, and the cache foresaw some rejections."""
     from conftest import REF
-    from sdeth.study import experiment
+    from sdeth.study.runs import experiment
     from sdeth.wire.draft_server import DraftServerConfig, pair_server
     from test_server_streams import B, CLIENTS, _serving, _streams
     server = pair_server(pair, DraftServerConfig(CLIENTS * B * 3, 1024, verdict_cache="4x4x8"))

@@ -256,7 +256,7 @@ def _prepare(a) -> int:
 
 def _soak(a) -> int:
     from .study.config import save
-    from .study.soak import soak
+    from .study.runs.soak import soak
     if a.clients < 1:
         print(f"sdeth: error: --clients {a.clients}: give 1 or more", file=sys.stderr)
         return 2
@@ -270,7 +270,7 @@ def _soak(a) -> int:
 def _draft_variants(a) -> int:
     from pathlib import Path
     from .models.presets import load_pair
-    from .study.acceptance import draft_variants, token_ranking
+    from .study.runs.acceptance import draft_variants, token_ranking
     from .study.config import save
     pair = load_pair("embedded")
     if not Path(a.rank).exists():
@@ -282,7 +282,7 @@ def _draft_variants(a) -> int:
 
 def _chains(a) -> int:
     from .models.presets import load_pair
-    from .study.acceptance import record_chains
+    from .study.runs.acceptance import record_chains
     from .study.config import save
     print("wrote", save(record_chains(load_pair(a.pair), a.prompts, a.max_tokens, a.depth), a.out))
     return 0
@@ -290,7 +290,7 @@ def _chains(a) -> int:
 
 def _trace(a) -> int:
     from .models.presets import load_pair
-    from .study.acceptance import record_trace
+    from .study.runs.acceptance import record_trace
     from .study.config import save
     res = record_trace(load_pair(a.pair), a.prompts, a.max_tokens, progress=print)
     print(f"alpha {res['alpha']:.3f} over {res['positions']} positions; wrote {save(res, a.out)}")
@@ -299,7 +299,7 @@ def _trace(a) -> int:
 
 def _calibrate(a) -> int:
     from .models.presets import load_pair
-    from .study.experiment import calibrate
+    from .study.runs.experiment import calibrate
     print(json.dumps(calibrate(load_pair(a.pair, device=a.device), a.context), indent=1))
     return 0
 
@@ -387,7 +387,7 @@ def _bench(a) -> int:
 
 
 def _run(a) -> int:
-    from .study.experiment import run, save
+    from .study.runs.experiment import run, save
     cfg = build_config(a)
     if a.rtt_sweep:
         return _sweep(cfg, a)
@@ -409,7 +409,7 @@ def _run(a) -> int:
 
 def _sweep(cfg, a) -> int:
     from .study.config import parse_rtts
-    from .study.experiment import save, sweep
+    from .study.runs.experiment import save, sweep
     rtts = parse_rtts(a.rtt_sweep, "--rtt-sweep")
     res = sweep(cfg, rtts)
     print(f"{'mode':24s} {'rtt ms':>7s} {'tok/s':>7s} {'speedup':>8s} {'predicted':>9s} {'alpha':>6s} identical")

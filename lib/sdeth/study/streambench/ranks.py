@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from ..bigtargets import TRACE
+from ..bench.targets import TRACE
 
 TOP = 8
 

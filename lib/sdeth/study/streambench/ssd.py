@@ -28,7 +28,7 @@ import time
 
 from ...costmodel import Costs, simulate_pipelined, verdict_terms
 from ...runtime.verdictcache import VerdictSpec
-from ..bigtargets import DRAFT_ALPHA
+from ..bench.targets import DRAFT_ALPHA
 from .common import PIPELINED_K, PIPELINED_WINDOW, mean
 from .ranks import TOP, Ranks
 from .remote import pipelined_record
