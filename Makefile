@@ -35,7 +35,7 @@ prepare: venv
 	$(PY) -m sdeth prepare
 
 test: prepare
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 	rm -rf $(VENV)/nbtest && $(PY) -m sdeth.study.pages.report --test-copies $(VENV)/nbtest
 	SDETH_REPORTS=$(VENV)/test-reports $(PY) -m pytest -q --nbval-lax $(VENV)/nbtest
 
