@@ -29,8 +29,8 @@ def tiny_pair(noise):
     return target, draft
 
 
-def stream_proposer(addr, k=3, **kw) -> VP.RemoteDraftProposer:
-    p = VP.StreamingDraftProposer(vllm_config(k), addr=addr, hello=HELLO, **kw)
+def stream_proposer(addr, k=3, max_len=200, **kw) -> VP.RemoteDraftProposer:
+    p = VP.StreamingDraftProposer(vllm_config(k, max_len), addr=addr, hello=HELLO, **kw)
     p.load_model()
     return p
 
@@ -163,3 +163,141 @@ def test_in_a_vllm_shaped_loop_streamed_drafts_continue_each_context_and_an_abor
     time.sleep(0.3)
     assert not [k for k in server.d.seqs if k[1].startswith(p.streams.prefix)]
     p.close()
+
+
+# ------------------------------------------------------------------ against a stand-in server: slow, dead, back
+
+def f(i: int) -> int:
+    """The stand-in draft's token at context index i (the loops below make it the target's too)."""
+    return (7 * i + 3) % 200 + 1
+
+
+class StreamStub:
+    """A draft server stand-in for streams, in a process of its own (its work takes no time from the proposer's
+    thread): Welcome to Hello; to each Open (stream) and Commits, after `delay_s`, a Streamed of f(base + pos) for
+    the positions up to `window` past the newest commit (epoch 0: the loops commit what it drafted). `opens`: the
+    Opens' context lengths it took."""
+
+    def __init__(self, delay_s=0.0, port=0, window=8):
+        import multiprocessing as mp
+        self.addr = f"tcp://127.0.0.1:{port or free_port()}"
+        ctx = mp.get_context("spawn")
+        self.events = ctx.Queue()
+        self.proc = ctx.Process(target=stub_main, args=(self.addr, delay_s, window, self.events), daemon=True)
+        self.proc.start()
+        assert self.events.get(timeout=30) == "bound"
+        self.opens: list[int] = []
+
+    def taken(self) -> list[int]:
+        import queue
+        try:
+            while True:
+                self.opens.append(self.events.get_nowait())
+        except queue.Empty:
+            return self.opens
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.join(5)
+
+
+def stub_main(addr, delay_s, window, events):
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind(addr)
+    events.put("bound")
+    due, drafted, bases = [], {}, {}
+
+    def rows(seq, gen, upto):
+        start = drafted.get(seq, 0)
+        drafted[seq] = max(start, upto)
+        return [W.StreamRow(seq, gen, 0, pos, f(bases[seq] + pos)) for pos in range(start, upto)]
+
+    while True:
+        if sock.poll(1):
+            ident, data = sock.recv_multipart()
+            m, out = W.decode(data), []
+            if isinstance(m, W.Hello):
+                sock.send_multipart([ident, W.encode(WELCOME)])
+            elif isinstance(m, W.Open):
+                events.put(len(m.prompt_ids))
+                bases[m.seq], drafted[m.seq] = len(m.prompt_ids), 0
+                out = rows(m.seq, m.gen, window)
+            elif isinstance(m, W.Commits):
+                for c in m.rows:
+                    out += rows(c.seq, c.gen, c.pos + 1 + window)
+            if out:
+                due.append((time.perf_counter() + delay_s, ident, W.Streamed(out, len(out))))
+        for d in [d for d in due if d[0] <= time.perf_counter()]:
+            sock.send_multipart([d[1], W.encode(d[2])])
+            due.remove(d)
+
+
+def grow(b: Batch, out: list[list[int]]) -> None:
+    """The engine step of a target that agrees with f: each row's offered drafts are accepted, then its own token."""
+    for i, drafts in enumerate(out):
+        b.grow(i, list(drafts) + [f(len(b.rows[i]) + len(drafts))])
+
+
+def test_propose_never_waits_on_a_server_slowed_by_a_second_a_reply():
+    """8 requests, every Streamed a second late: propose's p99 host time stays <= 0.5 ms (the sync mode would wait
+    its whole deadline for each step's Drafts). Host time is the thread's CPU time in propose (what a loaded
+    machine's scheduler adds is no work of propose's); no call waits, wall time: each returns within 50 ms, a
+    blocking read would take the server's second."""
+    server = StreamStub(delay_s=1.0)
+    p = stream_proposer(server.addr, max_len=2000)
+    b = Batch(width=2000, rows=8)
+    for r in range(8):
+        b.add([10 + r, 20 + r, 30 + r])
+    cpu, wall = [], []
+    t_end = time.perf_counter() + 2.5
+    while time.perf_counter() < t_end:
+        args = b.args()
+        t0, c0 = time.perf_counter(), time.thread_time()
+        out = p.propose(*args)
+        cpu.append(time.thread_time() - c0)
+        wall.append(time.perf_counter() - t0)
+        grow(b, out)
+        time.sleep(0.003)
+    cpu.sort()
+    p99 = cpu[int(0.99 * (len(cpu) - 1))]
+    print(f"steps {len(cpu)}, host (CPU) p50 {cpu[len(cpu) // 2] * 1e3:.3f} ms p99 {p99 * 1e3:.3f} ms, wall max "
+          f"{max(wall) * 1e3:.1f} ms, streamed {p.stats.streamed}")
+    assert len(cpu) > 100 and p.stats.streamed > 0
+    assert p99 <= 0.5e-3 and max(wall) < 0.05
+    p.close()
+    server.kill()
+
+
+def test_a_draft_server_killed_and_back_costs_drafts_then_streams_are_opened_again():
+    """Drafts while it runs; killed: [] at once for every row (never a wait, never a stale draft); a new server at
+    the same address: the proposer says Hello again and opens every stream again, whole contexts, and drafts."""
+    port = free_port()
+    server = StreamStub(port=port)
+    p = stream_proposer(server.addr, max_len=2000)
+    b = Batch(width=2000, rows=4)
+    b.add([1, 2, 3])
+    b.add([4, 5, 6])
+
+    def run(steps, until=None):
+        outs = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            out = p.propose(*b.args())
+            outs.append((out, time.perf_counter() - t0))
+            grow(b, out)
+            time.sleep(0.02)
+            if until is not None and until(out):
+                break
+        return outs
+
+    assert any(all(o) for o, _ in run(10))
+    server.kill()
+    outs = run(8)
+    assert all(not any(o) and took < 0.05 for o, took in outs[2:]) and p.stats.lost >= 1
+    server = StreamStub(port=port)
+    outs = run(300, until=all)
+    opens = server.taken()
+    assert all(outs[-1][0]) and len(opens) == 2 and min(opens) > 10     # whole contexts, not the prompts alone
+    p.close()
+    server.kill()

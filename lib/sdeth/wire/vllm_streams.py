@@ -4,8 +4,8 @@ mode (wire.vllm_proposer, mode "stream") sends each step, and the streamed draft
 Terms. A *stream* is one request's pipelined sequence on the draft server (Open with stream=True, runtime.pipeline's
 rules): `base` the context length it was opened with, `context` every token settled since (the target's accepted
 drafts and its own tokens), each sent as a CommitRow in order (stream position = context index - base), and `view`
-the drafts that have arrived (runtime.pipeline.StreamView: a commit that differs from a drafted token starts a new
-epoch, on both sides alike). Rows are matched to streams by content, as wire.vllm_rows matches tracks: a stream
+the drafts that have arrived (a View: runtime.pipeline's rules, on both sides alike: a commit that differs from a
+drafted token starts a new epoch). Rows are matched to streams by content, as wire.vllm_rows matches tracks: a stream
 continues row i when its context is a prefix of the row's context.
 
 Rules. Each step every row's tokens past its stream's context are committed, all of them, in order (a stream the
@@ -26,12 +26,67 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..runtime.pipeline import StreamView
 from . import protocol
-from .vllm_rows import IDLE_STEPS, MAX_TRACKS, fits
+from .vllm_rows import IDLE_STEPS, MAX_TRACKS
 
 HOLD_S = 1.0             # a stream refused (other than desync) drafts nothing this long, then opens again
 LOG_EVERY_S = 1.0        # a StepLog writes its lines this often
+
+
+class View:
+    """The proposer's picture of one stream on the server, for a client that commits every position in order
+    (runtime.pipeline.StreamView's rules, each event O(1)). The server's chain holds our commits and its drafts past
+    them; a commit that differs from the draft's token there makes it roll back and start a new epoch. A commit whose
+    draft has not arrived is *unresolved* (positions [lo, hi), contiguous: a draft that arrives resolves every
+    earlier one); the first draft of this epoch at or past an unresolved position settles it: the server took our
+    token there (drafted none), or drafted its own, and if that differs, restarted there."""
+
+    def __init__(self):
+        self.epoch, self.lo, self.hi = 0, 0, 0
+        self.drafts: dict[int, int] = {}         # pos -> the draft's token (this epoch, past the commits)
+        self.mine: dict[int, int] = {}           # unresolved pos -> our token
+        self.restarts = 0
+
+    def _restart(self, at: int) -> None:
+        self.epoch += 1
+        self.restarts += 1
+        self.drafts.clear()
+        for u in range(self.lo, min(at + 1, self.hi)):
+            self.mine.pop(u, None)
+        self.lo = max(self.lo, at + 1)
+
+    def on_commit(self, pos: int, token: int) -> None:
+        d = self.drafts.pop(pos, None)
+        if d is None:                            # not arrived: resolved by the next draft of this epoch
+            if self.lo == self.hi:
+                self.lo = pos
+            self.hi, self.mine[pos] = pos + 1, token
+        elif d != token:
+            self.lo = self.hi = pos + 1
+            self._restart(pos)
+
+    def on_drafted(self, epoch: int, pos: int, token: int) -> None:
+        if epoch != self.epoch:
+            return                               # run-ahead the server has since dropped
+        for u in range(self.lo, min(pos, self.hi)):
+            self.mine.pop(u, None)               # the server took our token there
+        self.lo = max(self.lo, min(pos, self.hi))
+        if self.lo < self.hi:                    # pos is unresolved: ours against the draft's
+            mine = self.mine.pop(pos)
+            self.lo = pos + 1
+            if mine != token:
+                self._restart(pos)
+        elif pos >= self.hi:
+            self.drafts[pos] = token
+
+    def chain(self, pos: int, n_max: int) -> list[int]:
+        """The drafts at pos, pos + 1, ... (at most n_max); [] while a commit is unresolved."""
+        out = []
+        if self.lo < self.hi:
+            return out
+        while len(out) < n_max and (t := self.drafts.get(pos + len(out))) is not None:
+            out.append(t)
+        return out
 
 
 @dataclass(eq=False)
@@ -39,7 +94,7 @@ class Stream:
     seq: str
     base: int                            # the context length it was opened with (position 0 is the next token)
     context: np.ndarray                  # [n] every token settled (the Open's, then the commits')
-    view: StreamView = field(default_factory=StreamView)
+    view: View = field(default_factory=View)
     gen: int = 0
     idle: int = 0                        # steps since a row last fitted it
     held_until: float = 0.0              # refused: no drafts before then, a new stream after
@@ -135,7 +190,7 @@ class StreamTracker:
         for r in rows:
             s = self.streams.get(r.seq)
             if s is not None and r.gen == s.gen:
-                s.view.on_drafted(r.epoch, r.pos, r.token, None)
+                s.view.on_drafted(r.epoch, r.pos, r.token)
                 n += 1
         return n
 
@@ -154,7 +209,7 @@ class StreamTracker:
     @staticmethod
     def drafts(s: Stream, pos: int, most: int) -> list[int]:
         """The drafts that continue s at pos exactly (at most `most`; [] while none has arrived)."""
-        return [tok for tok, _ in s.view.chain(pos, most)] if most > 0 else []
+        return s.view.chain(pos, most) if most > 0 else []
 
     def _drop(self, s: Stream) -> Stream:
         self.streams.pop(s.seq, None)
@@ -163,6 +218,12 @@ class StreamTracker:
     def reset(self) -> None:
         self.streams.clear()
         self.by_row.clear()
+
+
+def fits(s: Stream, ctx: np.ndarray) -> bool:
+    """Whether s's context is a prefix of ctx (vllm_rows.fits, its compare as bytes: a step's host time is short)."""
+    n = len(s.context)
+    return n <= len(ctx) and (n == 0 or (ctx[n - 1] == s.context[-1] and ctx[:n].tobytes() == s.context.tobytes()))
 
 
 class StepLog:
