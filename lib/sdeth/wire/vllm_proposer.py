@@ -213,7 +213,7 @@ class RemoteDraftProposer:
         return self.out
 
     def _stream_step(self, plan: StreamPlan) -> None:
-        """Stream mode: Ends, Opens and the step's commits out; what has arrived in; each row's drafts (no wait)."""
+        """Stream mode: Ends, Opens and the step's commits out; each row's drafts from what has arrived (no wait)."""
         for s in plan.ends:
             self._send(protocol.End(s.seq))
         for s, ctx in plan.opens:
@@ -224,8 +224,7 @@ class RemoteDraftProposer:
         self.stats.opened += len(plan.opens)
         self.stats.ended += len(plan.ends)
         self.stats.commits += len(plan.commits)
-        self._drain()
-        for row, s, pos, most in plan.reads:
+        for row, s, pos, most in plan.reads:           # (what has arrived was taken before the plan: _ready)
             if s.seq in self.streams.streams and (drafts := self.streams.drafts(s, pos, most)):
                 self.out[row] = drafts
                 self.stats.ready += 1

@@ -98,6 +98,10 @@ class Stream:
     gen: int = 0
     idle: int = 0                        # steps since a row last fitted it
     held_until: float = 0.0              # refused: no drafts before then, a new stream after
+    raw: bytes = b""                     # context's bytes (what fits compares)
+
+    def __post_init__(self):
+        self.raw = self.context.tobytes()
 
 
 @dataclass
@@ -126,8 +130,8 @@ class StreamTracker:
         """This step's Opens, commits, Ends and reads (k: drafts a row may take; context: the longest context a
         stream may reach, its window included)."""
         plan, claimed, by_row, crowded = StreamPlan(), set(), {}, False
-        for i in range(len(sampled_token_ids)):
-            n = int(num_tokens_no_spec[i])
+        lengths = np.asarray(num_tokens_no_spec[:len(sampled_token_ids)]).tolist()
+        for i, n in enumerate(lengths):
             ctx = token_ids_cpu[i, :n]
             s = self._match(i, ctx, claimed)
             if s is not None and s.held_until and now >= s.held_until:     # refused before: start over
@@ -174,14 +178,15 @@ class StreamTracker:
 
     def _commit(self, plan: StreamPlan, s: Stream, ctx: np.ndarray) -> None:
         """Every token of ctx past s's context, in order, as commits; the view follows them."""
-        if len(ctx) < len(s.context):
+        n0 = len(s.context)
+        if len(ctx) <= n0:
             return
-        for j in range(len(s.context), len(ctx)):
-            pos, token = j - s.base, int(ctx[j])
-            plan.commits.append(protocol.CommitRow(s.seq, s.gen, pos, token))
-            s.view.on_commit(pos, token)
-        if len(ctx) > len(s.context):
-            s.context = ctx.copy()
+        off = n0 - s.base
+        for j, token in enumerate(ctx[n0:].tolist()):
+            plan.commits.append(protocol.CommitRow(s.seq, s.gen, off + j, token))
+            s.view.on_commit(off + j, token)
+        s.context = ctx.copy()
+        s.raw = s.context.tobytes()
 
     def take(self, rows: list[protocol.StreamRow]) -> int:
         """A Streamed's rows into their streams' views (rows of ended streams or old generations are dropped);
@@ -223,7 +228,7 @@ class StreamTracker:
 def fits(s: Stream, ctx: np.ndarray) -> bool:
     """Whether s's context is a prefix of ctx (vllm_rows.fits, its compare as bytes: a step's host time is short)."""
     n = len(s.context)
-    return n <= len(ctx) and (n == 0 or (ctx[n - 1] == s.context[-1] and ctx[:n].tobytes() == s.context.tobytes()))
+    return n <= len(ctx) and ctx[:n].tobytes() == s.raw
 
 
 class StepLog:
