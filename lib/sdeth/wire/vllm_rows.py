@@ -20,6 +20,40 @@ import numpy as np
 IDLE_STEPS = 4           # steps a track may go unmatched before it is ended
 MAX_ROW_TOKENS = 16      # new tokens one round may carry (the server's default limit); more: a new track
 MAX_TRACKS = 64          # sequences held at once (the server's default per client)
+MAX_ROWS = 128           # rows of one Rounds (the server's default limit); more go in several
+
+
+class ProposerError(RuntimeError):
+    """The proposer cannot run: what is missing and what to do."""
+
+
+# ------------------------------------------------------------------ the server's limits
+
+@dataclass(frozen=True)
+class Bounds:
+    """What this proposer sends, within the server's limits: draft tokens per round (k), the longest context a
+    row is drafted for (its drafts included), rows per Rounds, new tokens per row, sequences held at once."""
+    k: int
+    context: int
+    rows_per_message: int = MAX_ROWS
+    tokens_per_row: int = MAX_ROW_TOKENS
+    sequences: int = MAX_TRACKS
+
+    @classmethod
+    def of(cls, k: int, max_len: int, limits: dict | None) -> "Bounds":
+        """vLLM's k and max_model_len, within the server's limits (a Welcome's `limits`; a key absent or 0: the
+        default above; None: all defaults). ProposerError naming a limit that is not a positive integer."""
+        lim = {}
+        for key, v in (limits or {}).items():
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ProposerError(f"the draft server's limit {key}={v!r} is not a whole number >= 0: the server "
+                                    f"and this proposer are of different sdeth versions; install one version on both")
+            if v:
+                lim[key] = v
+        seqs = [lim[n] for n in ("sequences", "sequences_per_client") if n in lim]
+        return cls(min(k, lim.get("k", k)), min(max_len, lim.get("context", max_len)),
+                   lim.get("rows_per_message", MAX_ROWS), lim.get("tokens_per_row", MAX_ROW_TOKENS),
+                   min(seqs, default=MAX_TRACKS))
 
 
 @dataclass(eq=False)

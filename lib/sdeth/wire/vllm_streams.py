@@ -1,0 +1,256 @@
+"""vLLM's rows as pipelined streams on a draft server (no network): what the remote draft proposer's streaming
+mode (wire.vllm_proposer, mode "stream") sends each step, and the streamed drafts it offers.
+
+Terms. A *stream* is one request's pipelined sequence on the draft server (Open with stream=True, runtime.pipeline's
+rules): `base` the context length it was opened with, `context` every token settled since (the target's accepted
+drafts and its own tokens), each sent as a CommitRow in order (stream position = context index - base), and `view`
+the drafts that have arrived (a View: runtime.pipeline's rules, on both sides alike: a commit that differs from a
+drafted token starts a new epoch). Rows are matched to streams by content, as wire.vllm_rows matches tracks: a stream
+continues row i when its context is a prefix of the row's context.
+
+Rules. Each step every row's tokens past its stream's context are committed, all of them, in order (a stream the
+server has not drafted that far is extended by them: caught up, never re-opened); the row's drafts are the view's
+chain at the row's next position, at most k, and [] when none has arrived: nothing here waits. A row no stream
+fits (a new request, one resumed after preemption with a context that went back) opens one with its whole context;
+a stream no row fits for `idle_steps` steps is ended (its request finished, was aborted, or was preempted and
+not resumed), and at once while `max_streams` are held and a new row waits. A stream the server refused is dropped
+(desync: it is opened again at the row's next step) or held for `hold_s` (any other refusal: no drafts, then a new
+stream). A row whose context leaves no room for the window within `context` gets no stream.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import protocol
+from .vllm_rows import IDLE_STEPS, MAX_TRACKS
+
+HOLD_S = 1.0             # a stream refused (other than desync) drafts nothing this long, then opens again
+LOG_EVERY_S = 1.0        # a StepLog writes its lines this often
+
+
+class View:
+    """The proposer's picture of one stream on the server, for a client that commits every position in order
+    (runtime.pipeline.StreamView's rules, each event O(1)). The server's chain holds our commits and its drafts past
+    them; a commit that differs from the draft's token there makes it roll back and start a new epoch. A commit whose
+    draft has not arrived is *unresolved* (positions [lo, hi), contiguous: a draft that arrives resolves every
+    earlier one); the first draft of this epoch at or past an unresolved position settles it: the server took our
+    token there (drafted none), or drafted its own, and if that differs, restarted there."""
+
+    def __init__(self):
+        self.epoch, self.lo, self.hi = 0, 0, 0
+        self.drafts: dict[int, int] = {}         # pos -> the draft's token (this epoch, past the commits)
+        self.mine: dict[int, int] = {}           # unresolved pos -> our token
+        self.restarts = 0
+
+    def _restart(self, at: int) -> None:
+        self.epoch += 1
+        self.restarts += 1
+        self.drafts.clear()
+        for u in range(self.lo, min(at + 1, self.hi)):
+            self.mine.pop(u, None)
+        self.lo = max(self.lo, at + 1)
+
+    def on_commit(self, pos: int, token: int) -> None:
+        d = self.drafts.pop(pos, None)
+        if d is None:                            # not arrived: resolved by the next draft of this epoch
+            if self.lo == self.hi:
+                self.lo = pos
+            self.hi, self.mine[pos] = pos + 1, token
+        elif d != token:
+            self.lo = self.hi = pos + 1
+            self._restart(pos)
+
+    def on_drafted(self, epoch: int, pos: int, token: int) -> None:
+        if epoch != self.epoch:
+            return                               # run-ahead the server has since dropped
+        for u in range(self.lo, min(pos, self.hi)):
+            self.mine.pop(u, None)               # the server took our token there
+        self.lo = max(self.lo, min(pos, self.hi))
+        if self.lo < self.hi:                    # pos is unresolved: ours against the draft's
+            mine = self.mine.pop(pos)
+            self.lo = pos + 1
+            if mine != token:
+                self._restart(pos)
+        elif pos >= self.hi:
+            self.drafts[pos] = token
+
+    def chain(self, pos: int, n_max: int) -> list[int]:
+        """The drafts at pos, pos + 1, ... (at most n_max); [] while a commit is unresolved."""
+        out = []
+        if self.lo < self.hi:
+            return out
+        while len(out) < n_max and (t := self.drafts.get(pos + len(out))) is not None:
+            out.append(t)
+        return out
+
+
+@dataclass(eq=False)
+class Stream:
+    seq: str
+    base: int                            # the context length it was opened with (position 0 is the next token)
+    context: np.ndarray                  # [n] every token settled (the Open's, then the commits')
+    view: View = field(default_factory=View)
+    gen: int = 0
+    idle: int = 0                        # steps since a row last fitted it
+    held_until: float = 0.0              # refused: no drafts before then, a new stream after
+    raw: bytes = b""                     # context's bytes (what fits compares)
+
+    def __post_init__(self):
+        self.raw = self.context.tobytes()
+
+
+@dataclass
+class StreamPlan:
+    """One step's messages (Opens with their context, CommitRows, Ends) and the rows to offer drafts to:
+    (row, stream, the row's next position, drafts at most)."""
+    opens: list = field(default_factory=list)
+    commits: list[protocol.CommitRow] = field(default_factory=list)
+    ends: list[Stream] = field(default_factory=list)
+    reads: list[tuple[int, Stream, int, int]] = field(default_factory=list)
+
+
+class StreamTracker:
+    """vLLM's rows matched to pipelined streams by content (this module's docstring has the rules)."""
+
+    def __init__(self, window: int, idle_steps: int = IDLE_STEPS, prefix: str = "", max_streams: int = MAX_TRACKS,
+                 hold_s: float = HOLD_S):
+        self.window, self.idle_steps, self.max_streams, self.hold_s = window, idle_steps, max_streams, hold_s
+        self.prefix = prefix or f"s{os.getpid():x}-"
+        self.streams: dict[str, Stream] = {}
+        self.by_row: dict[int, Stream] = {}
+        self.count = 0
+
+    def plan(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, k: int, context: int,
+             now: float) -> StreamPlan:
+        """This step's Opens, commits, Ends and reads (k: drafts a row may take; context: the longest context a
+        stream may reach, its window included)."""
+        plan, claimed, by_row, crowded = StreamPlan(), set(), {}, False
+        lengths = np.asarray(num_tokens_no_spec[:len(sampled_token_ids)]).tolist()
+        for i, n in enumerate(lengths):
+            ctx = token_ids_cpu[i, :n]
+            s = self._match(i, ctx, claimed)
+            if s is not None and s.held_until and now >= s.held_until:     # refused before: start over
+                plan.ends.append(self._drop(s))
+                s = None
+            if s is None and n + self.window + 2 > context:
+                continue                                               # no room to draft ahead: no stream
+            if s is None and len(self.streams) >= self.max_streams:
+                crowded = True
+                continue
+            if s is None:
+                s = self._open(plan, ctx)
+            self._commit(plan, s, ctx[:context - 3])             # (the server's limit on a stream's positions)
+            claimed.add(s)
+            by_row[i] = s
+            s.idle = 0
+            if not s.held_until and n + 3 <= context:
+                plan.reads.append((i, s, n - s.base, min(k, context - 3 - n)))
+        self.by_row = by_row
+        for s in [s for s in self.streams.values() if s not in claimed]:
+            s.idle += 1
+            if s.idle > self.idle_steps or crowded:
+                plan.ends.append(self._drop(s))
+        return plan
+
+    def _match(self, row: int, ctx: np.ndarray, claimed: set) -> Stream | None:
+        """The row's own stream of the last step if it still fits, else the unclaimed stream with the longest
+        context that is a prefix of ctx."""
+        hint = self.by_row.get(row)
+        if hint is not None and hint.seq in self.streams and hint not in claimed and fits(hint, ctx):
+            return hint
+        best = None
+        for s in self.streams.values():
+            if s not in claimed and (best is None or len(s.context) > len(best.context)) and fits(s, ctx):
+                best = s
+        return best
+
+    def _open(self, plan: StreamPlan, ctx: np.ndarray) -> Stream:
+        self.count += 1
+        s = Stream(f"{self.prefix}{self.count}", len(ctx), ctx.copy())
+        self.streams[s.seq] = s
+        plan.opens.append((s, s.context))
+        return s
+
+    def _commit(self, plan: StreamPlan, s: Stream, ctx: np.ndarray) -> None:
+        """Every token of ctx past s's context, in order, as commits; the view follows them."""
+        n0 = len(s.context)
+        if len(ctx) <= n0:
+            return
+        off = n0 - s.base
+        for j, token in enumerate(ctx[n0:].tolist()):
+            plan.commits.append(protocol.CommitRow(s.seq, s.gen, off + j, token))
+            s.view.on_commit(off + j, token)
+        s.context = ctx.copy()
+        s.raw = s.context.tobytes()
+
+    def take(self, rows: list[protocol.StreamRow]) -> int:
+        """A Streamed's rows into their streams' views (rows of ended streams or old generations are dropped);
+        the rows taken."""
+        n = 0
+        for r in rows:
+            s = self.streams.get(r.seq)
+            if s is not None and r.gen == s.gen:
+                s.view.on_drafted(r.epoch, r.pos, r.token)
+                n += 1
+        return n
+
+    def refused(self, seq: str, gen: int, code: str, now: float) -> bool:
+        """The server refused stream seq: dropped (desync: it no longer holds it), or held for hold_s. Whether
+        the refusal was one of this tracker's streams."""
+        s = self.streams.get(seq)
+        if s is None or s.gen != gen:
+            return False
+        if code == "desync":
+            self._drop(s)
+        else:
+            s.held_until = max(s.held_until, now + self.hold_s)
+        return True
+
+    @staticmethod
+    def drafts(s: Stream, pos: int, most: int) -> list[int]:
+        """The drafts that continue s at pos exactly (at most `most`; [] while none has arrived)."""
+        return s.view.chain(pos, most) if most > 0 else []
+
+    def _drop(self, s: Stream) -> Stream:
+        self.streams.pop(s.seq, None)
+        return s
+
+    def reset(self) -> None:
+        self.streams.clear()
+        self.by_row.clear()
+
+
+def fits(s: Stream, ctx: np.ndarray) -> bool:
+    """Whether s's context is a prefix of ctx (vllm_rows.fits, its compare as bytes: a step's host time is short)."""
+    n = len(s.context)
+    return n <= len(ctx) and ctx[:n].tobytes() == s.raw
+
+
+class StepLog:
+    """Each propose step as one JSON line appended to `path` (written every LOG_EVERY_S, and at flush): `t` its
+    start (wall clock, time.time()), `host_ms` propose's own time, `gap_ms` the time since the previous step
+    returned (the target's step; 0: not timed), `rows`, `ready` (rows offered drafts), `offered` (drafts offered).
+    An empty path: nothing is kept."""
+
+    def __init__(self, path: str):
+        self.path, self.lines, self.t_written = path, [], time.perf_counter()
+
+    def add(self, t0: float, t1: float, out: list[list[int]], gap_s: float) -> None:
+        if not self.path:
+            return
+        self.lines.append(json.dumps({"t": time.time() - (time.perf_counter() - t0), "host_ms": (t1 - t0) * 1e3,
+                                      "gap_ms": gap_s * 1e3, "rows": len(out), "ready": sum(1 for d in out if d),
+                                      "offered": sum(len(d) for d in out)}))
+        if t1 - self.t_written > LOG_EVERY_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.path and self.lines:
+            with open(self.path, "a") as f:
+                f.write("\n".join(self.lines) + "\n")
+        self.lines, self.t_written = [], time.perf_counter()
