@@ -207,3 +207,74 @@ def model_check(cpu: dict) -> dict:
     return {"label": "the event model (adaptive policy, as the runtime's client) fed the CPU run's own measured "
                      "components; steady state (2000 tokens) against short requests", "points": out,
             "all_within_15pct": all(r.get("within_15pct") for r in out if "missing" not in r)}
+
+
+def ssd_cpu_results() -> dict | None:
+    """reports/ssd_cpu.json (bench.ssd_cpu), or None before its first run."""
+    import json
+    from ...paths import REPO
+    from ..status.sources import SSD_CPU
+    f = REPO / SSD_CPU
+    return json.loads(f.read_text()) if f.exists() else None
+
+
+def cpu_table(doc: dict):
+    """The CPU-measured points: cache spec, streams, identity with target-only, tokens per target step, restarts,
+    the hit rate (overall and by position), branches, branch rows per step, CPU wall ms per token, the model's
+    tokens per step from the run's own components."""
+    import pandas as pd
+    check = {(r["cache"], r["streams"]): r for r in doc.get("model_check_cpu", {}).get("points", [])}
+    rows = []
+    for p in doc["measured_cpu"]["points"]:
+        v, m = p.get("verdict_cache") or {}, check.get((p["cache"], p["streams"]), {})
+        rows.append({"cache": p["cache"], "streams": p["streams"], "identical to target-only": p["greedy_identical"],
+                     "alpha": p["alpha"], "tokens/target step": p["tokens_per_target_step"],
+                     "model tokens/step": m.get("model_tokens_per_step"), "measured / model": m.get("measured_over_model"),
+                     "restarts": p["restarts"], "hit rate": v.get("hit_rate"),
+                     "hit rate by position": v.get("hit_rate_by_position"), "branches": v.get("branches"),
+                     "branch rows/step": v.get("branch_rows_per_step"), "CPU ms/token": p["wall_ms_per_token"]})
+    return pd.DataFrame(rows)
+
+
+def modelled_table(doc: dict):
+    """The modelled H200 points: call, target, (B, N), spec, hit source, plain and SSD speedups over target-only,
+    SSD over plain, and per GPU against modelled colocated SD at N = 4."""
+    import pandas as pd
+    rows = [{"call": r["call"], "target": r["target"], "B": r["B"], "N": r["N"], "cache": r.get("cache"),
+             "hit source": r.get("hit_source"), "model hit rate": r.get("model_hit_rate"), "row cost": r.get("row_cost"),
+             "plain vs target-only": r.get("plain_speedup_vs_target_only"),
+             "SSD vs target-only": r.get("ssd_speedup_vs_target_only"), "SSD / plain": r.get("ssd_over_plain"),
+             "SSD / colocated per GPU": r.get("ssd_over_colocated_per_gpu")}
+            for r in doc["modelled"]["points"] if "missing" not in r]
+    return pd.DataFrame(rows)
+
+
+def goals_table(doc: dict):
+    import pandas as pd
+    return pd.DataFrame([{"goal": f"{g['target']} B={g['B']} N={g['N']} {g['figure']} >= {g['least']} "
+                                  f"(goal's ranks: {g['goal_ranks']})", "hit source": g["hit_source"],
+                          "modelled": g["modelled"], "best cache": g["cache"], "met (modelled)": g["met"]}
+                         for g in doc["modelled"]["goals"]])
+
+
+def answer_line(doc: dict) -> str:
+    """One sentence: what verdict speculation changes, from the JSON (labels kept)."""
+    pts = [p for p in doc["measured_cpu"]["points"] if p.get("verdict_cache")]
+    best = max(pts, key=lambda p: p["verdict_cache"]["hit_rate"] or 0, default=None)
+    off = {p["streams"]: p for p in doc["measured_cpu"]["points"] if p["cache"] == "off"}
+    ident = all(p["greedy_identical"] for p in doc["measured_cpu"]["points"])
+    g = {(x["target"], x["N"], x["figure"], x["hit_source"]): x for x in doc["modelled"]["goals"]}
+    t32 = g.get(("Qwen3-32B", 1, "ssd_over_plain", "trace"))
+    s32 = g.get(("Qwen3-32B", 1, "ssd_over_plain", "synthetic:0.9"))
+    c32 = g.get(("Qwen3-32B", 1, "ssd_over_plain", "cpu-measured"))
+    cpu = (f"measured on the CPU (embedded pair, real ranks): hit rate {best['verdict_cache']['hit_rate']:.0%} of "
+           f"restarts with {best['cache']}, tokens per target step {best['tokens_per_target_step']} against "
+           f"{off[best['streams']]['tokens_per_target_step']} without, greedy output "
+           f"{'identical to' if ident else 'DIFFERENT from'} target-only") if best and best["streams"] in off else \
+        "no CPU point with the cache on"
+    mod = (f"modelled on H200 components (alpha 0.71): {t32['modelled']}x over plain pipelined at the Qwen3-32B with "
+           f"the embedded trace's ranks, {c32['modelled'] if c32 else 'n/a'}x at the CPU-measured hit rate, "
+           f"{s32['modelled']}x at a synthetic 0.9 hit rate (goals {t32['least']}x and {s32['least']}x: "
+           f"{'met' if t32['met'] else 'missed'}, {'met' if s32['met'] else 'missed'})") if t32 and s32 else \
+        "no modelled 32B point"
+    return f"Verdict speculation: {mod}; {cpu}; the H200 runs wait for device time."
