@@ -88,11 +88,16 @@ def test_the_model_check_flags_a_run_the_model_does_not_predict():
     comp = {"verify_s": {"1": 0.02, "2": 0.022, "3": 0.024, "4": 0.026, "5": 0.028}, "draft_period_ms": 5.0,
             "link_rtt_ms": 1.0}
     c = Costs(0.02, 0.005, {int(m): s for m, s in comp["verify_s"].items()}, rtt=0.001, draft_period=0.005)
-    want = simulate_pipelined(0.6, c, 4, n_tokens=2000)["tokens_per_round"]
+    want = simulate_pipelined(0.6, c, 4, n_tokens=2000, policy="fixed")["tokens_per_round"]
     pts = [{"cache": "off", "streams": 1, "alpha": 0.6, "tokens_per_target_step": round(want, 3), "components": comp},
            {"cache": "off", "streams": 4, "alpha": 0.6, "tokens_per_target_step": 2 * want, "components": comp}]
     out = M.model_check({"config": {"k": 4}, "points": pts})
     assert [r["within_15pct"] for r in out["points"]] == [True, False] and not out["all_within_15pct"]
+
+
+def test_the_model_reads_the_paths_the_status_reads():
+    from sdeth.study.status import sources
+    assert M.SSD_CPU == sources.SSD_CPU and M.SERVER_STREAMS == sources.SERVER_STREAMS
 
 
 def test_the_status_quotes_verdict_speculation_with_its_labels():

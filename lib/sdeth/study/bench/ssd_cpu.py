@@ -60,11 +60,9 @@ def _serve(pair, rows: int, spec: str, seconds: float):
     return server, addr
 
 
-def _streams(addr: str, pair, me: protocol.Welcome, shares: list, cfg: SsdCpuConfig) -> list:
+def _streams(addr: str, pair, hello: protocol.Hello, shares: list, cfg: SsdCpuConfig) -> list:
     """One pipelined target loop per share of the prompts, each in its own thread with its own connection and
     engine; the records in prompt order of each share."""
-    hello = protocol.Hello(protocol.PROTOCOL_VERSION, "target", pair.config.target, pair.vocab_size,
-                           me.tokenizer_sha, me.dtype)
     out, errs = {}, []
 
     def run(i):
@@ -90,29 +88,43 @@ def _streams(addr: str, pair, me: protocol.Welcome, shares: list, cfg: SsdCpuCon
     return [r for i in range(len(shares)) for r in out[i]]
 
 
-def _components(recs: list) -> dict:
+def _ping_ms(addr: str, hello: protocol.Hello, n: int = 10) -> float:
+    """The loopback link's round trip to the server (median of n Ping/Pong, ms)."""
+    c, ts = DraftServerClient(addr, hello, timeout_s=10), []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        c.client.call(protocol.Ping(time.time()), timeout_s=2.0)
+        ts.append((time.perf_counter() - t0) * 1e3)
+    c.close()
+    return sorted(ts)[n // 2]
+
+
+def _components(recs: list, server, c0: float, s0: int, ping_ms: float) -> dict:
     """The CPU run's own components, as the event model takes them: the target's forward of m tokens (mean s),
-    the draft's wall period between steps, the link's round trip."""
+    the server's draft compute per stream step (prefills included), the link's round trip (Ping/Pong)."""
     widths: dict[int, list] = {}
     for r in recs:
         for m, (n, s) in r.verify_widths.items():
             w = widths.setdefault(int(m), [0, 0.0])
             w[0], w[1] = w[0] + n, w[1] + s
     verify = {m: w[1] / w[0] for m, w in sorted(widths.items()) if w[0]}
-    periods = [(r.draft_period_ms, r.draft_periods) for r in recs if r.draft_period_ms and r.draft_periods]
-    links = [r.link_rtt_ms for r in recs if r.link_rtt_ms is not None]
+    steps = server.steps - s0
     return {"verify_s": {str(m): round(v, 6) for m, v in verify.items()},
-            "draft_period_ms": round(sum(p * n for p, n in periods) / sum(n for _, n in periods), 4) if periods else None,
-            "link_rtt_ms": round(sorted(links)[len(links) // 2], 4) if links else None}
+            "draft_period_ms": round((server.d.dec.clock.seconds - c0) * 1e3 / steps, 3) if steps else None,
+            "link_rtt_ms": round(ping_ms, 3)}
 
 
 def point(pair, prompts: list, ref: dict, spec: str, n: int, cfg: SsdCpuConfig) -> dict:
     """One (cache spec, stream count): the server's cache counters, the clients' records, outputs checked."""
     server, addr = _serve(pair, cfg.rows, spec, 900)
+    hello = protocol.Hello(protocol.PROTOCOL_VERSION, "target", pair.config.target, pair.vocab_size,
+                           server.me.tokenizer_sha, server.me.dtype)
+    ping_ms = _ping_ms(addr, hello)
+    c0, s0 = server.d.dec.clock.seconds, server.steps
     t0 = time.perf_counter()
-    recs = _streams(addr, pair, server.me, [prompts[i::n] for i in range(n)], cfg)
+    recs = _streams(addr, pair, hello, [prompts[i::n] for i in range(n)], cfg)
     wall = time.perf_counter() - t0
-    steps = server.d.dec.steps
+    steps = server.steps - s0                    # stream steps (branch rows ride in them)
     tokens = sum(len(r.output_ids) for _, r in recs)
     decoded = sum(max(len(r.output_ids) - 1, 0) for _, r in recs)
     rounds = sum(r.rounds for _, r in recs)
@@ -124,7 +136,8 @@ def point(pair, prompts: list, ref: dict, spec: str, n: int, cfg: SsdCpuConfig) 
          "restarts": sum(r.stream_restarts for _, r in recs), "plain_steps": sum(r.plain_steps for _, r in recs),
          "draft_steps": steps, "wall_s": round(wall, 2),
          "wall_ms_per_token": round(sum(r.e2e_s for _, r in recs) * 1e3 / tokens, 2) if tokens else None,
-         "components": _components([r for _, r in recs])}
+         "wall_ms_per_token_all_streams": round(wall * 1e3 / tokens, 2) if tokens else None,
+         "components": _components([r for _, r in recs], server, c0, s0, ping_ms)}
     if server.vc is not None:
         s = server.vc.summary()
         rej_at = {k: s["rejections_at"][k] for k in sorted(s["rejections_at"], key=int)}
