@@ -209,8 +209,8 @@ def _verdict_speculation(root: Path) -> Part | None:
         "over the H200 components the study measured (alpha 0.71, Qwen3-1.7B draft shape): ", trace, " over plain "
         "pipelined streams at the Qwen3-32B with the embedded pair's rank shares and ", synth, " at a synthetic 0.9 "
         "hit rate; measured on the CPU with real ranks, the cache foresaw ", hit, " of restarts, greedy outputs "
-        f"{'identical to' if same else 'DIFFERENT from'} target-only. No H200 run of the cache yet (`python -m sdeth "
-        "bench streams --only-ssd --verdict-cache off,on`)."])
+        f"{'identical to' if same else 'DIFFERENT from'} target-only. No H200 run of the cache yet (its command: "
+        "python -m sdeth bench streams --only-ssd --verdict-cache off,on)."])
 
 
 def answer(root: Path = REPO) -> list[Part]:
