@@ -55,6 +55,8 @@ def test_the_modelled_part_names_its_inputs_and_its_goals():
                                                                "synthetic:0.9") in g
     line = M.answer_line(doc)
     assert "modelled on H200 components" in line and "measured on the CPU" in line
+    t32 = next(x for x in m["goals"] if x["goal_ranks"] == x["hit_source"] == "trace" and x["target"] == "Qwen3-32B")
+    assert f"{t32['modelled']}x over plain pipelined" in line and f"the issue's {t32['least']}" in line
 
 
 def _run(steps: dict) -> dict:

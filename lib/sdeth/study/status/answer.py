@@ -193,8 +193,8 @@ def _verdict_speculation(root: Path) -> Part | None:
     best = max(on, key=lambda p: p["verdict_cache"]["hit_rate"] or 0, default=None)
 
     def goal(source: str) -> Figure | None:
-        at = ("modelled", "goals", {"target": "Qwen3-32B", "N": 1, "figure": "ssd_over_plain", "hit_source": source},
-              "modelled")
+        at = ("modelled", "goals", {"goal_ranks": source, "target": "Qwen3-32B", "N": 1, "figure": "ssd_over_plain",
+                                    "hit_source": source}, "modelled")
         return fig(root, src.SSD_CPU, at, f"verdict speculation over plain pipelined, Qwen3-32B B=1, {source} hits",
                    "{:.2f}x", "modelled", "H200 components (bench streams, bench targets)")
     trace, synth = goal("trace"), goal("synthetic:0.9")
@@ -209,7 +209,8 @@ def _verdict_speculation(root: Path) -> Part | None:
         "over the H200 components the study measured (alpha 0.71, Qwen3-1.7B draft shape): ", trace, " over plain "
         "pipelined streams at the Qwen3-32B with the embedded pair's rank shares and ", synth, " at a synthetic 0.9 "
         "hit rate; measured on the CPU with real ranks, the cache foresaw ", hit, " of restarts, greedy outputs "
-        f"{'identical to' if same else 'DIFFERENT from'} target-only. No H200 run of the cache yet (its command: "
+        f"{'identical to' if same else 'DIFFERENT from'} target-only (on two CPU cores the branch rows slow the draft "
+        "the target shares them with, so the CPU's time per token says nothing of a GPU). No H200 run of the cache yet (its command: "
         "python -m sdeth bench streams --only-ssd --verdict-cache off,on)."])
 
 

@@ -270,10 +270,10 @@ def answer_line(doc: dict) -> str:
     best = max(pts, key=lambda p: p["verdict_cache"]["hit_rate"] or 0, default=None)
     off = {p["streams"]: p for p in doc["measured_cpu"]["points"] if p["cache"] == "off"}
     ident = all(p["greedy_identical"] for p in doc["measured_cpu"]["points"])
-    g = {(x["target"], x["N"], x["figure"], x["hit_source"]): x for x in doc["modelled"]["goals"]}
-    t32 = g.get(("Qwen3-32B", 1, "ssd_over_plain", "trace"))
-    s32 = g.get(("Qwen3-32B", 1, "ssd_over_plain", "synthetic:0.9"))
-    c32 = g.get(("Qwen3-32B", 1, "ssd_over_plain", "cpu-measured"))
+    g = {(x["goal_ranks"], x["target"], x["N"], x["figure"], x["hit_source"]): x for x in doc["modelled"]["goals"]}
+    t32 = g.get(("trace", "Qwen3-32B", 1, "ssd_over_plain", "trace"))
+    s32 = g.get(("synthetic:0.9", "Qwen3-32B", 1, "ssd_over_plain", "synthetic:0.9"))
+    c32 = g.get(("trace", "Qwen3-32B", 1, "ssd_over_plain", "cpu-measured"))
     cpu = (f"measured on the CPU (embedded pair, real ranks): hit rate {best['verdict_cache']['hit_rate']:.0%} of "
            f"restarts with {best['cache']}, tokens per target step {best['tokens_per_target_step']} against "
            f"{off[best['streams']]['tokens_per_target_step']} without, greedy output "
