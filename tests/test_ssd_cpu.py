@@ -110,3 +110,10 @@ def test_the_status_quotes_verdict_speculation_with_its_labels():
     kinds = {f.kind for f in part.figures}
     assert kinds == {"modelled", "measured"}
     assert "No H200 run" in part.markdown() and SSD_CPU in part.markdown()
+
+
+def test_the_cli_takes_bench_ssd_cpu(capsys):
+    from sdeth.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "ssd-cpu", "--help"])
+    assert e.value.code == 0 and "--specs" in capsys.readouterr().out

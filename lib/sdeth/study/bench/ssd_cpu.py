@@ -12,7 +12,8 @@ components the study measured (the draft server's step, its period and the commi
 the targets' t_v from `bench targets`), at alpha 0.71, for the verdict cache's goals (streambench.ssd.GOALS), with
 three hit inputs: the embedded trace's rank shares, the hit rate measured here on the CPU, and a synthetic 0.9.
 
-    python -m sdeth.study.bench.ssd_cpu --json reports/ssd_cpu.json        # ~5 min on 2 CPU cores
+    python -m sdeth bench ssd-cpu --json reports/ssd_cpu.json          # ~5 min on 2 CPU cores
+    (the same: python -m sdeth.study.bench.ssd_cpu ...)
 """
 from __future__ import annotations
 
@@ -178,7 +179,7 @@ def measure(pair, cfg: SsdCpuConfig, progress=print) -> dict:
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m sdeth.study.bench.ssd_cpu", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m sdeth bench ssd-cpu", description=__doc__.split("\n")[0])
     ap.add_argument("--prompts", default=SsdCpuConfig.prompts, help="prompt set (default %(default)s)")
     ap.add_argument("--max-tokens", type=int, default=SsdCpuConfig.max_tokens, help="tokens per prompt")
     ap.add_argument("--specs", default=",".join(SsdCpuConfig.specs), help="verdict cache specs, comma-separated")
