@@ -117,3 +117,21 @@ def test_the_cli_takes_bench_ssd_cpu(capsys):
     with pytest.raises(SystemExit) as e:
         main(["bench", "ssd-cpu", "--help"])
     assert e.value.code == 0 and "--specs" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_small_cpu_run_of_the_embedded_pair_is_lossless_and_counted(pair):
+    """One prompt, 10 tokens, cache off and on through the real server: identical to target-only both ways, the
+    cache's counts add up, and the run's components (target forwards, draft compute per step, round trip) are there
+    for the model check."""
+    from sdeth.study.bench.ssd_cpu import SsdCpuConfig, measure
+    cpu = measure(pair, SsdCpuConfig("sharegpt:1", 10, specs=("off", "2x2x4"), streams=(1,)), progress=lambda _: None)
+    off, on = cpu["points"]
+    assert off["greedy_identical"] and on["greedy_identical"] and "verdict_cache" not in off
+    v = on["verdict_cache"]
+    assert v["branches"] > 0 and v["hits"] + v["misses"] == sum(v["rejections_by_position"].values())
+    for p in (off, on):
+        assert p["components"]["verify_s"] and p["components"]["draft_period_ms"] > 0
+        assert p["components"]["link_rtt_ms"] > 0 and p["tokens_per_target_step"] >= 1
+    check = M.model_check(cpu)
+    assert len(check["points"]) == 2 and all("missing" not in r for r in check["points"])
