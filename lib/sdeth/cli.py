@@ -188,6 +188,10 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["worker"]:
         return worker_main(argv[1:])
+    if argv[:2] == ["bench", "ssd-cpu"]:     # the verdict cache on the CPU, modelled for the H200 (own parser)
+        from .study.bench import ssd_cpu
+        ssd_cpu.main(argv[2:])
+        return 0
     if argv[:2] in (["bench", "targets"], ["bench", "wire"], ["bench", "streams"], ["bench", "vllm"]):   # own parsers
         from .study.bench import targets as bigtargets, wire as wirebench
         from .study import streambench

@@ -14,6 +14,6 @@ from .decide import Cell, Option, Target, table as decision_table, targets  # no
 from .figures import Figure, Milestone, Part, dig, read_back  # noqa: F401
 from .milestones import alternatives, milestones, table  # noqa: F401
 from .sources import (EMULATED, GOALS, HEADLINE, M2_GOAL, REPEATS, SHARED, SWEEPS, TPOT_GOALS,  # noqa: F401
-                      VLLM_STUDY)
+                      SSD_CPU, VLLM_STUDY)
 from . import text  # noqa: F401
 from .text import decision, decision_html, decision_markdown, markdown, verdict  # noqa: F401

@@ -182,7 +182,40 @@ def _through_vllm(root: Path) -> Part | None:
     return Part("Through vLLM", pieces)
 
 
+def _verdict_speculation(root: Path) -> Part | None:
+    """Part 6: what verdict speculation (the draft server's verdict cache) changes: modelled on H200 components,
+    measured on the CPU (reports/ssd_cpu.json); the H200 runs wait for device time."""
+    doc = load(root, src.SSD_CPU)
+    if not doc or "modelled" not in doc:
+        return None
+    cpu_hw = f"{(doc.get('hardware') or {}).get('label', '?')}, the embedded pair"
+    on = [p for p in doc["measured_cpu"]["points"] if p.get("verdict_cache") and p["streams"] == 1]
+    best = max(on, key=lambda p: p["verdict_cache"]["hit_rate"] or 0, default=None)
+
+    def goal(source: str) -> Figure | None:
+        at = ("modelled", "goals", {"goal_ranks": source, "target": "Qwen3-32B", "N": 1, "figure": "ssd_over_plain",
+                                    "hit_source": source}, "modelled")
+        return fig(root, src.SSD_CPU, at, f"verdict speculation over plain pipelined, Qwen3-32B B=1, {source} hits",
+                   "{:.2f}x", "modelled", "H200 components (bench streams, bench targets)")
+    trace, synth = goal("trace"), goal("synthetic:0.9")
+    hit = best and fig(root, src.SSD_CPU, ("measured_cpu", "points", {"cache": best["cache"], "streams": 1},
+                                           "verdict_cache", "hit_rate"),
+                       f"verdict cache hit rate, {best['cache']}, 1 stream", "{:.0%}", "measured", cpu_hw)
+    if not (trace and synth and hit):
+        return None
+    same = all(p["greedy_identical"] for p in doc["measured_cpu"]["points"])
+    return Part("Verdict speculation", [
+        "The draft server drafting ahead for the likely verdicts (its verdict cache), modelled with the event model "
+        "over the H200 components the study measured (alpha 0.71, Qwen3-1.7B draft shape): ", trace, " over plain "
+        "pipelined streams at the Qwen3-32B with the embedded pair's rank shares and ", synth, " at a synthetic 0.9 "
+        "hit rate; measured on the CPU with real ranks, the cache foresaw ", hit, " of restarts, greedy outputs "
+        f"{'identical to' if same else 'DIFFERENT from'} target-only (on two CPU cores the branch rows slow the draft "
+        "the target shares them with, so the CPU's time per token says nothing of a GPU). No H200 run of the cache yet (its command: "
+        "python -m sdeth bench streams --only-ssd --verdict-cache off,on)."])
+
+
 def answer(root: Path = REPO) -> list[Part]:
     """The answer the study is for, in labelled parts. Parts whose results are missing are left out."""
     root = Path(root)
-    return [p for p in (_latency(root), _round_trip(root), _per_gpu(root), _shared(root), _through_vllm(root)) if p]
+    return [p for p in (_latency(root), _round_trip(root), _per_gpu(root), _shared(root), _through_vllm(root),
+                        _verdict_speculation(root)) if p]

@@ -17,6 +17,8 @@ BIG_TARGETS = tuple(f"reports/gpu/bench_targets_{n}.json" for n in (1, 2, 3))
 SERVER_STREAMS = ("reports/gpu/bench_streams_server_4.json", "reports/gpu/bench_streams_server_5.json")
 CPU_DRAFT = "reports/gpu/bench_gpu_target_cpu_draft_0.6b_overdue.json"
 SHARED = "reports/25_draft_server.json"
+# the verdict cache without a GPU: measured on the CPU (embedded pair) and modelled on H200 components (bench.ssd_cpu)
+SSD_CPU = "reports/ssd_cpu.json"
 VLLM_STUDY = "reports/vllm_remote_cpu.json"
 PROVISION = "reports/00_provision.json"
 COLOCATED = "reports/10_colocated.json"

@@ -1,0 +1,211 @@
+"""Verdict speculation measured on the CPU with real ranks (the embedded pair), and modelled for the H200.
+
+Measured (`measure`): the embedded pair on the CPU, the real draft (the draft server, its verdict cache off or on)
+and the real target (the pipelined loop, runtime.pipeline.generate_pipelined, one thread and connection per
+stream): the target's token at each position is the real target's, so the hit rate is what the pair's real ranks
+give. For each cache spec and stream count: hit rate overall and by position, restarts, branches made, branch rows
+stepped, tokens per target step, greedy outputs checked against target-only, and wall time per token (CPU wall
+time: it does not transfer to a GPU).
+
+Modelled (`modelled`): the event model (costmodel.simulate_pipelined with costmodel.verdict_terms) over the H200
+components the study measured (the draft server's step, its period and the commit's transit from `bench streams`,
+the targets' t_v from `bench targets`), at alpha 0.71, for the verdict cache's goals (streambench.ssd.GOALS), with
+three hit inputs: the embedded trace's rank shares, the hit rate measured here on the CPU, and a synthetic 0.9.
+
+    python -m sdeth bench ssd-cpu --json reports/ssd_cpu.json          # ~5 min on 2 CPU cores
+    (the same: python -m sdeth.study.bench.ssd_cpu ...)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+from ... import hardware
+from ...place.testbed import free_port
+from ...runtime import make_engine
+from ...runtime.loop import generate_target_only
+from ...runtime.pipeline import generate_pipelined
+from ...runtime.verify import Sampling
+from ...wire import protocol
+from ...wire.draft_client import DraftServerClient, ServerStream
+from ...wire.draft_server import DraftServerConfig, pair_server
+from ..config import RunConfig, encode_prompts
+
+CPU_LABEL = ("measured on the CPU: the embedded pair (real draft in the draft server, real target in the pipelined "
+             "loop, loopback TCP), greedy; real ranks (the target's own tokens)")
+WALL_NOTE = "CPU wall time per token: it does not transfer to a GPU (the models' step ratio differs there)"
+
+
+@dataclass
+class SsdCpuConfig:
+    """One CPU run: the prompts, tokens per prompt, the pipelined loop's k and window, the cache specs (off, the
+    default, a wider one) and the stream counts (the prompts split round-robin among the streams)."""
+    prompts: str = "sharegpt:4"
+    max_tokens: int = 24
+    k: int = 4
+    window: int = 8
+    rows: int = 16
+    specs: tuple = ("off", "4x4x8", "8x4x16")
+    streams: tuple = (1, 4)
+
+
+def _serve(pair, rows: int, spec: str, seconds: float):
+    server = pair_server(pair, DraftServerConfig(rows, 1024, verdict_cache=spec))
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    threading.Thread(target=server.serve, args=(addr,), kwargs={"max_seconds": seconds}, daemon=True,
+                     name=f"draft-server-{spec}").start()
+    time.sleep(0.3)
+    return server, addr
+
+
+def _streams(addr: str, pair, hello: protocol.Hello, shares: list, cfg: SsdCpuConfig) -> list:
+    """One pipelined target loop per share of the prompts, each in its own thread with its own connection and
+    engine; the records in prompt order of each share."""
+    out, errs = {}, []
+
+    def run(i):
+        try:
+            c = DraftServerClient(addr, hello, timeout_s=60)
+            eng = make_engine(pair.target, "target", "target", vocab=pair.vocab_size)
+            st = ServerStream(c, window=cfg.window)
+            out[i] = []
+            for pid, ids in shares[i]:
+                out[i].append((pid, generate_pipelined(eng, st, ids, cfg.max_tokens, cfg.k, Sampling(),
+                                                       pair.tokenizer.eos_token_id, prompt_id=pid)))
+                c.end_seq(st.seq)              # (waits for Ended, so the next prompt's Open finds the row free)
+            c.close()
+        except Exception as e:               # surfaced below
+            errs.append(e)
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(len(shares))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errs:
+        raise RuntimeError(f"a pipelined stream failed: {errs[0]!r}") from errs[0]
+    return [r for i in range(len(shares)) for r in out[i]]
+
+
+def _ping_ms(addr: str, hello: protocol.Hello, n: int = 10) -> float:
+    """The loopback link's round trip to the server (median of n Ping/Pong, ms)."""
+    c, ts = DraftServerClient(addr, hello, timeout_s=10), []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        c.client.call(protocol.Ping(time.time()), timeout_s=2.0)
+        ts.append((time.perf_counter() - t0) * 1e3)
+    c.close()
+    return sorted(ts)[n // 2]
+
+
+def _components(recs: list, server, c0: float, s0: int, ping_ms: float) -> dict:
+    """The CPU run's own components, as the event model takes them: the target's forward of m tokens (mean s),
+    the server's draft compute per stream step (prefills included), the link's round trip (Ping/Pong)."""
+    widths: dict[int, list] = {}
+    for r in recs:
+        for m, (n, s) in r.verify_widths.items():
+            w = widths.setdefault(int(m), [0, 0.0])
+            w[0], w[1] = w[0] + n, w[1] + s
+    verify = {m: w[1] / w[0] for m, w in sorted(widths.items()) if w[0]}
+    steps = server.steps - s0
+    return {"verify_s": {str(m): round(v, 6) for m, v in verify.items()},
+            "draft_period_ms": round((server.d.dec.clock.seconds - c0) * 1e3 / steps, 3) if steps else None,
+            "link_rtt_ms": round(ping_ms, 3)}
+
+
+def point(pair, prompts: list, ref: dict, spec: str, n: int, cfg: SsdCpuConfig) -> dict:
+    """One (cache spec, stream count): the server's cache counters, the clients' records, outputs checked."""
+    server, addr = _serve(pair, cfg.rows, spec, 900)
+    hello = protocol.Hello(protocol.PROTOCOL_VERSION, "target", pair.config.target, pair.vocab_size,
+                           server.me.tokenizer_sha, server.me.dtype)
+    ping_ms = _ping_ms(addr, hello)
+    c0, s0 = server.d.dec.clock.seconds, server.steps
+    t0 = time.perf_counter()
+    recs = _streams(addr, pair, hello, [prompts[i::n] for i in range(n)], cfg)
+    wall = time.perf_counter() - t0
+    steps = server.steps - s0                    # stream steps (branch rows ride in them)
+    tokens = sum(len(r.output_ids) for _, r in recs)
+    decoded = sum(max(len(r.output_ids) - 1, 0) for _, r in recs)
+    rounds = sum(r.rounds for _, r in recs)
+    acc, rej = sum(r.accepted_tokens for _, r in recs), sum(r.rejections for _, r in recs)
+    p = {"cache": spec, "streams": n, "prompts": len(recs), "tokens": tokens,
+         "greedy_identical": all(r.output_ids == ref[pid] for pid, r in recs),
+         "target_steps": rounds, "tokens_per_target_step": round(decoded / rounds, 3) if rounds else None,
+         "alpha": round(acc / (acc + rej), 3) if acc + rej else None,
+         "restarts": sum(r.stream_restarts for _, r in recs), "plain_steps": sum(r.plain_steps for _, r in recs),
+         "draft_steps": steps, "wall_s": round(wall, 2),
+         "wall_ms_per_token": round(sum(r.e2e_s for _, r in recs) * 1e3 / tokens, 2) if tokens else None,
+         "wall_ms_per_token_all_streams": round(wall * 1e3 / tokens, 2) if tokens else None,
+         "components": _components([r for _, r in recs], server, c0, s0, ping_ms)}
+    if server.vc is not None:
+        s = server.vc.summary()
+        rej_at = {k: s["rejections_at"][k] for k in sorted(s["rejections_at"], key=int)}
+        p["verdict_cache"] = {
+            "spec": s["spec"], "branches": s["branches"], "hits": s["hits"], "misses": s["misses"],
+            "uncovered": s["uncovered"], "evicted": s["evicted"], "foreseen_tokens": s["foreseen_tokens"],
+            "hit_rate": round(s["hit_rate"], 3) if s["hit_rate"] is not None else None,
+            "rejections_by_position": rej_at,
+            "hit_rate_by_position": {k: round(s["hits_at"].get(k, 0) / v, 3) for k, v in rej_at.items() if v},
+            "rows_stepped": s["rows_stepped"],
+            "branch_rows_per_step": round(s["rows_stepped"] / steps, 3) if steps else None}
+    return p
+
+
+def measure(pair, cfg: SsdCpuConfig, progress=print) -> dict:
+    """Target-only on the prompts (the reference), then every (spec, streams) point."""
+    prompts = encode_prompts(RunConfig(mode="target-only", prompts=cfg.prompts, max_tokens=cfg.max_tokens),
+                             pair.tokenizer)
+    eng = make_engine(pair.target, "target", "target", vocab=pair.vocab_size)
+    t0 = time.perf_counter()
+    refs = [generate_target_only(eng, ids, cfg.max_tokens, Sampling(), pair.tokenizer.eos_token_id, prompt_id=pid)
+            for pid, ids in prompts]
+    ref_tokens = sum(len(r.output_ids) for r in refs)
+    out = {"label": CPU_LABEL, "wall_note": WALL_NOTE, "config": asdict(cfg),
+           "target_only": {"tokens": ref_tokens, "wall_ms_per_token": round((time.perf_counter() - t0) * 1e3 /
+                                                                            ref_tokens, 2)},
+           "points": []}
+    ref = {r.prompt_id: r.output_ids for r in refs}
+    for n in cfg.streams:
+        for spec in cfg.specs:
+            p = point(pair, prompts, ref, spec, n, cfg)
+            out["points"].append(p)
+            v = p.get("verdict_cache") or {}
+            progress(f"cache {spec} x {n} streams: identical {p['greedy_identical']}, tokens/step "
+                     f"{p['tokens_per_target_step']}, restarts {p['restarts']}, hit rate {v.get('hit_rate')}, "
+                     f"branches {v.get('branches')}, {p['wall_ms_per_token']} ms/token (CPU), {p['wall_s']} s")
+    return out
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m sdeth bench ssd-cpu", description=__doc__.split("\n")[0])
+    ap.add_argument("--prompts", default=SsdCpuConfig.prompts, help="prompt set (default %(default)s)")
+    ap.add_argument("--max-tokens", type=int, default=SsdCpuConfig.max_tokens, help="tokens per prompt")
+    ap.add_argument("--specs", default=",".join(SsdCpuConfig.specs), help="verdict cache specs, comma-separated")
+    ap.add_argument("--streams", default="1,4", help="stream counts, comma-separated")
+    ap.add_argument("--json", default="reports/ssd_cpu.json", help="where to write the results")
+    a = ap.parse_args(argv)
+    from ...models import load_pair
+    from ...paths import REPO
+    from ..streambench.ssd_model import model_check, modelled
+    cfg = SsdCpuConfig(a.prompts, a.max_tokens, specs=tuple(a.specs.split(",")),
+                       streams=tuple(int(x) for x in a.streams.split(",")))
+    t0 = time.time()
+    pair = load_pair("embedded")
+    res = {"schema": 1, "bench": "ssd-cpu", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "hardware": hardware.describe("cpu"),
+           "models": {"target": pair.config.target, "draft": pair.config.draft}}
+    res["measured_cpu"] = measure(pair, cfg)
+    path = REPO / a.json
+    path.write_text(json.dumps(res, indent=1) + "\n")         # the measured part first: the model reads it back
+    res["model_check_cpu"] = model_check(res["measured_cpu"])
+    res["modelled"] = modelled(res["measured_cpu"])
+    res["wall_s"] = round(time.time() - t0, 1)
+    path.write_text(json.dumps(res, indent=1) + "\n")
+    print(f"wrote {path} ({res['wall_s']} s)")
+    return res
+
+
+if __name__ == "__main__":
+    main()
