@@ -171,6 +171,34 @@ def test_every_name_imported_from_the_package_is_there():
     assert bad == []
 
 
+def test_the_tests_scripts_and_notebooks_import_modules_that_are_there():
+    """Their `sdeth` imports, at any depth (a test's import inside its function fails only when it runs, and a slow
+    one may not run before a fresh clone's), name modules of the package, or names those define."""
+    import json
+    g, repo, bad = graph(), ROOT.parents[1], []
+    sources = [(p, p.read_text()) for p in sorted((repo / "tests").glob("*.py")) + sorted((repo / "scripts").glob("*.py"))]
+    sources += [(p, "\n".join("".join(c["source"]) for c in json.loads(p.read_text())["cells"] if c["cell_type"] == "code"))
+                for p in sorted((repo / "notebooks").glob("*.ipynb"))]
+    for path, text in sources:
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:                 # (a notebook's magics)
+            tree = ast.parse("\n".join(line for line in text.splitlines() if not line.lstrip().startswith(("%", "!"))))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("sdeth"):
+                if node.module not in g:
+                    bad.append(f"{path.name}: from {node.module}")
+                    continue
+                src = ROOT.parent / Path(*node.module.split("."))
+                names = top_names(src / "__init__.py" if src.is_dir() else src.with_suffix(".py"))
+                bad += [f"{path.name}: from {node.module} import {a.name}" for a in node.names
+                        if a.name != "*" and f"{node.module}.{a.name}" not in g and a.name not in names]
+            elif isinstance(node, ast.Import):
+                bad += [f"{path.name}: import {a.name}" for a in node.names
+                        if a.name.startswith("sdeth") and a.name not in g]
+    assert bad == []
+
+
 def test_no_import_cycles_even_through_function_level_imports():
     assert cycles(graph()) == []
 

@@ -91,6 +91,38 @@ def test_a_full_drafter_makes_no_branch():
     assert vc.plan([a, b]) == 0 and not vc.branches() and vc.stats["branches"] == 1
 
 
+def test_a_branch_drafts_no_further_than_its_streams_window():
+    """A branch adopted on a hit sends its drafts as the stream's: never more than the window its Open asked for,
+    whatever the cache's depth."""
+    _, draft = tiny_pair()
+    d, vc = drafter(draft, rows=6, cache="2x6x4")
+    seq = d.open_stream(("c", "s"), 0, PROMPT, Sampling(), 1, 0, window=2)
+    d.commit(seq, 0, 7)
+    stepped(d, vc, seq, 8)
+    assert vc.branches() and all(len(b.out) == 2 for b in vc.branches())
+
+
+def test_a_failed_step_drops_its_branches_and_spares_their_streams():
+    """A step that fails refuses and frees its live rows; a branch in it (it carries its stream's key) is dropped,
+    and its stream, when not in the step, keeps its row and is not refused."""
+    from sdeth.wire.draft_server import DraftServerConfig
+    server = tiny_server(tiny_pair()[1], rows=6, capacity=128, verdict_cache="2x3x4")
+    seq = server.d.open_stream((b"c", "s"), 0, PROMPT, Sampling(), 1, 0, window=6)
+    server.d.commit(seq, 0, 7)
+    stepped(server.d, server.vc, seq, 4)
+    branches = [b.row for b in server.vc.branches()]
+    assert branches and DraftServerConfig(6, 128, verdict_cache="2x3x4").check()
+    server._fail(branches, "internal", "step", "a test's error")
+    assert server.d.seqs[(b"c", "s")] is seq and not server.vc.branches()
+    assert sorted(server.d.free_rows + [seq.row]) == list(range(6))
+
+
+def test_a_branch_deeper_than_a_reply_is_sized_for_is_refused_at_the_start():
+    from sdeth.wire.draft_server import DraftServerConfig, ServerLimits
+    with pytest.raises(ValueError, match="--verdict-cache '2x8': a branch drafts 8 tokens.*--limit-k.*'2x4'"):
+        DraftServerConfig(6, 128, verdict_cache="2x8", limits=ServerLimits(k=4)).check()
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 3), st.integers(0, 2)), min_size=1, max_size=25))
 def test_rows_never_leak(ops):

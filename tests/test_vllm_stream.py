@@ -354,8 +354,8 @@ def stream_runs(pair, tmp_path_factory):
     the target steps: on two cores vLLM and the draft server each get one.)"""
     import os
     from test_vllm_proposer import K, MAX_TOKENS, PROMPTS, _run_vllm, _start_draft_server
-    from sdeth.study import experiment
-    from sdeth.study.vllm_baseline import _job, engine_args
+    from sdeth.study.runs import experiment
+    from sdeth.study.vllm.baseline import _job, engine_args
     cfg = experiment.RunConfig(engine="vllm", mode="sd", k=K, prompts=PROMPTS, max_tokens=MAX_TOKENS, max_len=512)
     job = _job(cfg, pair)
     base = {"prompts": [ids for _, ids in experiment.encode_prompts(cfg, pair.tokenizer)], "max_tokens": MAX_TOKENS,

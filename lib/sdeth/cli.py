@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="compare decoding modes on the same requests, with 95%% intervals (JSON)")
     b.add_argument("what", choices=["sd", "step", "rtt", "draft-loop", "targets", "wire", "streams", "vllm"], help="sd: target-only, "
                    "colocated, sync, adaptive, pipelined SD; step: the decode step, lever by lever (sdeth.study."
-                   "stepbench); rtt: the link modes at each added round trip (--rtts); draft-loop: the pipelined "
+                   "bench.step); rtt: the link modes at each added round trip (--rtts); draft-loop: the pipelined "
                    "draft's loop, phase by phase (sdeth.study.bench.draftloop); targets: bigger targets' steps and "
                    "colocated SD on one GPU (`bench targets -h`); wire: round trips plain against CURVE (`bench wire -h`); "
                    "streams: many streams, colocated and over a draft server (`bench streams -h`); vllm: vLLM target-only, its "
@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "e.g. reports/gpu/bench_streams_2.json:Qwen3-8B (needs synthetic or trace-driven acceptance)")
     b.add_argument("--models", default="Qwen3-1.7B,Qwen3-0.6B,Qwen3-8B", help="step: model shapes (random weights)")
     b.add_argument("--budget-s", type=float, default=480, help="step: start no new lever after this long")
-    b.add_argument("--levers", default=None, help="step: comma list of lever names (default: all of stepbench.LEVERS)")
+    b.add_argument("--levers", default=None, help="step: comma list of lever names (default: all of study.bench.step's LEVERS)")
     b.add_argument("--kernels", default="", help="step: measure the fused-kernel levers instead (FastOptions kernels=, "
                    "comma list of torch,attn,gemv,all): batch 1 at --context and --rows rows at --row-contexts")
     b.add_argument("--rows", type=int, default=16, help="step --kernels: independent rows of the batched step")

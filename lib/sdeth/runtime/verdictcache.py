@@ -106,7 +106,7 @@ class VerdictCache:
     def rows(self, room: int) -> list[Sequence]:
         """Up to `room` branches that may draft their next token (fewer than depth drafted), the nearest forks
         first."""
-        ready = [b for b in self.branches() if len(b.out) < self.spec.depth and b.row.ready]
+        ready = [b for b in self.branches() if len(b.out) < min(self.spec.depth, b.row.window) and b.row.ready]
         return [b.row for b in sorted(ready, key=lambda b: b.offset)[:max(room, 0)]]
 
     def took(self, drafted: dict) -> None:
@@ -175,6 +175,15 @@ class VerdictCache:
             self._release(b)
         if seq not in self.d.seqs.values():
             self.seen.pop(seq, None)
+
+    def discard(self, rows: list[Sequence]) -> int:
+        """The branches on these rows (a step of theirs failed) released; their streams keep their rows."""
+        ids, n = {id(r) for r in rows}, 0
+        for held in self.held.values():
+            for key in [key for key, b in held.items() if id(b.row) in ids]:
+                self._release(held.pop(key))
+                n += 1
+        return n
 
     def evict(self, n: int) -> int:
         """Free n rows for live sequences: the farthest forks first. Returns the rows freed."""

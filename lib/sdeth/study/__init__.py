@@ -1,3 +1,4 @@
-"""The study: run configuration (`config`), experiments and sweeps (`experiment`), summaries
-(`summary`), the acceptance study (`acceptance`), vLLM as the reference engine (`vllm_baseline`) and
-the reports (`report`)."""
+"""The study, in rooms: what every run shares (`config`, `results`, `summary`), vLLM as the reference and with the
+remote draft (`vllm/`), runs and the acceptance study (`runs/`), the models that predict (`predict/`), the
+benchmarks (`bench/`, `streambench/`), the answer (`status/`) and the rendered reports (`pages/`);
+docs/layout.md maps them."""

@@ -385,7 +385,13 @@ class DraftServer:
             return {}
 
     def _fail(self, seqs: list, code: str, field_: str, why: str) -> None:
-        self.log.line(f"{len(seqs)} sequences refused and freed: {field_}: {why}")
+        """A step's error: its sequences refused and freed; its verdict-cache branches (they carry their stream's
+        key, not its row) are only dropped."""
+        branches = [s for s in seqs if self.d.seqs.get(s.key) is not s]
+        if branches and self.vc is not None:
+            self.vc.discard(branches)
+        seqs = [s for s in seqs if self.d.seqs.get(s.key) is s]
+        self.log.line(f"{len(seqs)} sequences refused and freed, {len(branches)} branches dropped: {field_}: {why}")
         for seq in seqs:
             self.d.free(seq.key)
             c = self.clients.get(seq.key[0])

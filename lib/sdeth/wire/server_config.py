@@ -87,7 +87,11 @@ class DraftServerConfig:
             raise ValueError(f"draft server config {bad or (self.rows, self.ttl_s)}: rows 1 to 128, capacity, "
                              f"per_pass and messages_per_s at least 1, ttl_s above 0")
         from ..runtime.verdictcache import VerdictSpec
-        VerdictSpec.parse(self.verdict_cache)            # (its error names the flag's forms)
+        spec = VerdictSpec.parse(self.verdict_cache)     # (its error names the flag's forms)
+        if spec.on and spec.depth > self.limits.k:
+            raise ValueError(f"--verdict-cache {self.verdict_cache!r}: a branch drafts {spec.depth} tokens, more than "
+                             f"the {self.limits.k} a reply is sized for (--limit-k): use a depth of at most "
+                             f"{self.limits.k}, e.g. '{spec.fanout}x{self.limits.k}'")
         if not 1 <= self.limits.reply_bytes <= MAX_MESSAGE_BYTES:
             raise ValueError(f"limits.reply_bytes {self.limits.reply_bytes}: use 1 to the protocol's frame limit "
                              f"{MAX_MESSAGE_BYTES} (a larger reply is refused by its client)")

@@ -1,4 +1,4 @@
-"""Results JSON -> tables, plots, HTML: the notebooks' one import (`from sdeth.study import report`) and the
+"""Results JSON -> tables, plots, HTML: the notebooks' one import (`from sdeth.study.pages import report`) and the
 command that renders them.
 
     python -m sdeth.study.pages.report              # run every notebooks/NN_*.ipynb with papermill, render reports/
