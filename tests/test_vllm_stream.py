@@ -253,11 +253,37 @@ def test_with_a_slow_target_step_every_draft_the_server_has_drafted_past_the_con
         time.sleep(max(0.0, step_s - (time.perf_counter() - t0)))
     steps = sum(1 for n in offered if n) / len(offered)
     print(f"drafts held {held}\noffered      {offered}\nsteps with drafts {steps:.2f}, {p.stats}")
-    assert p.stats.refused == 0 and p.stats.lost == 0
+    assert p.stats.refused == 0 and p.stats.lost == 0 and p.stats.server_steps >= 50 and p.stats.server_draft_s > 0
     same = sum(1 for h, o in zip(held, offered) if h == o)
     assert same >= len(offered) - 3, (held, offered)        # (a Streamed in flight at the read: a step or two)
     assert sum(offered) >= sum(held) - 3 and steps >= 0.15, (held, offered)
     p.close()
+
+
+def test_the_step_log_keeps_the_servers_steps_between_two_proposes_and_the_study_its_time_a_step(tmp_path):
+    """How fast the server drafts while the target steps beside it (what bounds the steps with drafts): each step's
+    line holds the server's steps and compute received since the step before (deltas of the proposer's totals);
+    the study's figures divide them (None in sync mode, which has no stream steps), and the goal names it."""
+    import json
+    from sdeth.study.vllm.stream import goal, step_figures
+    from sdeth.wire.vllm_streams import StepLog
+    log = StepLog(str(tmp_path / "steps.jsonl"))
+    t = time.perf_counter()
+    log.add(t, t + 1e-4, [[1, 2], []], 0.0, (0.10, 2))
+    log.add(t, t + 1e-4, [[], []], 0.2, (0.40, 5))
+    log.flush()
+    lines = [json.loads(x) for x in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert [(x["server_steps"], round(x["server_ms"])) for x in lines] == [(2, 100), (3, 300)]
+    phase = {"t0": 0, "t1": time.time() + 1, "accepted": 1}
+    stream = step_figures(lines, phase)
+    assert stream["server_step_ms"] == pytest.approx(80.0)
+    sync = step_figures([{**x, "server_steps": 0, "server_ms": 0.0} for x in lines], phase)
+    assert sync["server_step_ms"] is None
+    sync["proposer_host_ms"]["p50"] = 150.0
+    g = goal({"settings": {"k": 3}, "modes": {"sync": [{**sync, "concurrency": 1}],
+                                              "stream": [{**stream, "concurrency": 1}]}})
+    assert g["draft_ms_per_token"] == 50.0 and g["draft_ms_per_token_streaming"] == pytest.approx(80.0)
+    assert g["target_step_ms"] == pytest.approx(200.0) and g["draft_faster_than_target"]
 
 
 # ------------------------------------------------------------------ against a stand-in server: slow, dead, back
