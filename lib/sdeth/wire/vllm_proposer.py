@@ -29,8 +29,9 @@ StreamingDraftProposer, which vLLM's speculative_config names as its `model`) ne
 pipelined stream on the server that drafts up to `window` tokens ahead of what the target settled; `propose` sends
 the step's commits, takes whatever Streamed rows have arrived, and offers each row the drafts that continue its
 context exactly (wire.vllm_streams has the rules), [] when none has arrived. With $SDETH_PROPOSER_STEPS set to a
-path, each step's host time, rows, rows offered drafts and drafts offered are appended there (JSON lines, written
-once a second), for benchmarks.
+path, each step's host time, rows, rows offered drafts and drafts offered (and, streaming, the server's draft
+steps received since the step before, with their compute) are appended there (JSON lines, written once a second),
+for benchmarks.
 """
 from __future__ import annotations
 
@@ -118,6 +119,8 @@ class ProposerStats:
     commits: int = 0             # stream: tokens committed
     streamed: int = 0            # stream: drafted tokens received
     ended: int = 0               # stream: streams ended (their requests gone)
+    server_steps: int = 0        # stream: the server's draft steps whose Streamed reached this proposer (their
+                                 # compute is added to server_draft_s: one token a stream a step)
 
 
 class RemoteDraftProposer:
@@ -209,7 +212,7 @@ class RemoteDraftProposer:
         self.stats.rows += len(sampled_token_ids)
         self.t_returned = time.perf_counter()
         self.stats.host_s += self.t_returned - t0
-        self.steplog.add(t0, self.t_returned, self.out, gap)
+        self.steplog.add(t0, self.t_returned, self.out, gap, (self.stats.server_draft_s, self.stats.server_steps))
         return self.out
 
     def _stream_step(self, plan: StreamPlan) -> None:
@@ -341,6 +344,9 @@ class RemoteDraftProposer:
             self.peer, self.backoff_s = m, 0.0
         elif isinstance(m, protocol.Streamed):
             self.stats.streamed += self.streams.take(m.rows) if self.streams is not None else 0
+            if m.draft_ms > 0:                             # a step's tokens (not a foreseen verdict's branch)
+                self.stats.server_draft_s += m.draft_ms / 1e3
+                self.stats.server_steps += 1
         elif isinstance(m, protocol.Drafts):
             self.stats.server_draft_s += m.draft_ms / 1e3
             self.stats.server_held_s += m.held_ms / 1e3

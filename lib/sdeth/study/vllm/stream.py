@@ -68,7 +68,9 @@ def step_figures(lines: list[dict], phase: dict) -> dict:
     n, rows = len(steps), sum(s["rows"] for s in steps)
     host = sorted(s["host_ms"] for s in steps)
     gaps = sorted(s["gap_ms"] for s in steps if s["gap_ms"] > 0)
+    served = sum(s.get("server_steps", 0) for s in steps)      # stream mode: the server's steps while it ran
     return {"steps": n, "row_steps": rows,
+            "server_step_ms": sum(s.get("server_ms", 0.0) for s in steps) / served if served else None,
             "steps_with_drafts_share": sum(1 for s in steps if s["ready"]) / n,
             "rows_with_drafts_share": sum(s["ready"] for s in steps) / rows,
             "offered_per_step": sum(s["offered"] for s in steps) / n,
@@ -152,10 +154,13 @@ def goal(doc: dict) -> dict:
         return {"met": None, "why": "no concurrency-1 figures for both modes"}
     share = one["stream"]["accepted_per_step"] / one["sync"]["accepted_per_step"]
     draft_ms = one["sync"]["proposer_host_ms"]["p50"] / doc["settings"]["k"]
+    streaming_ms = one["stream"].get("server_step_ms")     # the server's step while the target steps beside it
     step_ms = (one["stream"].get("step_ms") or {}).get("p50")
+    mine = streaming_ms or draft_ms
     return {"what": f"drafts accepted per step, stream over sync, concurrency 1 >= {GOAL_SHARE:.0%}",
-            "share": share, "met": share >= GOAL_SHARE, "draft_ms_per_token": draft_ms, "target_step_ms": step_ms,
-            "draft_faster_than_target": step_ms is not None and draft_ms < step_ms}
+            "share": share, "met": share >= GOAL_SHARE, "draft_ms_per_token": draft_ms,
+            "draft_ms_per_token_streaming": streaming_ms, "target_step_ms": step_ms,
+            "draft_faster_than_target": step_ms is not None and mine < step_ms}
 
 
 def results() -> dict | None:
@@ -216,7 +221,9 @@ def lines(doc: dict) -> list[str]:
     g = doc["goal"]
     out.append(f"  goal: {g.get('what', '')}: {g.get('share', float('nan')):.2f} -> "
                f"{'met' if g['met'] else 'missed' if g['met'] is not None else 'not measured'} (the draft "
-               f"{g.get('draft_ms_per_token') or 0:.0f} ms a token, the target's step {g.get('target_step_ms') or 0:.0f} ms)")
+               f"{g.get('draft_ms_per_token') or 0:.0f} ms a token in sync mode, "
+               f"{g.get('draft_ms_per_token_streaming') or float('nan'):.0f} ms streaming beside the target, the "
+               f"target's step {g.get('target_step_ms') or 0:.0f} ms)")
     for m in doc.get("gpu_model", []):
         out.append(f"  H200 ({m['kind']}, alpha {m['alpha']:.2f}): sync {m['sync_speedup']:.2f}x, stream "
                    f"{m['stream_speedup']:.2f}x over target-only")
