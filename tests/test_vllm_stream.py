@@ -80,6 +80,30 @@ def test_a_desync_reopens_the_stream_and_another_refusal_holds_it_then_starts_ov
     assert [e.seq for e in p.ends] == [s2.seq] and len(p.opens) == 1
 
 
+def test_a_held_stream_commits_nothing_and_its_desync_does_not_reopen_it_before_the_hold_ends():
+    """A stream refused past a limit is held: its commits would only earn a desync (the server never opened it), and
+    that desync does not open it again at once; after hold_s it starts over."""
+    tr, b = StreamTracker(window=8, hold_s=1.0), Batch()
+    b.add([5, 6, 7])
+    s = tr.plan(*b.args(), k=3, context=200, now=1.0).opens[0][0]
+    assert tr.refused(s.seq, 0, "limit", 1.0)
+    b.grow(0, [8, 9])
+    p = tr.plan(*b.args(), k=3, context=200, now=1.2)
+    assert not p.commits and not p.opens and not p.reads
+    assert tr.refused(s.seq, 0, "desync", 1.2)
+    assert not tr.plan(*b.args(), k=3, context=200, now=1.5).opens
+    assert len(tr.plan(*b.args(), k=3, context=200, now=2.1).opens) == 1
+
+
+def test_the_stream_tracker_keeps_within_the_servers_sequences():
+    """The Welcome's limit on a client's sequences bounds the streams the proposer opens (beyond it, the rest of
+    the rows get no drafts, and no Open is sent only to be refused)."""
+    p = VP.StreamingDraftProposer(vllm_config(3, 200), addr="tcp://127.0.0.1:9", hello=HELLO)
+    p._bound(W.Welcome(WELCOME.proto, WELCOME.model_id, WELCOME.vocab_size, WELCOME.tokenizer_sha, WELCOME.dtype,
+                       limits={"sequences_per_client": 3}))
+    assert p.bounds.sequences == 3 and p.streams.max_streams == 3
+
+
 def test_no_stream_without_room_for_its_window_and_no_commit_past_the_servers_limit():
     tr, b = StreamTracker(window=8), Batch()
     b.add(list(range(1, 15)))

@@ -374,6 +374,8 @@ class RemoteDraftProposer:
         """Keep within the limits the server's Welcome carries (today's defaults when it carries none)."""
         b = self.bounds = Bounds.of(self.k, self.max_len, getattr(welcome, "limits", None))
         self.tracker.tokens_per_row, self.tracker.max_tracks = b.tokens_per_row, b.sequences
+        if self.streams is not None:
+            self.streams.max_streams = b.sequences
         if b.k < self.k:
             self.log.line(f"the draft server drafts at most {b.k} tokens a round: vLLM's num_speculative_tokens="
                           f"{self.k} gets {b.k} (set num_speculative_tokens={b.k} to verify no empty slots)")

@@ -144,7 +144,8 @@ class StreamTracker:
                 continue
             if s is None:
                 s = self._open(plan, ctx)
-            self._commit(plan, s, ctx[:context - 3])             # (the server's limit on a stream's positions)
+            if not s.held_until:                                 # (a held stream sends nothing until it starts over)
+                self._commit(plan, s, ctx[:context - 3])         # (the server's limit on a stream's positions)
             claimed.add(s)
             by_row[i] = s
             s.idle = 0
@@ -206,7 +207,8 @@ class StreamTracker:
         if s is None or s.gen != gen:
             return False
         if code == "desync":
-            self._drop(s)
+            if not s.held_until:            # (a held stream's desync follows its first refusal: it stays as held)
+                self._drop(s)
         else:
             s.held_until = max(s.held_until, now + self.hold_s)
         return True
