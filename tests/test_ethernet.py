@@ -1,5 +1,6 @@
 """SD over a real link: the two-node testbed (namespaces + veth as root, else loopback), the wire
 protocol's faults, and the target-only fallback when the draft dies."""
+import os
 import threading
 from dataclasses import replace
 import time
@@ -31,7 +32,7 @@ def test_greedy_sd_over_the_link_is_identical_to_target_only(pair, target_only_r
     assert 0 < s["bytes_per_round"] < 200          # token ids only, greedy draft
     assert s["wire_ms_per_round"] >= 0.9           # the injected 1 ms round trip is on the path
     assert eth["testbed"]["kind"].startswith("netns" if experiment.hardware.os.geteuid() == 0 else "loopback")
-    assert not leftovers()
+    assert not leftovers(os.getpid())
 
 
 def test_draft_killed_mid_request_finishes_on_the_target(pair):
@@ -43,7 +44,7 @@ def test_draft_killed_mid_request_finishes_on_the_target(pair):
     # the worker exits right after its 3rd reply, which may or may not get out first
     assert 2 <= reqs[0]["rounds"] <= 3 and reqs[0]["tokens_without_draft"] > 0
     assert reqs[1]["rounds"] == 0 and reqs[1]["tokens_without_draft"] > 0    # the draft stays gone
-    assert not leftovers()
+    assert not leftovers(os.getpid())
 
 
 def test_pipelined_over_the_link_is_identical_at_rtt_0_and_5(pair, target_only_ref):
@@ -63,7 +64,7 @@ def test_pipelined_over_the_link_is_identical_at_rtt_0_and_5(pair, target_only_r
             if rtt:
                 assert s["costs"]["rtt"] > 0.004           # the round trip the target measured
             assert 0.8 < s["predicted_over_measured"] < 1.25, s["predicted_over_measured"]   # the event model
-    assert not leftovers()
+    assert not leftovers(os.getpid())
 
 
 def test_outcome_cache_on_the_real_pair_is_identical_and_hits(pair):
@@ -90,7 +91,7 @@ def test_outcome_cache_on_the_real_pair_is_identical_and_hits(pair):
     off = [r for r in auto["requests"] if r["cache"] == "off"]
     assert off and sum(r["alt_judged"] for r in off) > 0 and all(r["branch_tokens"] == 0 for r in off)
     assert sum(auto["summary"]["cache_auto"].values()) == len(auto["requests"])
-    assert not leftovers()
+    assert not leftovers(os.getpid())
 
 
 @pytest.mark.parametrize("rtt", [0.0, 5.0])
@@ -102,7 +103,7 @@ def test_pipelined_draft_killed_mid_request_finishes_on_the_target(pair, target_
     assert [r["output_ids"] for r in reqs] == [r["output_ids"] for r in target_only_ref["requests"][:2]]
     assert reqs[0]["rounds"] >= 1 and reqs[0]["tokens_without_draft"] > 0
     assert reqs[1]["rounds"] == 0 and reqs[1]["tokens_without_draft"] == MAX_TOKENS - 1
-    assert not leftovers()
+    assert not leftovers(os.getpid())
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +178,7 @@ def test_testbed_leaves_nothing_behind_on_error():
             tb.run_in("draft", ["-c", "import time; time.sleep(60)"], "sleeper")
             pid = tb.procs["sleeper"].pid
             raise RuntimeError("boom")
-    assert not leftovers() and not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not leftovers(os.getpid()) and not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
 def test_four_timestamp_maths():
@@ -201,7 +202,7 @@ def test_probe_recovers_an_injected_asymmetric_delay():
     assert row["true_offset"]["up_ms"]["p50"] == pytest.approx(5.0, abs=1.0)
     assert row["true_offset"]["down_ms"]["p50"] == pytest.approx(20.0, abs=1.0)
     assert row["ntp"]["up_ms"]["p50"] == pytest.approx(row["ntp"]["down_ms"]["p50"], abs=1.0)
-    assert not leftovers()
+    assert not leftovers(os.getpid())
 
 
 # ------------------------------------------------------------------ sampled decoding over the link
@@ -262,7 +263,7 @@ def test_the_draft_comes_back(pair, fault):
         assert reqs[0]["output_ids"] == ref[0]
         assert reqs[0]["tokens_without_draft"] == 0 and reqs[0]["rounds"] > 0, reqs[0]["draft_unavailable"]
         assert "draft down" in tb.log("target") or " down (" in tb.log("target")
-    assert not leftovers()
+    assert not leftovers(os.getpid())
 
 
 def test_the_target_dies_mid_request(pair):
@@ -283,7 +284,7 @@ def test_the_target_dies_mid_request(pair):
             time.sleep(0.2)
         assert "no word from its target" in tb.log("draft")
         port = int(tb.draft_bind().rsplit(":", 1)[1])
-    assert not leftovers()
+    assert not leftovers(os.getpid())
     assert not [p for p in pids.values() if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not [c for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port
                 and c.status == psutil.CONN_LISTEN]
@@ -314,4 +315,4 @@ def test_a_bad_link_changes_speed_never_output(pair, mode):
             if name != "jitter":
                 assert name.rstrip("s") in events, (name, events)
         print(f"{mode}: seconds lost to faults against a clean link: {lost}")
-    assert not leftovers()
+    assert not leftovers(os.getpid())

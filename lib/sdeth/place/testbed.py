@@ -72,7 +72,7 @@ class Testbed:
         self.start_workers = start_workers
         self.relay = relay or bool(up_ms or down_ms)   # a relay even at 0 ms lets set_delay() change the delay
         self.faults = LinkFaults()
-        tag = f"{os.getpid() % 100000}"
+        tag = f"{os.getpid() % 100000}"            # (leftovers(pid) finds them by it)
         self.ns_draft, self.ns_target = f"{NS_PREFIX}-{tag}-d", f"{NS_PREFIX}-{tag}-t"
         self.veth_d, self.veth_t = f"sd{tag}d", f"sd{tag}t"
         octet = os.getpid() % 250 + 1
@@ -252,12 +252,14 @@ class Testbed:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def leftovers() -> list[str]:
-    """This project's namespaces still present (for tests and `down`)."""
+def leftovers(pid: int | None = None) -> list[str]:
+    """This project's namespaces still present (for `down`); pid: only those a testbed of that process made (a
+    test's own, not those of another run on the same machine)."""
     if not shutil.which("ip"):
         return []
     out = _sh("ip", "netns", "list", check=False).stdout.split("\n")
-    return [line.split()[0] for line in out if line.startswith(NS_PREFIX + "-")]
+    prefix = NS_PREFIX + "-" + (f"{pid % 100000}-" if pid is not None else "")
+    return [line.split()[0] for line in out if line.startswith(prefix)]
 
 
 # ---------------------------------------------------------------- the delay relay
