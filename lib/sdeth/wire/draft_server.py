@@ -391,7 +391,8 @@ class DraftServer:
         if branches and self.vc is not None:
             self.vc.discard(branches)
         seqs = [s for s in seqs if self.d.seqs.get(s.key) is s]
-        self.log.line(f"{len(seqs)} sequences refused and freed, {len(branches)} branches dropped: {field_}: {why}")
+        dropped = f" ({len(branches)} verdict-cache branches dropped)" if branches else ""
+        self.log.line(f"{len(seqs)} sequences refused and freed{dropped}: {field_}: {why}")
         for seq in seqs:
             self.d.free(seq.key)
             c = self.clients.get(seq.key[0])
