@@ -71,6 +71,8 @@ def test_remote_point_against_a_real_draft_server(fast):
     assert p["stream_tokens_min"] > 0 and len(p["tokens_per_s_per_target"]) == 2
     assert p["rounds"] > 4 and p["tokens"] >= 2 * p["rounds"]
     assert p["tpot_ms"]["p50"] > 0 and p["round_ms"]["p50"] >= 10.0      # a round holds at least the verify wait
+    req = p["request_tpot_ms"]                     # each sequence's own: its rounds' time over its tokens
+    assert req["n"] >= 1 and p["round_ms"]["p50"] / 4 <= req["p50"] <= p["round_ms"]["p99"], (req, p["round_ms"])
     split = p["split_ms_mean"]
     assert split["client_wait"] >= split["server_held"] >= 0 and split["draft_compute"] > 0
     assert 1 <= p["server_batch"]["min"] <= p["server_batch"]["max"] <= 4
@@ -78,6 +80,26 @@ def test_remote_point_against_a_real_draft_server(fast):
     em = p["emulation"]
     assert 0 <= em["t_v_over_intended_mean"] < 1.0          # loose: a shared CPU oversleeps, never undersleeps
     assert not server.d.seqs                                # each target ended its sequences (End, Ended)
+
+
+def test_a_sequences_own_tpot_leaves_out_its_first_round_and_counts_at_its_end():
+    """Per request, as serving benchmarks count it: the first round (it waits for the prompt: time to first token)
+    starts the clock; the sequence's TPOT is recorded when it ends; a sequence cut by the point's end counts only
+    with 16 tokens or more."""
+    from sdeth.study.streambench.emulated import Emulated
+    e = object.__new__(Emulated)
+    e.rec, e.seq_at, e.seq_n, e.opened = {"request_tpot_ms": []}, [0.0, 0.0], [0, 0], {}
+    e.per_request({}, [2, 1], 0.010)
+    e.opened = {0: 0.0}                            # stream 0's sequence ended in this round
+    e.per_request({}, [3, 1], 0.020)
+    assert e.rec["request_tpot_ms"] == [pytest.approx(4.0)]                 # 20 ms over 5 tokens
+    e.opened = {}
+    e.per_request({0: 0.0}, [1, 1], 0.100)         # the new sequence's first round: the clock starts at its end
+    e.per_request({}, [4, 1], 0.108)
+    e.per_request({}, [0, 0], 0.108, least=16)     # the point's end: stream 0 has 4 tokens, stream 1 has 4
+    assert e.rec["request_tpot_ms"] == [pytest.approx(4.0)]
+    e.per_request({}, [0, 12], 0.200, least=16)    # stream 1: 16 tokens over 200 ms
+    assert e.rec["request_tpot_ms"][1:] == [pytest.approx(12.5)]
 
 
 def test_the_grid_from_the_command_line():

@@ -30,7 +30,8 @@ class Emulated:
         self.opened: dict = {}                 # stream -> when its new sequence was opened (perf_counter)
         self.rec = {key: [] for key in ("round_ms", "tpot_ms", "wait_ms", "draft_ms", "queued_ms", "held_ms",
                                         "host_ms", "batch", "tv_over", "open_to_first_draft_ms", "first_wait_ms")}
-        self.rec["tokens"], self.rec["stream_tokens"] = 0, [0] * B
+        self.rec["tokens"], self.rec["stream_tokens"], self.rec["request_tpot_ms"] = 0, [0] * B, []
+        self.seq_at, self.seq_n = [None] * B, [0] * B    # a sequence's decode: since when (perf_counter), tokens
 
     def fresh(self):
         self.count += 1
@@ -72,6 +73,7 @@ class Emulated:
         r["tpot_ms"] += [ms / t for t in toks]
         r["tokens"] += sum(toks)
         r["stream_tokens"] = [n + t for n, t in zip(r["stream_tokens"], toks)]
+        self.per_request(opened, toks, t2)
         for key, v in (("wait_ms", cost.wait_ms), ("draft_ms", cost.draft_ms), ("queued_ms", cost.queued_ms),
                        ("held_ms", cost.held_ms), ("host_ms", cost.host_ms), ("batch", cost.batch),
                        ("tv_over", (t2 - t1) / self.tv_s - 1)):
@@ -79,6 +81,20 @@ class Emulated:
         for j, t_open in opened.items():
             r["open_to_first_draft_ms"].append((t1 - t_open) * 1e3)
             r["first_wait_ms"].append((t1 - t0) * 1e3)
+
+    def per_request(self, opened: dict, toks: list, t_end: float, least: int = 0) -> None:
+        """Each sequence's own TPOT, as serving benchmarks count it: from the end of its first round (which waits
+        for its prompt: part of the time to first token) to its last token, over the tokens in between. Recorded
+        when the sequence ends (or, with least > 0, at the point's end if it has that many tokens)."""
+        for j, t in enumerate(toks):
+            if j in opened:
+                self.seq_at[j], self.seq_n[j] = t_end, 0
+                continue
+            self.seq_n[j] += t
+            ended = j in self.opened or (least and self.seq_n[j] >= least)
+            if ended and self.seq_at[j] is not None and self.seq_n[j]:
+                self.rec["request_tpot_ms"].append((t_end - self.seq_at[j]) * 1e3 / self.seq_n[j])
+                self.seq_at[j] = None
 
     def run(self, conn) -> dict:
         """The first round untimed (every prompt at once: the cold start), 'ready' to the parent, then rounds from
@@ -89,9 +105,11 @@ class Emulated:
         conn.send({"ready": True, "cold_start_ms": round((time.perf_counter() - t0) * 1e3, 2)})
         start_at, seconds = conn.recv()
         time.sleep(max(start_at - time.time(), 0))
+        self.seq_at = [time.perf_counter()] * len(self.tracks)
         while time.time() < start_at + seconds:
             self.round()
         self.rec["t_end"] = time.time()
+        self.per_request({}, [0] * len(self.tracks), time.perf_counter(), least=16)
         for t in self.tracks:
             self.c.end(t)
         self.c.close()

@@ -15,6 +15,11 @@ from .server import serve_random
 from .target import big_tv
 
 
+REQUEST_TPOT = ("each sequence's own time per output token, from the end of its first round (which waits for its "
+                "prompt: time to first token) to its last token; sequences cut by the point's end counted with 16 "
+                "tokens or more")
+
+
 def remote_record(B: int, N: int, k: int, alpha: float, tv_ms: float, ready, recs, start_at: float,
                   label: str = REMOTE_LABEL) -> dict:
     """One remote point from its targets' records."""
@@ -36,6 +41,8 @@ def remote_record(B: int, N: int, k: int, alpha: float, tv_ms: float, ready, rec
             "tpot_ms": {"p50": pct(cat("tpot_ms"), 50), "p99": pct(cat("tpot_ms"), 99),
                         "mean": round(wall * 1e3 * N * B / max(tokens, 1), 4)},
             "round_ms": {"p50": pct(cat("round_ms"), 50), "p99": pct(cat("round_ms"), 99)},
+            "request_tpot_ms": {"p50": pct(cat("request_tpot_ms"), 50), "p99": pct(cat("request_tpot_ms"), 99),
+                                "n": len(cat("request_tpot_ms")), "definition": REQUEST_TPOT},
             "split_ms_mean": {"client_wait": mean(cat("wait_ms")), "draft_compute": mean(cat("draft_ms")),
                               "queueing": mean(cat("queued_ms")), "server_host": mean(cat("host_ms")),
                               "network": mean(net), "server_held": mean(cat("held_ms"))},
