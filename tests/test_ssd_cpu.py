@@ -99,7 +99,7 @@ def test_the_model_check_flags_a_run_the_model_does_not_predict():
 
 def test_the_model_reads_the_paths_the_status_reads():
     from sdeth.study.status import sources
-    assert M.SSD_CPU == sources.SSD_CPU and M.SERVER_STREAMS == sources.SERVER_STREAMS
+    assert M.SSD_CPU is sources.SSD_CPU and M.SERVER_STREAMS is sources.SERVER_STREAMS   # one definition
 
 
 def test_the_status_quotes_verdict_speculation_with_its_labels():

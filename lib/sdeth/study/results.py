@@ -13,6 +13,11 @@ from pathlib import Path
 from ..paths import REPO
 
 NOTEBOOKS = REPO / "notebooks"
+# results files read both by the bench room (the event model's inputs) and by the status above it, named once here
+# the draft server's `bench streams` calls with the stream timeline and the bigger targets (one H200, a file a call)
+SERVER_STREAMS = ("reports/gpu/bench_streams_server_6.json", "reports/gpu/bench_streams_server_7.json")
+# the verdict cache measured on the CPU (embedded pair) and modelled on H200 components (`bench ssd-cpu`)
+SSD_CPU = "reports/ssd_cpu.json"
 REPORTS = REPO / "reports"
 
 

@@ -284,10 +284,12 @@ def answer_lines(ans: dict) -> str:
 
 # ------------------------------------------------------------------ the fixed server's calls (timeline, big targets)
 
-def server_runs() -> dict[str, dict]:
-    """The complete `bench streams` calls of the server with the stream timeline (reports/gpu/
-    bench_streams_server_*.json, partial calls left out), by file stem."""
-    return {n: g for n, g in bench_runs().items() if n.startswith("bench_streams_server_")}
+def server_runs(latest: int = 2) -> dict[str, dict]:
+    """The newest `latest` complete `bench streams` calls of the server with the stream timeline (reports/gpu/
+    bench_streams_server_*.json, partial and superseded calls left out), by file stem, oldest first (0: all)."""
+    runs = sorted(((g.get("call", 0), n, g) for n, g in bench_runs().items() if n.startswith("bench_streams_server_")),
+                  key=lambda x: (x[0], x[1]))
+    return {n: g for _, n, g in runs[-latest if latest else 0:]}
 
 
 def pipelined_table(runs: dict):

@@ -13,12 +13,11 @@ EMULATED_06B = ("reports/gpu/bench_emulated_target_0.6b_2.json", "reports/gpu/be
 SWEEPS = {"0.6B": "reports/gpu/bench_rtt_0.6b.json", "1.7B": "reports/gpu/bench_rtt_1.7b.json"}
 # bigger targets (32B bf16, 72B fp8) on one H200, one file per call
 BIG_TARGETS = tuple(f"reports/gpu/bench_targets_{n}.json" for n in (1, 2, 3))
-# the draft server with emulated targets, the bigger targets among them (bench streams, one H200, one file per call)
-SERVER_STREAMS = ("reports/gpu/bench_streams_server_4.json", "reports/gpu/bench_streams_server_5.json")
+# the draft server with emulated targets, the bigger targets among them (bench streams, one H200, one file per call),
+# and the verdict cache measured on the CPU: named in study.results, which the bench room reads too
+from ..results import SERVER_STREAMS, SSD_CPU  # noqa: E402,F401
 CPU_DRAFT = "reports/gpu/bench_gpu_target_cpu_draft_0.6b_overdue.json"
 SHARED = "reports/25_draft_server.json"
-# the verdict cache without a GPU: measured on the CPU (embedded pair) and modelled on H200 components (bench.ssd_cpu)
-SSD_CPU = "reports/ssd_cpu.json"
 VLLM_STUDY = "reports/vllm_remote_cpu.json"
 PROVISION = "reports/00_provision.json"
 COLOCATED = "reports/10_colocated.json"

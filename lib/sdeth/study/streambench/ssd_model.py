@@ -3,7 +3,7 @@ with costmodel.verdict_terms) over the H200 components the study measured, and t
 CPU run's own components (bench.ssd_cpu).
 
 Inputs, each named in the output: the 1.7B draft server's step, period and commit transit at each goal's (B, N)
-(`bench streams` calls in status.sources.SERVER_STREAMS: remote_pipelined for the 8B, big_targets for the 32B),
+(`bench streams` calls in study.results.SERVER_STREAMS: remote_pipelined for the 8B, big_targets for the 32B),
 the server's batched step at live + branch rows (the same calls' draft_step grid, context 512: the branch rows'
 cost), the targets' t_v(B, m) (`bench targets`, streambench.target.big_tv), alpha 0.71, k 4, window 8, the
 "offered" policy of the emulated targets. Not measured by anyone, so left out of the model (and said): the
@@ -13,15 +13,12 @@ from __future__ import annotations
 
 from ...costmodel import CacheTerms, Costs, sd_tokens_per_s, simulate_pipelined, verdict_terms
 from ...runtime.verdictcache import VerdictSpec
+from ..results import SERVER_STREAMS, SSD_CPU   # the calls the model reads; where the CPU run writes
 from .common import PIPELINED_K, PIPELINED_WINDOW
 from .ranks import TOP, Ranks
 from .ssd import GOALS, SSD_ALPHA
 
 ALPHA = SSD_ALPHA
-# the `bench streams` calls whose components the model takes (status.sources.SERVER_STREAMS), and where the CPU
-# run writes (status.sources.SSD_CPU; the status reads both there)
-SERVER_STREAMS = ("reports/gpu/bench_streams_server_4.json", "reports/gpu/bench_streams_server_5.json")
-SSD_CPU = "reports/ssd_cpu.json"
 MODEL_SPECS = ("4x4x8", "8x4x16")
 MODEL_POINTS = (("Qwen3-8B", 1, 1), ("Qwen3-32B", 1, 1), ("Qwen3-32B", 1, 4))
 HIT_SOURCES = ("trace", "cpu-measured", "synthetic:0.9")
