@@ -929,11 +929,9 @@ def _openai_phases(base: str, model: str, prompts: list, sample_ids: list[int], 
     return out
 
 
-@pytest.fixture(scope="module")
-def openai_runs(pair, tmp_path_factory):
-    """vLLM's OpenAI server target-only, then with the remote proposer over a draft server of the embedded pair
-    (k=3): _openai_phases through each; and sdeth's own runtime on the same prompts and k, greedy and at T=0.8
-    with the draft's probabilities sent (draft_sampled)."""
+def openai_setup(pair) -> tuple[dict, list, list[int], int]:
+    """What the OpenAI-server fixtures share: vLLM's engine arguments for the pair's target (no speculative_config),
+    SERVER_PROMPTS as token ids, SAMPLE_TEXT's ids and the eos id."""
     from sdeth.study.runs import experiment
     from sdeth.study.vllm.baseline import _job, engine_args
     cfg = experiment.RunConfig(engine="vllm", mode="sd", k=K, prompts=SERVER_PROMPTS, max_tokens=MAX_TOKENS,
@@ -941,8 +939,31 @@ def openai_runs(pair, tmp_path_factory):
     engine = engine_args(_job(cfg, pair))
     engine.pop("speculative_config")
     prompts = [ids for _, ids in experiment.encode_prompts(cfg, pair.tokenizer)]
-    sample_ids = pair.tokenizer.encode(SAMPLE_TEXT)
-    eos = pair.tokenizer.eos_token_id
+    return engine, prompts, pair.tokenizer.encode(SAMPLE_TEXT), pair.tokenizer.eos_token_id
+
+
+def homogeneity_p(outs_a: list, outs_b: list) -> tuple[float, int, int]:
+    """A two-sample chi-square test of homogeneity over whole outputs (each a token list): (p, cells kept, distinct
+    outputs). Cells expected below 5 are folded into one."""
+    from collections import Counter
+    from scipy.stats import chi2_contingency
+    a, b = Counter(tuple(o) for o in outs_a), Counter(tuple(o) for o in outs_b)
+    total = a + b
+    big = [c for c, n in total.items() if n / 2 >= 5]
+    table = [[a[c] for c in big] + [sum(a.values()) - sum(a[c] for c in big)],
+             [b[c] for c in big] + [sum(b.values()) - sum(b[c] for c in big)]]
+    if not table[0][-1] and not table[1][-1]:
+        table = [row[:-1] for row in table]
+    return chi2_contingency(table).pvalue, len(big), len(total)
+
+
+@pytest.fixture(scope="module")
+def openai_runs(pair, tmp_path_factory):
+    """vLLM's OpenAI server target-only, then with the remote proposer over a draft server of the embedded pair
+    (k=3): _openai_phases through each; and sdeth's own runtime on the same prompts and k, greedy and at T=0.8
+    with the draft's probabilities sent (draft_sampled)."""
+    from sdeth.study.runs import experiment
+    engine, prompts, sample_ids, eos = openai_setup(pair)
     tmp = tmp_path_factory.mktemp("openai")
     runs = {}
     for name in ("target-only", "remote"):
@@ -991,22 +1012,13 @@ def test_at_t08_the_remote_proposers_output_distribution_is_target_onlys(openai_
     """A two-sample chi-square test of homogeneity on the first SAMPLE_TOKENS generated tokens (joint), one short
     prompt, SAMPLES seeds per engine; cells expected below 5 are folded into one. The second and third tokens come
     from verified drafts (the counters show drafting in the phase)."""
-    from collections import Counter
-    from scipy.stats import chi2_contingency
     runs, _ = openai_runs
-    a = Counter(tuple(o) for o in runs["target-only"]["samples"]["outputs"])
-    b = Counter(tuple(o) for o in runs["remote"]["samples"]["outputs"])
-    total = a + b
-    big = [c for c, n in total.items() if n / 2 >= 5]
-    table = [[a[c] for c in big] + [sum(a.values()) - sum(a[c] for c in big)],
-             [b[c] for c in big] + [sum(b.values()) - sum(b[c] for c in big)]]
-    if not table[0][-1] and not table[1][-1]:
-        table = [row[:-1] for row in table]
-    p = chi2_contingency(table).pvalue
+    a, b = runs["target-only"]["samples"]["outputs"], runs["remote"]["samples"]["outputs"]
+    p, cells, distinct = homogeneity_p(a, b)
     drafts = runs["remote"]["samples"]["counters"].get("vllm:spec_decode_num_drafts", 0)
-    print(f"T={TEMPERATURE}: {sum(a.values())} + {sum(b.values())} samples, {len(total)} distinct, {len(big)} cells "
+    print(f"T={TEMPERATURE}: {len(a)} + {len(b)} samples, {distinct} distinct, {cells} cells "
           f"(+ folded), chi-square p = {p:.3f}; drafts in the remote run {drafts:.0f}")
-    assert sum(a.values()) == sum(b.values()) == SAMPLES and len(big) >= 3
+    assert len(a) == len(b) == SAMPLES and cells >= 3
     assert drafts > SAMPLES / 2
     assert p > 1e-3
 

@@ -16,6 +16,7 @@ from sdeth.wire import vllm_proposer as VP
 from sdeth.wire.vllm_rows import fits
 from sdeth.wire.vllm_streams import StreamTracker
 from test_vllm_proposer import HELLO, WELCOME, Batch, greedy, verify, vllm_config
+from test_vllm_proposer import server as openai_gate   # vLLM's OpenAI server: `make test-vllm-server`
 
 
 def tiny_pair(noise):
@@ -505,3 +506,77 @@ def test_streaming_greedy_outputs_equal_vllm_target_only_through_a_server_killed
     log = (tmp / "log.txt").read_text()
     lost = log.index("draft server lost")
     assert "drafting with" in log[lost:]                   # said Hello again to the new server, streams re-opened
+
+
+# ------------------------------------------------------------------ through vLLM's OpenAI server (slow, gated)
+
+@pytest.fixture(scope="module")
+def openai_stream_runs(pair, tmp_path_factory):
+    """vLLM's OpenAI server target-only, then with the streaming proposer over a draft server of the embedded pair
+    (k=3): test_vllm_proposer's _openai_phases through each (greedy at concurrency 1, 4, 8; T=0.8), every vLLM
+    process on core 0 and the draft server on core 1 (as stream_runs)."""
+    import os
+    import signal
+    from test_vllm_proposer import K, _openai_phases, _serve, _start_draft_server, openai_setup
+    from sdeth.study.vllm.stream import DRAFT_CORES, PIN, VLLM_CORES
+    engine, prompts, sample_ids, eos = openai_setup(pair)
+    tmp = tmp_path_factory.mktemp("openai-stream")
+    cores, runs = os.sched_getaffinity(0), {}
+    for name in ("target-only", "stream"):
+        draft, env, eng = None, {**os.environ, **PIN}, dict(engine)
+        if name == "stream":
+            draft, addr = _start_draft_server(tmp / "draft-server.log")
+            os.sched_setaffinity(draft.pid, DRAFT_CORES)
+            env[VP.ADDR_ENV], eng["speculative_config"] = addr, VP.speculative_config(K, "stream")
+        try:
+            os.sched_setaffinity(0, VLLM_CORES)             # vLLM's server and its engine processes inherit it
+            proc, base = _serve(eng, env, tmp / f"vllm-{name}.log")
+        finally:
+            os.sched_setaffinity(0, cores)
+        try:
+            runs[name] = _openai_phases(base, engine["model"], prompts, sample_ids, eos)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+            if draft is not None:
+                draft.kill()
+                draft.wait(30)
+    return runs, tmp
+
+
+@pytest.mark.slow
+@openai_gate
+def test_openai_server_greedy_outputs_through_the_streaming_proposer_equal_target_only(openai_stream_runs):
+    from test_vllm_proposer import K
+    runs, tmp = openai_stream_runs
+    ref, sd = runs["target-only"], runs["stream"]
+    for c in ("c1", "c4", "c8"):
+        same = sum(a == b for a, b in zip(sd[c]["outputs"], ref[c]["outputs"]))
+        n = sd[c]["counters"]
+        drafts, tokens = n.get("vllm:spec_decode_num_drafts", 0), n.get("vllm:spec_decode_num_draft_tokens", 0)
+        accepted = n.get("vllm:spec_decode_num_accepted_tokens", 0)
+        print(f"OpenAI server, stream mode, concurrency {c[1]}: identical {same}/{len(ref[c]['outputs'])}, drafts "
+              f"{drafts:.0f}, draft tokens {tokens:.0f}, accepted {accepted:.0f}, wall {sd[c]['wall_s']:.1f} s "
+              f"(target-only {ref[c]['wall_s']:.1f} s)")
+        assert sd[c]["outputs"] == ref[c]["outputs"] and all(len(o) > 0 for o in sd[c]["outputs"])
+        assert drafts > 0 and accepted <= tokens <= K * drafts
+    assert "desync" not in (tmp / "draft-server.log").read_text()
+
+
+@pytest.mark.slow
+@openai_gate
+def test_at_t08_the_streaming_proposers_output_distribution_is_target_onlys(openai_stream_runs):
+    """test_vllm_proposer's T=0.8 chi-square (SAMPLES seeds of one short prompt, SAMPLE_TOKENS tokens each, joint)
+    in stream mode. Drafts reach fewer requests than in sync mode (a 3-token request has two decode steps; its
+    stream's drafts must arrive within them), so the bound on drafts is lower; the figure is printed."""
+    from test_vllm_proposer import SAMPLES, TEMPERATURE, homogeneity_p
+    runs, _ = openai_stream_runs
+    a, b = runs["target-only"]["samples"]["outputs"], runs["stream"]["samples"]["outputs"]
+    p, cells, distinct = homogeneity_p(a, b)
+    n = runs["stream"]["samples"]["counters"]
+    drafts, accepted = n.get("vllm:spec_decode_num_drafts", 0), n.get("vllm:spec_decode_num_accepted_tokens", 0)
+    print(f"T={TEMPERATURE}, stream mode: {len(a)} + {len(b)} samples, {distinct} distinct, {cells} cells (+ folded), "
+          f"chi-square p = {p:.3f}; drafts {drafts:.0f}, accepted {accepted:.0f} over {SAMPLES} requests")
+    assert len(a) == len(b) == SAMPLES and cells >= 3
+    assert drafts > SAMPLES / 10 and accepted > 0
+    assert p > 1e-3
