@@ -723,17 +723,19 @@ PROMPTS, MAX_TOKENS, K = "sharegpt:4", 24, 3
 
 
 def _phase(llm, ph: dict, prompts: list, sp) -> dict:
-    """One phase of the runner: the prompts one at a time (concurrency 1) or all at once; the output ids and
-    vLLM's spec-decode counters over it; the draft server killed `kill_after_s` into it when asked."""
+    """One phase of the runner: the prompts (the phase's own `prompts` when it has them) one at a time (concurrency
+    1) or all at once; the output ids, its wall-clock window, vLLM's spec-decode counters and prefix-cache hits
+    (tokens) over it; the draft server killed `kill_after_s` into it when asked."""
     from vllm.inputs import TokensPrompt
     from sdeth.study.vllm.baseline import _counters, _delta
-    before = _counters(llm)
+    hits = lambda: sum(m.value for m in llm.get_metrics() if m.name == "vllm:prefix_cache_hits")  # noqa: E731
+    before, hits0, t_wall = _counters(llm), hits(), time.time()
     timer = None
     if ph.get("kill_after_s"):
         timer = threading.Timer(ph["kill_after_s"], os.kill, (ph["kill_pid"], signal.SIGKILL))
         timer.start()
     t0 = time.perf_counter()
-    reqs = [TokensPrompt(prompt_token_ids=ids) for ids in prompts * ph.get("repeat", 1)]
+    reqs = [TokensPrompt(prompt_token_ids=ids) for ids in ph.get("prompts", prompts) * ph.get("repeat", 1)]
     if ph["concurrency"] == 1:
         outs = [llm.generate([r], sp, use_tqdm=False)[0] for r in reqs]
     else:
@@ -744,7 +746,8 @@ def _phase(llm, ph: dict, prompts: list, sp) -> dict:
     drafts, draft_tokens, accepted, _ = _delta(_counters(llm), before, K)
     return {"name": ph["name"], "outputs": [list(o.outputs[0].token_ids) for o in outs], "wall_s": wall,
             "all_outputs": [[list(c.token_ids) for c in o.outputs] for o in outs],         # n > 1: every child
-            "drafts": drafts, "draft_tokens": draft_tokens, "accepted": accepted}
+            "drafts": drafts, "draft_tokens": draft_tokens, "accepted": accepted, "t0": t_wall,
+            "t1": t_wall + wall, "prefix_cache_hits": hits() - hits0}
 
 
 def _main(job_path: str, out_path: str) -> None:
