@@ -911,9 +911,10 @@ def _complete(base: str, model: str, ids: list[int], max_tokens: int, temperatur
         return json.loads(resp.read())["choices"][0]["token_ids"]
 
 
-def _openai_phases(base: str, model: str, prompts: list, sample_ids: list[int], eos: int) -> dict:
+def _openai_phases(base: str, model: str, prompts: list, sample_ids: list[int], eos: int,
+                   sample_tokens: int = SAMPLE_TOKENS) -> dict:
     """Greedy completions of the prompts at concurrency 1, 4 and 8; the same at T=0.8 (seed per prompt); then
-    SAMPLES completions of SAMPLE_TOKENS tokens of one short prompt at T=0.8, one seed each. With each phase,
+    SAMPLES completions of sample_tokens tokens of one short prompt at T=0.8, one seed each. With each phase,
     the change of vLLM's spec-decode counters over it (from /metrics)."""
     import urllib.request
     from concurrent.futures import ThreadPoolExecutor
@@ -922,7 +923,7 @@ def _openai_phases(base: str, model: str, prompts: list, sample_ids: list[int], 
     counters = lambda: scrape_spec_counters(urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode())  # noqa: E731
     phases = {f"c{c}": (c, [(ids, MAX_TOKENS, 0.0, 0) for ids in prompts]) for c in (1, 4, 8)}
     phases["t08"] = (8, [(ids, MAX_TOKENS, TEMPERATURE, i) for i, ids in enumerate(prompts)])
-    phases["samples"] = (8, [(sample_ids, SAMPLE_TOKENS, TEMPERATURE, 1000 + i) for i in range(SAMPLES)])
+    phases["samples"] = (8, [(sample_ids, sample_tokens, TEMPERATURE, 1000 + i) for i in range(SAMPLES)])
     out = {}
     for name, (concurrency, reqs) in phases.items():
         before, t0 = counters(), time.perf_counter()

@@ -523,11 +523,15 @@ def test_streaming_greedy_outputs_equal_vllm_target_only_through_a_server_killed
 
 # ------------------------------------------------------------------ through vLLM's OpenAI server (slow, gated)
 
+STREAM_SAMPLE_TOKENS = 8   # T=0.8 samples in stream mode: a 3-token request ends before its stream has drafts
+                           # (33 drafts over 600 such requests, measured): 8 tokens leave a stream 6 steps to draft in
+
+
 @pytest.fixture(scope="module")
 def openai_stream_runs(pair, tmp_path_factory):
     """vLLM's OpenAI server target-only, then with the streaming proposer over a draft server of the embedded pair
-    (k=3): test_vllm_proposer's _openai_phases through each (greedy at concurrency 1, 4, 8; T=0.8), every vLLM
-    process on core 0 and the draft server on core 1 (as stream_runs)."""
+    (k=3): test_vllm_proposer's _openai_phases through each (greedy at concurrency 1, 4, 8; T=0.8 samples of
+    STREAM_SAMPLE_TOKENS tokens), every vLLM process on core 0 and the draft server on core 1 (as stream_runs)."""
     import os
     import signal
     from test_vllm_proposer import K, _openai_phases, _serve, _start_draft_server, openai_setup
@@ -547,7 +551,7 @@ def openai_stream_runs(pair, tmp_path_factory):
         finally:
             os.sched_setaffinity(0, cores)
         try:
-            runs[name] = _openai_phases(base, engine["model"], prompts, sample_ids, eos)
+            runs[name] = _openai_phases(base, engine["model"], prompts, sample_ids, eos, STREAM_SAMPLE_TOKENS)
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
@@ -579,46 +583,23 @@ def test_openai_server_greedy_outputs_through_the_streaming_proposer_equal_targe
 @pytest.mark.slow
 @openai_gate
 def test_at_t08_the_streaming_proposers_output_distribution_is_target_onlys(openai_stream_runs):
-    """test_vllm_proposer's T=0.8 chi-square (SAMPLES seeds of one short prompt, SAMPLE_TOKENS tokens each, joint)
-    in stream mode. Drafts reach fewer requests than in sync mode (a 3-token request has two decode steps; its
-    stream's drafts must arrive within them), so the bound on drafts is lower; the figure is printed."""
+    """test_vllm_proposer's T=0.8 chi-square (SAMPLES seeds of one short prompt, one seed each) in stream mode, on
+    samples of STREAM_SAMPLE_TOKENS tokens: the first three tokens jointly (as in sync mode), and the token at each
+    position on its own (Bonferroni over the positions: drafts land mostly past the third). Outputs of one seed are
+    the same in both engines until a verified draft changes how vLLM draws, so the test has power only where drafts
+    were verified: the bound on drafts says they were, on most requests."""
     from test_vllm_proposer import SAMPLES, TEMPERATURE, homogeneity_p
     runs, _ = openai_stream_runs
     a, b = runs["target-only"]["samples"]["outputs"], runs["stream"]["samples"]["outputs"]
-    p, cells, distinct = homogeneity_p(a, b)
+    p3, cells, distinct = homogeneity_p([o[:3] for o in a], [o[:3] for o in b])
+    at = [homogeneity_p([o[j:j + 1] for o in a], [o[j:j + 1] for o in b])[0] for j in range(STREAM_SAMPLE_TOKENS)]
+    changed = sum(x != y for x, y in zip(a, b))
     n = runs["stream"]["samples"]["counters"]
     drafts, accepted = n.get("vllm:spec_decode_num_drafts", 0), n.get("vllm:spec_decode_num_accepted_tokens", 0)
-    print(f"T={TEMPERATURE}, stream mode: {len(a)} + {len(b)} samples, {distinct} distinct, {cells} cells (+ folded), "
-          f"chi-square p = {p:.3f}; drafts {drafts:.0f}, accepted {accepted:.0f} over {SAMPLES} requests")
+    print(f"T={TEMPERATURE}, stream mode, {STREAM_SAMPLE_TOKENS}-token samples: {len(a)} + {len(b)}, first three "
+          f"tokens {distinct} distinct, {cells} cells (+ folded), chi-square p = {p3:.3f}; per position p "
+          f"{[round(x, 3) for x in at]}; drafts {drafts:.0f}, accepted {accepted:.0f}; outputs that differ from "
+          f"target-only's of the same seed {changed}")
     assert len(a) == len(b) == SAMPLES and cells >= 3
-    assert drafts > SAMPLES / 10 and accepted > 0
-    assert p > 1e-3
-
-
-@pytest.mark.slow
-def test_prefix_cached_requests_and_n2_at_t08_stream_and_every_finished_requests_stream_is_freed(stream_runs):
-    """Prefix-cached requests (a long prompt again, its first block from vLLM's cache: output identical) and n = 2
-    at T = 0.8 (every child complete) are drafted for; at the end of each phase the streams not yet freed on the
-    server (opened less those the server confirmed ended, from the proposer's step log) are at most the phase's
-    requests: each finished request's stream was ended once gone (a proposer that never ended them would hold 7
-    after prefix, 15 after n2); no desync refusal in the servers' logs."""
-    import json
-    from test_vllm_proposer import MAX_TOKENS
-    ref, got, tmp = stream_runs
-    prefix, n2 = got["prefix"], got["n2"]
-    steps = [json.loads(x) for x in (tmp / "steps.jsonl").read_text().splitlines()]
-    held = {}
-    for name, requests in (("c4", 4), ("prefix", 3), ("n2", 8)):
-        ph = got[name]
-        last = [s for s in steps if ph["t0"] <= s["t"] <= ph["t1"]][-1]
-        held[name] = last["opened"] - last["confirmed"]
-        print(f"{name}: drafts {ph['drafts']}, accepted {ph['accepted']}, prefix-cache hits {ph['prefix_cache_hits']}"
-              f" tokens; at its end: streams opened {last['opened']}, ended {last['ended']}, freed {last['confirmed']}")
-        assert held[name] <= requests, (name, last)
-    assert prefix["outputs"][0] == prefix["outputs"][1] and prefix["prefix_cache_hits"] >= 128
-    assert all(0 < len(o) <= MAX_TOKENS for o in prefix["outputs"]) and prefix["drafts"] > 0
-    assert [len(children) for children in n2["all_outputs"]] == [2] * 4 and n2["drafts"] > 0
-    assert all(0 < len(c) <= MAX_TOKENS for children in n2["all_outputs"] for c in children)
-    assert steps[-1]["confirmed"] > 0
-    for log in ("draft-server.log", "draft-server-restarted.log"):
-        assert "desync" not in (tmp / log).read_text(), log
+    assert drafts > SAMPLES / 2 and accepted > 0
+    assert p3 > 1e-3 and min(at) * len(at) > 1e-3
