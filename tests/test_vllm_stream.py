@@ -521,6 +521,36 @@ def test_streaming_greedy_outputs_equal_vllm_target_only_through_a_server_killed
     assert "drafting with" in log[lost:]                   # said Hello again to the new server, streams re-opened
 
 
+@pytest.mark.slow
+def test_prefix_cached_requests_and_n2_at_t08_stream_and_every_finished_requests_stream_is_freed(stream_runs):
+    """Prefix-cached requests (a long prompt again, its first block from vLLM's cache: output identical) and n = 2
+    at T = 0.8 (every child complete) are drafted for; at the end of each phase the streams not yet freed on the
+    server (opened less those the server confirmed ended, from the proposer's step log) are at most the phase's
+    requests: each finished request's stream was ended once gone (a proposer that never ended them would hold 6
+    after prefix, 14 after n2: a next turn may take over the stream its context continues); no desync refusal in the
+    servers' logs."""
+    import json
+    from test_vllm_proposer import MAX_TOKENS
+    ref, got, tmp = stream_runs
+    prefix, n2 = got["prefix"], got["n2"]
+    steps = [json.loads(x) for x in (tmp / "steps.jsonl").read_text().splitlines()]
+    held = {}
+    for name, requests in (("c4", 4), ("prefix", 3), ("n2", 8)):
+        ph = got[name]
+        last = [s for s in steps if ph["t0"] <= s["t"] <= ph["t1"]][-1]
+        held[name] = last["opened"] - last["confirmed"]
+        print(f"{name}: drafts {ph['drafts']}, accepted {ph['accepted']}, prefix-cache hits {ph['prefix_cache_hits']}"
+              f" tokens; at its end: streams opened {last['opened']}, ended {last['ended']}, freed {last['confirmed']}")
+        assert held[name] <= requests, (name, last)
+    assert prefix["outputs"][0] == prefix["outputs"][1] and prefix["prefix_cache_hits"] >= 128
+    assert all(0 < len(o) <= MAX_TOKENS for o in prefix["outputs"]) and prefix["drafts"] > 0
+    assert [len(children) for children in n2["all_outputs"]] == [2] * 4 and n2["drafts"] > 0
+    assert all(0 < len(c) <= MAX_TOKENS for children in n2["all_outputs"] for c in children)
+    assert steps[-1]["confirmed"] > 0
+    for log in ("draft-server.log", "draft-server-restarted.log"):
+        assert "desync" not in (tmp / log).read_text(), log
+
+
 # ------------------------------------------------------------------ through vLLM's OpenAI server (slow, gated)
 
 STREAM_SAMPLE_TOKENS = 8   # T=0.8 samples in stream mode: a 3-token request ends before its stream has drafts
