@@ -617,7 +617,8 @@ def test_at_t08_the_streaming_proposers_output_distribution_is_target_onlys(open
     samples of STREAM_SAMPLE_TOKENS tokens: the first three tokens jointly (as in sync mode), and the token at each
     position on its own (Bonferroni over the positions: drafts land mostly past the third). Outputs of one seed are
     the same in both engines until a verified draft changes how vLLM draws, so the test has power only where drafts
-    were verified: the bound on drafts says they were, on most requests."""
+    were verified: the bounds on drafts and on outputs that differ from target-only's of the same seed say they
+    were."""
     from test_vllm_proposer import SAMPLES, TEMPERATURE, homogeneity_p
     runs, _ = openai_stream_runs
     a, b = runs["target-only"]["samples"]["outputs"], runs["stream"]["samples"]["outputs"]
@@ -628,8 +629,8 @@ def test_at_t08_the_streaming_proposers_output_distribution_is_target_onlys(open
     drafts, accepted = n.get("vllm:spec_decode_num_drafts", 0), n.get("vllm:spec_decode_num_accepted_tokens", 0)
     print(f"T={TEMPERATURE}, stream mode, {STREAM_SAMPLE_TOKENS}-token samples: {len(a)} + {len(b)}, first three "
           f"tokens {distinct} distinct, {cells} cells (+ folded), chi-square p = {p3:.3f}; per position p "
-          f"{[round(x, 3) for x in at]}; drafts {drafts:.0f}, accepted {accepted:.0f}; outputs that differ from "
+          f"{[round(float(x), 3) for x in at]}; drafts {drafts:.0f}, accepted {accepted:.0f}; outputs that differ from "
           f"target-only's of the same seed {changed}")
     assert len(a) == len(b) == SAMPLES and cells >= 3
-    assert drafts > SAMPLES / 2 and accepted > 0
+    assert drafts > SAMPLES / 4 and accepted > 0 and changed > SAMPLES / 10       # (measured: 340, 54, 253)
     assert p3 > 1e-3 and min(at) * len(at) > 1e-3
