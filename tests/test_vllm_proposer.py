@@ -723,17 +723,19 @@ PROMPTS, MAX_TOKENS, K = "sharegpt:4", 24, 3
 
 
 def _phase(llm, ph: dict, prompts: list, sp) -> dict:
-    """One phase of the runner: the prompts one at a time (concurrency 1) or all at once; the output ids and
-    vLLM's spec-decode counters over it; the draft server killed `kill_after_s` into it when asked."""
+    """One phase of the runner: the prompts (the phase's own `prompts` when it has them) one at a time (concurrency
+    1) or all at once; the output ids, its wall-clock window, vLLM's spec-decode counters and prefix-cache hits
+    (tokens) over it; the draft server killed `kill_after_s` into it when asked."""
     from vllm.inputs import TokensPrompt
     from sdeth.study.vllm.baseline import _counters, _delta
-    before = _counters(llm)
+    hits = lambda: sum(m.value for m in llm.get_metrics() if m.name == "vllm:prefix_cache_hits")  # noqa: E731
+    before, hits0, t_wall = _counters(llm), hits(), time.time()
     timer = None
     if ph.get("kill_after_s"):
         timer = threading.Timer(ph["kill_after_s"], os.kill, (ph["kill_pid"], signal.SIGKILL))
         timer.start()
     t0 = time.perf_counter()
-    reqs = [TokensPrompt(prompt_token_ids=ids) for ids in prompts * ph.get("repeat", 1)]
+    reqs = [TokensPrompt(prompt_token_ids=ids) for ids in ph.get("prompts", prompts) * ph.get("repeat", 1)]
     if ph["concurrency"] == 1:
         outs = [llm.generate([r], sp, use_tqdm=False)[0] for r in reqs]
     else:
@@ -744,7 +746,8 @@ def _phase(llm, ph: dict, prompts: list, sp) -> dict:
     drafts, draft_tokens, accepted, _ = _delta(_counters(llm), before, K)
     return {"name": ph["name"], "outputs": [list(o.outputs[0].token_ids) for o in outs], "wall_s": wall,
             "all_outputs": [[list(c.token_ids) for c in o.outputs] for o in outs],         # n > 1: every child
-            "drafts": drafts, "draft_tokens": draft_tokens, "accepted": accepted}
+            "drafts": drafts, "draft_tokens": draft_tokens, "accepted": accepted, "t0": t_wall,
+            "t1": t_wall + wall, "prefix_cache_hits": hits() - hits0}
 
 
 def _main(job_path: str, out_path: str) -> None:
@@ -908,9 +911,10 @@ def _complete(base: str, model: str, ids: list[int], max_tokens: int, temperatur
         return json.loads(resp.read())["choices"][0]["token_ids"]
 
 
-def _openai_phases(base: str, model: str, prompts: list, sample_ids: list[int], eos: int) -> dict:
+def _openai_phases(base: str, model: str, prompts: list, sample_ids: list[int], eos: int,
+                   sample_tokens: int = SAMPLE_TOKENS) -> dict:
     """Greedy completions of the prompts at concurrency 1, 4 and 8; the same at T=0.8 (seed per prompt); then
-    SAMPLES completions of SAMPLE_TOKENS tokens of one short prompt at T=0.8, one seed each. With each phase,
+    SAMPLES completions of sample_tokens tokens of one short prompt at T=0.8, one seed each. With each phase,
     the change of vLLM's spec-decode counters over it (from /metrics)."""
     import urllib.request
     from concurrent.futures import ThreadPoolExecutor
@@ -919,7 +923,7 @@ def _openai_phases(base: str, model: str, prompts: list, sample_ids: list[int], 
     counters = lambda: scrape_spec_counters(urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode())  # noqa: E731
     phases = {f"c{c}": (c, [(ids, MAX_TOKENS, 0.0, 0) for ids in prompts]) for c in (1, 4, 8)}
     phases["t08"] = (8, [(ids, MAX_TOKENS, TEMPERATURE, i) for i, ids in enumerate(prompts)])
-    phases["samples"] = (8, [(sample_ids, SAMPLE_TOKENS, TEMPERATURE, 1000 + i) for i in range(SAMPLES)])
+    phases["samples"] = (8, [(sample_ids, sample_tokens, TEMPERATURE, 1000 + i) for i in range(SAMPLES)])
     out = {}
     for name, (concurrency, reqs) in phases.items():
         before, t0 = counters(), time.perf_counter()
@@ -929,11 +933,9 @@ def _openai_phases(base: str, model: str, prompts: list, sample_ids: list[int], 
     return out
 
 
-@pytest.fixture(scope="module")
-def openai_runs(pair, tmp_path_factory):
-    """vLLM's OpenAI server target-only, then with the remote proposer over a draft server of the embedded pair
-    (k=3): _openai_phases through each; and sdeth's own runtime on the same prompts and k, greedy and at T=0.8
-    with the draft's probabilities sent (draft_sampled)."""
+def openai_setup(pair) -> tuple[dict, list, list[int], int]:
+    """What the OpenAI-server fixtures share: vLLM's engine arguments for the pair's target (no speculative_config),
+    SERVER_PROMPTS as token ids, SAMPLE_TEXT's ids and the eos id."""
     from sdeth.study.runs import experiment
     from sdeth.study.vllm.baseline import _job, engine_args
     cfg = experiment.RunConfig(engine="vllm", mode="sd", k=K, prompts=SERVER_PROMPTS, max_tokens=MAX_TOKENS,
@@ -941,8 +943,31 @@ def openai_runs(pair, tmp_path_factory):
     engine = engine_args(_job(cfg, pair))
     engine.pop("speculative_config")
     prompts = [ids for _, ids in experiment.encode_prompts(cfg, pair.tokenizer)]
-    sample_ids = pair.tokenizer.encode(SAMPLE_TEXT)
-    eos = pair.tokenizer.eos_token_id
+    return engine, prompts, pair.tokenizer.encode(SAMPLE_TEXT), pair.tokenizer.eos_token_id
+
+
+def homogeneity_p(outs_a: list, outs_b: list) -> tuple[float, int, int]:
+    """A two-sample chi-square test of homogeneity over whole outputs (each a token list): (p, cells kept, distinct
+    outputs). Cells expected below 5 are folded into one."""
+    from collections import Counter
+    from scipy.stats import chi2_contingency
+    a, b = Counter(tuple(o) for o in outs_a), Counter(tuple(o) for o in outs_b)
+    total = a + b
+    big = [c for c, n in total.items() if n / 2 >= 5]
+    table = [[a[c] for c in big] + [sum(a.values()) - sum(a[c] for c in big)],
+             [b[c] for c in big] + [sum(b.values()) - sum(b[c] for c in big)]]
+    if not table[0][-1] and not table[1][-1]:
+        table = [row[:-1] for row in table]
+    return chi2_contingency(table).pvalue, len(big), len(total)
+
+
+@pytest.fixture(scope="module")
+def openai_runs(pair, tmp_path_factory):
+    """vLLM's OpenAI server target-only, then with the remote proposer over a draft server of the embedded pair
+    (k=3): _openai_phases through each; and sdeth's own runtime on the same prompts and k, greedy and at T=0.8
+    with the draft's probabilities sent (draft_sampled)."""
+    from sdeth.study.runs import experiment
+    engine, prompts, sample_ids, eos = openai_setup(pair)
     tmp = tmp_path_factory.mktemp("openai")
     runs = {}
     for name in ("target-only", "remote"):
@@ -991,22 +1016,13 @@ def test_at_t08_the_remote_proposers_output_distribution_is_target_onlys(openai_
     """A two-sample chi-square test of homogeneity on the first SAMPLE_TOKENS generated tokens (joint), one short
     prompt, SAMPLES seeds per engine; cells expected below 5 are folded into one. The second and third tokens come
     from verified drafts (the counters show drafting in the phase)."""
-    from collections import Counter
-    from scipy.stats import chi2_contingency
     runs, _ = openai_runs
-    a = Counter(tuple(o) for o in runs["target-only"]["samples"]["outputs"])
-    b = Counter(tuple(o) for o in runs["remote"]["samples"]["outputs"])
-    total = a + b
-    big = [c for c, n in total.items() if n / 2 >= 5]
-    table = [[a[c] for c in big] + [sum(a.values()) - sum(a[c] for c in big)],
-             [b[c] for c in big] + [sum(b.values()) - sum(b[c] for c in big)]]
-    if not table[0][-1] and not table[1][-1]:
-        table = [row[:-1] for row in table]
-    p = chi2_contingency(table).pvalue
+    a, b = runs["target-only"]["samples"]["outputs"], runs["remote"]["samples"]["outputs"]
+    p, cells, distinct = homogeneity_p(a, b)
     drafts = runs["remote"]["samples"]["counters"].get("vllm:spec_decode_num_drafts", 0)
-    print(f"T={TEMPERATURE}: {sum(a.values())} + {sum(b.values())} samples, {len(total)} distinct, {len(big)} cells "
+    print(f"T={TEMPERATURE}: {len(a)} + {len(b)} samples, {distinct} distinct, {cells} cells "
           f"(+ folded), chi-square p = {p:.3f}; drafts in the remote run {drafts:.0f}")
-    assert sum(a.values()) == sum(b.values()) == SAMPLES and len(big) >= 3
+    assert len(a) == len(b) == SAMPLES and cells >= 3
     assert drafts > SAMPLES / 2
     assert p > 1e-3
 

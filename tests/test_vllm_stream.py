@@ -16,6 +16,7 @@ from sdeth.wire import vllm_proposer as VP
 from sdeth.wire.vllm_rows import fits
 from sdeth.wire.vllm_streams import StreamTracker
 from test_vllm_proposer import HELLO, WELCOME, Batch, greedy, verify, vllm_config
+from test_vllm_proposer import server as openai_gate   # vLLM's OpenAI server: `make test-vllm-server`
 
 
 def tiny_pair(noise):
@@ -225,6 +226,8 @@ def test_in_a_vllm_shaped_loop_streamed_drafts_continue_each_context_and_an_abor
         p.propose(*Batch().args())
     time.sleep(0.3)
     assert not [k for k in server.d.seqs if k[1].startswith(p.streams.prefix)]
+    p.propose(*Batch().args())                              # the server's Ended replies taken
+    assert p.stats.confirmed == p.stats.ended == p.stats.opened
     p.close()
 
 
@@ -293,11 +296,12 @@ def test_the_step_log_keeps_the_servers_steps_between_two_proposes_and_the_study
     from sdeth.wire.vllm_streams import StepLog
     log = StepLog(str(tmp_path / "steps.jsonl"))
     t = time.perf_counter()
-    log.add(t, t + 1e-4, [[1, 2], []], 0.0, (0.10, 2))
-    log.add(t, t + 1e-4, [[], []], 0.2, (0.40, 5))
+    log.add(t, t + 1e-4, [[1, 2], []], 0.0, (0.10, 2), (2, 0, 0))
+    log.add(t, t + 1e-4, [[], []], 0.2, (0.40, 5), (3, 1, 1))
     log.flush()
     lines = [json.loads(x) for x in (tmp_path / "steps.jsonl").read_text().splitlines()]
     assert [(x["server_steps"], round(x["server_ms"])) for x in lines] == [(2, 100), (3, 300)]
+    assert [(x["opened"], x["ended"], x["confirmed"]) for x in lines] == [(2, 0, 0), (3, 1, 1)]
     phase = {"t0": 0, "t1": time.time() + 1, "accepted": 1}
     stream = step_figures(lines, phase)
     assert stream["server_step_ms"] == pytest.approx(80.0)
@@ -384,16 +388,18 @@ def grow(b: Batch, out: list[list[int]]) -> None:
         b.grow(i, list(drafts) + [f(len(b.rows[i]) + len(drafts))])
 
 
-def test_propose_never_waits_on_a_server_slowed_by_a_second_a_reply():
-    """8 requests, every Streamed a second late: no call waits (wall time: each returns within 50 ms, a blocking
-    read would take the server's second; the sync mode would wait its whole deadline for each step's Drafts), and
-    propose's host work stays small: p99 of the thread's CPU time in propose over a run of 1.2 s, the best of three
-    runs, under 2 ms (work that grew with the context or the steps would pass it). The goal's own figure (p99 <= 0.5
-    ms) is printed, not asserted: on a shared 2-core machine other work moves it by more than its margin."""
+@pytest.mark.parametrize("requests", [8, 32])
+def test_propose_never_waits_on_a_server_slowed_by_a_second_a_reply(requests):
+    """8 or 32 requests, every Streamed a second late: no call waits (wall time: each returns within 50 ms, a
+    blocking read would take the server's second; the sync mode would wait its whole deadline for each step's
+    Drafts), and propose's host work stays small: p99 of the thread's CPU time in propose over a run of 1.2 s, the
+    best of three runs, under 2 ms (work that grew with the context or the steps would pass it). The goal's own
+    figure (p99 <= 0.5 ms at 8 requests) is printed against the measured p99, not asserted: on a shared 2-core
+    machine other work moves it by more than its margin."""
     server = StreamStub(delay_s=1.0)
     p = stream_proposer(server.addr, max_len=2000)
-    b = Batch(width=2000, rows=8)
-    for r in range(8):
+    b = Batch(width=2000, rows=requests)
+    for r in range(requests):
         b.add([10 + r, 20 + r, 30 + r])
     runs, wall = [], []
     for _ in range(3):
@@ -409,9 +415,12 @@ def test_propose_never_waits_on_a_server_slowed_by_a_second_a_reply():
             time.sleep(0.003)
         cpu.sort()
         runs.append((cpu[int(0.99 * (len(cpu) - 1))], cpu[len(cpu) // 2], len(cpu)))
-    print(f"(p99, p50 host CPU s, steps) per run {runs}, wall max {max(wall) * 1e3:.1f} ms, streamed {p.stats.streamed}")
-    assert min(n for *_, n in runs) > 100 and p.stats.streamed > 0
-    assert min(p99 for p99, *_ in runs) <= 2e-3 and max(wall) < 0.05
+    best = min(p99 for p99, *_ in runs)
+    print(f"{requests} requests: host CPU p99 {best * 1e3:.2f} ms, best of 3, against the goal's 0.5 ms (set at 8 "
+          f"requests); (p99, p50 s, steps) per run {runs}, wall max {max(wall) * 1e3:.1f} ms, streamed "
+          f"{p.stats.streamed}")
+    assert min(n for *_, n in runs) > 100 and p.stats.streamed > 0 and p.stats.opened == requests
+    assert best <= 2e-3 and max(wall) < 0.05
     p.close()
     server.kill()
 
@@ -455,9 +464,11 @@ def test_a_draft_server_killed_and_back_costs_drafts_then_streams_are_opened_aga
 @pytest.fixture(scope="module")
 def stream_runs(pair, tmp_path_factory):
     """vLLM target-only, and vLLM with the streaming proposer over a draft server of the embedded pair: the same
-    four prompts at concurrency 4; then 4 again with the draft server killed part way; then 4 with a new draft
-    server at the same address, vLLM still running. Greedy, 24 tokens, k=3. (A stream's drafts arrive only while
-    the target steps: on two cores vLLM and the draft server each get one.)"""
+    four prompts at concurrency 4; then "prefix": one at a time, a next turn (a prompt, its target-only output and
+    the prompt again: past vLLM's 128-token CPU block, so a block is cached) twice, the second prefix-cached, and
+    another; then "n2": the four with n = 2 at T = 0.8; then 4 again with the draft server killed part way; then 4 with a new draft server
+    at the same address, vLLM still running. Greedy but n2, 24 tokens, k=3; the proposer's step log kept. (A stream's
+    drafts arrive only while the target steps: on two cores vLLM and the draft server each get one.)"""
     import os
     from test_vllm_proposer import K, MAX_TOKENS, PROMPTS, _run_vllm, _start_draft_server
     from sdeth.study.runs import experiment
@@ -475,12 +486,15 @@ def stream_runs(pair, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("stream")
     server, addr = _start_draft_server(tmp / "draft-server.log")
     os.sched_setaffinity(server.pid, DRAFT_CORES)
-    env = {**os.environ, **PIN, VP.ADDR_ENV: addr}
+    env = {**os.environ, **PIN, VP.ADDR_ENV: addr, VP.STEPS_LOG_ENV: str(tmp / "steps.jsonl")}
+    turns = [p + out + p for p, out in zip(base["prompts"], ref["c4"]["outputs"])]
     try:
         os.sched_setaffinity(0, VLLM_CORES)             # the vLLM runner's processes inherit it
         got = _run_vllm({**base, "engine": {**engine, "speculative_config": VP.speculative_config(K, "stream")},
                          "phases": [{"name": "c4", "concurrency": 4},
-                                    {"name": "killed", "concurrency": 4, "kill_fraction": 0.4, "kill_pid": server.pid},
+                                    {"name": "prefix", "concurrency": 1, "prompts": [turns[0], turns[0], turns[2]]},
+                                    {"name": "n2", "concurrency": 4, "n": 2},      # (the kill: into n2's time)
+                                    {"name": "killed", "concurrency": 4, "kill_fraction": 0.25, "kill_pid": server.pid},
                                     {"name": "restarted", "concurrency": 4, "restart_addr": addr,
                                      "restart_log": str(tmp / "draft-server-restarted.log")}]}, env, tmp)
     finally:
@@ -505,3 +519,118 @@ def test_streaming_greedy_outputs_equal_vllm_target_only_through_a_server_killed
     log = (tmp / "log.txt").read_text()
     lost = log.index("draft server lost")
     assert "drafting with" in log[lost:]                   # said Hello again to the new server, streams re-opened
+
+
+@pytest.mark.slow
+def test_prefix_cached_requests_and_n2_at_t08_stream_and_every_finished_requests_stream_is_freed(stream_runs):
+    """Prefix-cached requests (a long prompt again, its first block from vLLM's cache: output identical) and n = 2
+    at T = 0.8 (every child complete) are drafted for; at the end of each phase the streams not yet freed on the
+    server (opened less those the server confirmed ended, from the proposer's step log) are at most the phase's
+    requests: each finished request's stream was ended once gone (a proposer that never ended them would hold 6
+    after prefix, 14 after n2: a next turn may take over the stream its context continues); no desync refusal in the
+    servers' logs."""
+    import json
+    from test_vllm_proposer import MAX_TOKENS
+    ref, got, tmp = stream_runs
+    prefix, n2 = got["prefix"], got["n2"]
+    steps = [json.loads(x) for x in (tmp / "steps.jsonl").read_text().splitlines()]
+    held = {}
+    for name, requests in (("c4", 4), ("prefix", 3), ("n2", 8)):
+        ph = got[name]
+        last = [s for s in steps if ph["t0"] <= s["t"] <= ph["t1"]][-1]
+        held[name] = last["opened"] - last["confirmed"]
+        print(f"{name}: drafts {ph['drafts']}, accepted {ph['accepted']}, prefix-cache hits {ph['prefix_cache_hits']}"
+              f" tokens; at its end: streams opened {last['opened']}, ended {last['ended']}, freed {last['confirmed']}")
+        assert held[name] <= requests, (name, last)
+    assert prefix["outputs"][0] == prefix["outputs"][1] and prefix["prefix_cache_hits"] >= 128
+    assert all(0 < len(o) <= MAX_TOKENS for o in prefix["outputs"]) and prefix["drafts"] > 0
+    assert [len(children) for children in n2["all_outputs"]] == [2] * 4 and n2["drafts"] > 0
+    assert all(0 < len(c) <= MAX_TOKENS for children in n2["all_outputs"] for c in children)
+    assert steps[-1]["confirmed"] > 0
+    for log in ("draft-server.log", "draft-server-restarted.log"):
+        assert "desync" not in (tmp / log).read_text(), log
+
+
+# ------------------------------------------------------------------ through vLLM's OpenAI server (slow, gated)
+
+STREAM_SAMPLE_TOKENS = 8   # T=0.8 samples in stream mode: a 3-token request ends before its stream has drafts
+                           # (33 drafts over 600 such requests, measured): 8 tokens leave a stream 6 steps to draft in
+
+
+@pytest.fixture(scope="module")
+def openai_stream_runs(pair, tmp_path_factory):
+    """vLLM's OpenAI server target-only, then with the streaming proposer over a draft server of the embedded pair
+    (k=3): test_vllm_proposer's _openai_phases through each (greedy at concurrency 1, 4, 8; T=0.8 samples of
+    STREAM_SAMPLE_TOKENS tokens), every vLLM process on core 0 and the draft server on core 1 (as stream_runs)."""
+    import os
+    import signal
+    from test_vllm_proposer import K, _openai_phases, _serve, _start_draft_server, openai_setup
+    from sdeth.study.vllm.stream import DRAFT_CORES, PIN, VLLM_CORES
+    engine, prompts, sample_ids, eos = openai_setup(pair)
+    tmp = tmp_path_factory.mktemp("openai-stream")
+    cores, runs = os.sched_getaffinity(0), {}
+    for name in ("target-only", "stream"):
+        draft, env, eng = None, {**os.environ, **PIN}, dict(engine)
+        if name == "stream":
+            draft, addr = _start_draft_server(tmp / "draft-server.log")
+            os.sched_setaffinity(draft.pid, DRAFT_CORES)
+            env[VP.ADDR_ENV], eng["speculative_config"] = addr, VP.speculative_config(K, "stream")
+        try:
+            os.sched_setaffinity(0, VLLM_CORES)             # vLLM's server and its engine processes inherit it
+            proc, base = _serve(eng, env, tmp / f"vllm-{name}.log")
+        finally:
+            os.sched_setaffinity(0, cores)
+        try:
+            runs[name] = _openai_phases(base, engine["model"], prompts, sample_ids, eos, STREAM_SAMPLE_TOKENS)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+            if draft is not None:
+                draft.kill()
+                draft.wait(30)
+    return runs, tmp
+
+
+@pytest.mark.slow
+@openai_gate
+def test_openai_server_greedy_outputs_through_the_streaming_proposer_equal_target_only(openai_stream_runs):
+    from test_vllm_proposer import K
+    runs, tmp = openai_stream_runs
+    ref, sd = runs["target-only"], runs["stream"]
+    for c in ("c1", "c4", "c8"):
+        same = sum(a == b for a, b in zip(sd[c]["outputs"], ref[c]["outputs"]))
+        n = sd[c]["counters"]
+        drafts, tokens = n.get("vllm:spec_decode_num_drafts", 0), n.get("vllm:spec_decode_num_draft_tokens", 0)
+        accepted = n.get("vllm:spec_decode_num_accepted_tokens", 0)
+        print(f"OpenAI server, stream mode, concurrency {c[1]}: identical {same}/{len(ref[c]['outputs'])}, drafts "
+              f"{drafts:.0f}, draft tokens {tokens:.0f}, accepted {accepted:.0f}, wall {sd[c]['wall_s']:.1f} s "
+              f"(target-only {ref[c]['wall_s']:.1f} s)")
+        assert sd[c]["outputs"] == ref[c]["outputs"] and all(len(o) > 0 for o in sd[c]["outputs"])
+        assert drafts > 0 and accepted <= tokens <= K * drafts
+    assert "desync" not in (tmp / "draft-server.log").read_text()
+
+
+@pytest.mark.slow
+@openai_gate
+def test_at_t08_the_streaming_proposers_output_distribution_is_target_onlys(openai_stream_runs):
+    """test_vllm_proposer's T=0.8 chi-square (SAMPLES seeds of one short prompt, one seed each) in stream mode, on
+    samples of STREAM_SAMPLE_TOKENS tokens: the first three tokens jointly (as in sync mode), and the token at each
+    position on its own (Bonferroni over the positions: drafts land mostly past the third). Outputs of one seed are
+    the same in both engines until a verified draft changes how vLLM draws, so the test has power only where drafts
+    were verified: the bounds on drafts and on outputs that differ from target-only's of the same seed say they
+    were."""
+    from test_vllm_proposer import SAMPLES, TEMPERATURE, homogeneity_p
+    runs, _ = openai_stream_runs
+    a, b = runs["target-only"]["samples"]["outputs"], runs["stream"]["samples"]["outputs"]
+    p3, cells, distinct = homogeneity_p([o[:3] for o in a], [o[:3] for o in b])
+    at = [homogeneity_p([o[j:j + 1] for o in a], [o[j:j + 1] for o in b])[0] for j in range(STREAM_SAMPLE_TOKENS)]
+    changed = sum(x != y for x, y in zip(a, b))
+    n = runs["stream"]["samples"]["counters"]
+    drafts, accepted = n.get("vllm:spec_decode_num_drafts", 0), n.get("vllm:spec_decode_num_accepted_tokens", 0)
+    print(f"T={TEMPERATURE}, stream mode, {STREAM_SAMPLE_TOKENS}-token samples: {len(a)} + {len(b)}, first three "
+          f"tokens {distinct} distinct, {cells} cells (+ folded), chi-square p = {p3:.3f}; per position p "
+          f"{[round(float(x), 3) for x in at]}; drafts {drafts:.0f}, accepted {accepted:.0f}; outputs that differ from "
+          f"target-only's of the same seed {changed}")
+    assert len(a) == len(b) == SAMPLES and cells >= 3
+    assert drafts > SAMPLES / 4 and accepted > 0 and changed > SAMPLES / 10       # (measured: 340, 54, 253)
+    assert p3 > 1e-3 and min(at) * len(at) > 1e-3

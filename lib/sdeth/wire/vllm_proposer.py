@@ -118,7 +118,8 @@ class ProposerStats:
     offered: int = 0             # stream: drafts offered
     commits: int = 0             # stream: tokens committed
     streamed: int = 0            # stream: drafted tokens received
-    ended: int = 0               # stream: streams ended (their requests gone)
+    ended: int = 0               # sequences ended (End sent: their requests gone)
+    confirmed: int = 0           # ... of which the server confirmed (Ended: freed there)
     server_steps: int = 0        # stream: the server's draft steps whose Streamed reached this proposer (their
                                  # compute is added to server_draft_s: one token a stream a step)
 
@@ -212,7 +213,9 @@ class RemoteDraftProposer:
         self.stats.rows += len(sampled_token_ids)
         self.t_returned = time.perf_counter()
         self.stats.host_s += self.t_returned - t0
-        self.steplog.add(t0, self.t_returned, self.out, gap, (self.stats.server_draft_s, self.stats.server_steps))
+        st = self.stats
+        self.steplog.add(t0, self.t_returned, self.out, gap, (st.server_draft_s, st.server_steps),
+                         (st.opened, st.ended, st.confirmed))
         return self.out
 
     def _stream_step(self, plan: StreamPlan) -> None:
@@ -305,6 +308,7 @@ class RemoteDraftProposer:
         for i in range(0, len(rows), step):
             self._send(protocol.Rounds(rows[i:i + step]))
         self.stats.opened += len(plan.opens)
+        self.stats.ended += len(plan.ends)
         self.stats.rounds += len(rows)
 
     def _recv(self, timeout_s: float):
@@ -347,6 +351,8 @@ class RemoteDraftProposer:
             if m.draft_ms > 0:                             # a step's tokens (not a foreseen verdict's branch)
                 self.stats.server_draft_s += m.draft_ms / 1e3
                 self.stats.server_steps += 1
+        elif isinstance(m, protocol.Ended):
+            self.stats.confirmed += 1
         elif isinstance(m, protocol.Drafts):
             self.stats.server_draft_s += m.draft_ms / 1e3
             self.stats.server_held_s += m.held_ms / 1e3

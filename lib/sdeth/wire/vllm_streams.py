@@ -238,21 +238,26 @@ class StepLog:
     start (wall clock, time.time()), `host_ms` propose's own time, `gap_ms` the time since the previous step
     returned (the target's step; 0: not timed), `rows`, `ready` (rows offered drafts), `offered` (drafts offered),
     `server_steps` and `server_ms` (the server's draft steps whose tokens arrived since the step before, and their
-    compute on its clock: how fast it drafts while the target steps). An empty path: nothing is kept."""
+    compute on its clock: how fast it drafts while the target steps), and the proposer's totals so far of sequences
+    `opened`, `ended` (End sent) and `confirmed` (Ended received: freed on the server). An empty path: nothing is
+    kept."""
 
     def __init__(self, path: str):
         self.path, self.lines, self.t_written = path, [], time.perf_counter()
         self.server = (0.0, 0)                   # the server's draft seconds and steps so far (the last add's)
 
-    def add(self, t0: float, t1: float, out: list[list[int]], gap_s: float, server: tuple[float, int] = (0.0, 0)):
-        """One step; `server`: the server's draft seconds and steps received so far (the proposer's totals)."""
+    def add(self, t0: float, t1: float, out: list[list[int]], gap_s: float, server: tuple[float, int] = (0.0, 0),
+            seqs: tuple[int, int, int] = (0, 0, 0)):
+        """One step; `server`: the server's draft seconds and steps received so far, `seqs`: sequences opened, ended
+        and confirmed ended so far (the proposer's totals)."""
         if not self.path:
             return
         (s0, n0), self.server = self.server, server
         self.lines.append(json.dumps({"t": time.time() - (time.perf_counter() - t0), "host_ms": (t1 - t0) * 1e3,
                                       "gap_ms": gap_s * 1e3, "rows": len(out), "ready": sum(1 for d in out if d),
                                       "offered": sum(len(d) for d in out), "server_steps": server[1] - n0,
-                                      "server_ms": (server[0] - s0) * 1e3}))
+                                      "server_ms": (server[0] - s0) * 1e3, "opened": seqs[0], "ended": seqs[1],
+                                      "confirmed": seqs[2]}))
         if t1 - self.t_written > LOG_EVERY_S:
             self.flush()
 
