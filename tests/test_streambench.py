@@ -100,6 +100,11 @@ def test_a_sequences_own_tpot_leaves_out_its_first_round_and_counts_at_its_end()
     assert e.rec["request_tpot_ms"] == [pytest.approx(4.0)]
     e.per_request({}, [0, 12], 0.200, least=16)    # stream 1: 16 tokens over 200 ms
     assert e.rec["request_tpot_ms"][1:] == [pytest.approx(12.5)]
+    e.opened = {}
+    e.per_request({0: 0.0}, [3, 0], 0.300)         # a first round of 3 tokens: the 2 past the first come with it
+    e.opened = {0: 0.0}
+    e.per_request({}, [2, 0], 0.316)               # ends: 16 ms over 2 + 2 tokens
+    assert e.rec["request_tpot_ms"][2:] == [pytest.approx(4.0)]
 
 
 def test_the_grid_from_the_command_line():

@@ -912,10 +912,11 @@ def _complete(base: str, model: str, ids: list[int], max_tokens: int, temperatur
 
 
 def _openai_phases(base: str, model: str, prompts: list, sample_ids: list[int], eos: int,
-                   sample_tokens: int = SAMPLE_TOKENS) -> dict:
+                   sample_tokens: int = SAMPLE_TOKENS, seed0: int = 1000) -> dict:
     """Greedy completions of the prompts at concurrency 1, 4 and 8; the same at T=0.8 (seed per prompt); then
-    SAMPLES completions of sample_tokens tokens of one short prompt at T=0.8, one seed each. With each phase,
-    the change of vLLM's spec-decode counters over it (from /metrics)."""
+    SAMPLES completions of sample_tokens tokens of one short prompt at T=0.8, seeds seed0 + i (give each engine its
+    own seed0: samples drawn with the same seeds are mostly the same draw, which a chi-square cannot test). With
+    each phase, the change of vLLM's spec-decode counters over it (from /metrics)."""
     import urllib.request
     from concurrent.futures import ThreadPoolExecutor
     from sdeth.study.vllm.baseline import scrape_spec_counters
@@ -923,7 +924,7 @@ def _openai_phases(base: str, model: str, prompts: list, sample_ids: list[int], 
     counters = lambda: scrape_spec_counters(urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode())  # noqa: E731
     phases = {f"c{c}": (c, [(ids, MAX_TOKENS, 0.0, 0) for ids in prompts]) for c in (1, 4, 8)}
     phases["t08"] = (8, [(ids, MAX_TOKENS, TEMPERATURE, i) for i, ids in enumerate(prompts)])
-    phases["samples"] = (8, [(sample_ids, sample_tokens, TEMPERATURE, 1000 + i) for i in range(SAMPLES)])
+    phases["samples"] = (8, [(sample_ids, sample_tokens, TEMPERATURE, seed0 + i) for i in range(SAMPLES)])
     out = {}
     for name, (concurrency, reqs) in phases.items():
         before, t0 = counters(), time.perf_counter()
@@ -980,7 +981,8 @@ def openai_runs(pair, tmp_path_factory):
             eng["speculative_config"] = VP.speculative_config(K)
         proc, base = _serve(eng, env, tmp / f"vllm-{name}.log")
         try:
-            runs[name] = _openai_phases(base, engine["model"], prompts, sample_ids, eos)
+            runs[name] = _openai_phases(base, engine["model"], prompts, sample_ids, eos,
+                                        seed0=1000 if name == "target-only" else 1000 + SAMPLES)   # independent samples
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
@@ -1014,7 +1016,8 @@ def test_openai_server_greedy_outputs_through_the_remote_proposer_equal_target_o
 @server
 def test_at_t08_the_remote_proposers_output_distribution_is_target_onlys(openai_runs):
     """A two-sample chi-square test of homogeneity on the first SAMPLE_TOKENS generated tokens (joint), one short
-    prompt, SAMPLES seeds per engine; cells expected below 5 are folded into one. The second and third tokens come
+    prompt, SAMPLES seeds per engine, each engine its own seeds (independent samples); cells expected below 5 are
+    folded into one. The second and third tokens come
     from verified drafts (the counters show drafting in the phase)."""
     runs, _ = openai_runs
     a, b = runs["target-only"]["samples"]["outputs"], runs["remote"]["samples"]["outputs"]

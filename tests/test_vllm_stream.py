@@ -564,7 +564,7 @@ def openai_stream_runs(pair, tmp_path_factory):
     STREAM_SAMPLE_TOKENS tokens), every vLLM process on core 0 and the draft server on core 1 (as stream_runs)."""
     import os
     import signal
-    from test_vllm_proposer import K, _openai_phases, _serve, _start_draft_server, openai_setup
+    from test_vllm_proposer import K, SAMPLES, _openai_phases, _serve, _start_draft_server, openai_setup
     from sdeth.study.vllm.stream import DRAFT_CORES, PIN, VLLM_CORES
     engine, prompts, sample_ids, eos = openai_setup(pair)
     tmp = tmp_path_factory.mktemp("openai-stream")
@@ -581,7 +581,8 @@ def openai_stream_runs(pair, tmp_path_factory):
         finally:
             os.sched_setaffinity(0, cores)
         try:
-            runs[name] = _openai_phases(base, engine["model"], prompts, sample_ids, eos, STREAM_SAMPLE_TOKENS)
+            runs[name] = _openai_phases(base, engine["model"], prompts, sample_ids, eos, STREAM_SAMPLE_TOKENS,
+                                        seed0=1000 if name == "target-only" else 1000 + SAMPLES)   # independent
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
@@ -615,22 +616,19 @@ def test_openai_server_greedy_outputs_through_the_streaming_proposer_equal_targe
 def test_at_t08_the_streaming_proposers_output_distribution_is_target_onlys(openai_stream_runs):
     """test_vllm_proposer's T=0.8 chi-square (SAMPLES seeds of one short prompt, one seed each) in stream mode, on
     samples of STREAM_SAMPLE_TOKENS tokens: the first three tokens jointly (as in sync mode), and the token at each
-    position on its own (Bonferroni over the positions: drafts land mostly past the third). Outputs of one seed are
-    the same in both engines until a verified draft changes how vLLM draws, so the test has power only where drafts
-    were verified: the bounds on drafts and on outputs that differ from target-only's of the same seed say they
-    were."""
+    position on its own (Bonferroni over the positions: drafts land mostly past the third). Each engine draws with
+    its own seeds, so the samples are independent; the test has power where drafts were verified, and the bounds on
+    drafts and accepted tokens in the phase say they were."""
     from test_vllm_proposer import SAMPLES, TEMPERATURE, homogeneity_p
     runs, _ = openai_stream_runs
     a, b = runs["target-only"]["samples"]["outputs"], runs["stream"]["samples"]["outputs"]
     p3, cells, distinct = homogeneity_p([o[:3] for o in a], [o[:3] for o in b])
     at = [homogeneity_p([o[j:j + 1] for o in a], [o[j:j + 1] for o in b])[0] for j in range(STREAM_SAMPLE_TOKENS)]
-    changed = sum(x != y for x, y in zip(a, b))
     n = runs["stream"]["samples"]["counters"]
     drafts, accepted = n.get("vllm:spec_decode_num_drafts", 0), n.get("vllm:spec_decode_num_accepted_tokens", 0)
     print(f"T={TEMPERATURE}, stream mode, {STREAM_SAMPLE_TOKENS}-token samples: {len(a)} + {len(b)}, first three "
           f"tokens {distinct} distinct, {cells} cells (+ folded), chi-square p = {p3:.3f}; per position p "
-          f"{[round(float(x), 3) for x in at]}; drafts {drafts:.0f}, accepted {accepted:.0f}; outputs that differ from "
-          f"target-only's of the same seed {changed}")
+          f"{[round(float(x), 3) for x in at]}; drafts {drafts:.0f}, accepted {accepted:.0f}")
     assert len(a) == len(b) == SAMPLES and cells >= 3
-    assert drafts > SAMPLES / 4 and accepted > 0 and changed > SAMPLES / 10       # (measured: 340, 54, 253)
+    assert drafts > SAMPLES / 4 and accepted > 0                # (measured with paired seeds: 340 drafts, 54 accepted)
     assert p3 > 1e-3 and min(at) * len(at) > 1e-3

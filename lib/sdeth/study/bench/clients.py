@@ -361,9 +361,10 @@ def _sync_tpot(p: dict) -> str:
     round gives, so its p99 is a one-token round)."""
     t, r = p.get("tpot_ms", {}), p.get("request_tpot_ms")
     per_round = f"per round p50 {t.get('p50')} / p99 {t.get('p99')} ms"
-    if not r:
+    if not r or not r.get("n"):
         return "TPOT " + per_round
-    return f"TPOT per request p50 {r['p50']} / p99 {r['p99']} ms over {r['n']} sequences ({per_round})"
+    tail = "p99" if r["n"] >= 100 else f"max (p99 needs 100 sequences, not {r['n']})"
+    return f"TPOT per request p50 {r['p50']} / {tail} {r['p99']} ms over {r['n']} sequences ({per_round})"
 
 
 def worker_speedups() -> dict[str, float]:

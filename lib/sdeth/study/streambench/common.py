@@ -31,6 +31,7 @@ GOALS = {"draft": "Qwen3-1.7B", "rows": 16, "step_ms": {512: 2.3, 2048: 3.3}, "h
 REMOTE_LABEL = f"emulated target (measured t_v of the {TARGET} shape), real draft server"
 COLOCATED_LABEL = f"measured: the {TARGET} shape and the draft shape on one GPU, one process"
 PIPELINED_K, PIPELINED_WINDOW = 4, 8
+REQUEST_LEAST = 16             # a sequence cut by a point's end counts in the per-request TPOT with this many tokens
 PIPELINED_LABEL = (f"emulated target (measured t_v of the {TARGET} shape), pipelined streams, real draft server")
 TIMELINE = ("sent_to_read", "read_to_stepped", "stepped_to_arrived", "sent_to_arrived", "arrived_to_verified")
 

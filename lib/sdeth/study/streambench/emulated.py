@@ -10,7 +10,7 @@ import traceback
 from ...runtime.pipeline import StreamView
 from ...runtime.verify import Sampling
 from ...wire import protocol
-from .common import CONTEXT, PROMPT, TIMELINE, coins, hello, wait_until
+from .common import CONTEXT, PROMPT, REQUEST_LEAST, TIMELINE, coins, hello, wait_until
 from .ranks import Ranks, token_of
 
 FORESEEN_WAIT_S = 0.05     # the most a target waits for its restart's answer (a foreseen verdict's drafts or `missed`)
@@ -83,12 +83,13 @@ class Emulated:
             r["first_wait_ms"].append((t1 - t0) * 1e3)
 
     def per_request(self, opened: dict, toks: list, t_end: float, least: int = 0) -> None:
-        """Each sequence's own TPOT, as serving benchmarks count it: from the end of its first round (which waits
-        for its prompt: part of the time to first token) to its last token, over the tokens in between. Recorded
-        when the sequence ends (or, with least > 0, at the point's end if it has that many tokens)."""
+        """Each sequence's own TPOT, as serving benchmarks count it ((last token - first token) / (tokens - 1)):
+        from the end of its first round (which waits for its prompt: the time to first token; that round's tokens
+        past the first come with it) to its last token. Recorded when the sequence ends (or, with least > 0, at the
+        point's end if it has that many tokens)."""
         for j, t in enumerate(toks):
             if j in opened:
-                self.seq_at[j], self.seq_n[j] = t_end, 0
+                self.seq_at[j], self.seq_n[j] = t_end, t - 1
                 continue
             self.seq_n[j] += t
             ended = j in self.opened or (least and self.seq_n[j] >= least)
@@ -109,7 +110,7 @@ class Emulated:
         while time.time() < start_at + seconds:
             self.round()
         self.rec["t_end"] = time.time()
-        self.per_request({}, [0] * len(self.tracks), time.perf_counter(), least=16)
+        self.per_request({}, [0] * len(self.tracks), time.perf_counter(), least=REQUEST_LEAST)
         for t in self.tracks:
             self.c.end(t)
         self.c.close()

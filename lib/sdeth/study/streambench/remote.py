@@ -8,16 +8,16 @@ from ...costmodel import Costs, simulate_pipelined
 from ..bench.targets import DRAFT_ALPHA
 from .colocated import best_k
 from .common import (BATCHES, CONTEXT, PIPELINED_K, PIPELINED_LABEL, PIPELINED_WINDOW, PROMPT, REMOTE_KS,
-                     REMOTE_LABEL, SERVER_ROWS, TARGETS_N, TIMELINE, compiled, mean, pct, pipelined_grid)
+                     REQUEST_LEAST, REMOTE_LABEL, SERVER_ROWS, TARGETS_N, TIMELINE, compiled, mean, pct, pipelined_grid)
 from .emulated import Targets
 from .report import pipelined_row, remote_row
 from .server import serve_random
 from .target import big_tv
 
 
-REQUEST_TPOT = ("each sequence's own time per output token, from the end of its first round (which waits for its "
-                "prompt: time to first token) to its last token; sequences cut by the point's end counted with 16 "
-                "tokens or more")
+REQUEST_TPOT = ("each sequence's own time per output token, (last token - first token) / (tokens - 1), its first "
+                "round (which waits for its prompt) giving the first token; sequences cut by the point's end counted "
+                f"with {REQUEST_LEAST} tokens or more; with fewer than 100 sequences p99 is their maximum")
 
 
 def remote_record(B: int, N: int, k: int, alpha: float, tv_ms: float, ready, recs, start_at: float,
