@@ -34,6 +34,10 @@ $(STAMP): requirements/$(REQ)-deps.txt requirements/$(REQ)-nodeps.txt pyproject.
 prepare: venv
 	$(PY) -m sdeth prepare
 
+# The tests run several torch processes and threads at once (workers, draft servers, vLLM, a target beside its
+# draft) on few cores: OpenMP threads that spin at a barrier hold the core their partner waits for (a decode step
+# 2.7x slower beside one busy process); passive ones sleep there, and cost nothing when alone.
+test test-fast: export OMP_WAIT_POLICY = PASSIVE
 test: prepare
 	$(PY) -m pytest -q --durations=15 tests
 	rm -rf $(VENV)/nbtest && $(PY) -m sdeth.study.pages.report --test-copies $(VENV)/nbtest

