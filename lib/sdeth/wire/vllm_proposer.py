@@ -119,7 +119,7 @@ class ProposerStats:
     commits: int = 0             # stream: tokens committed
     streamed: int = 0            # stream: drafted tokens received
     ended: int = 0               # sequences ended (End sent: their requests gone)
-    confirmed: int = 0           # ... of which the server confirmed (Ended: freed there)
+    confirmed: int = 0           # Ended replies received (the server processed an End; it answers any End so)
     server_steps: int = 0        # stream: the server's draft steps whose Streamed reached this proposer (their
                                  # compute is added to server_draft_s: one token a stream a step)
 

@@ -239,7 +239,7 @@ class StepLog:
     returned (the target's step; 0: not timed), `rows`, `ready` (rows offered drafts), `offered` (drafts offered),
     `server_steps` and `server_ms` (the server's draft steps whose tokens arrived since the step before, and their
     compute on its clock: how fast it drafts while the target steps), and the proposer's totals so far of sequences
-    `opened`, `ended` (End sent) and `confirmed` (Ended received: freed on the server). An empty path: nothing is
+    `opened`, `ended` (End sent) and `confirmed` (Ended received: the End processed by the server). An empty path: nothing is
     kept."""
 
     def __init__(self, path: str):
