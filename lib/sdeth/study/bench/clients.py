@@ -367,6 +367,21 @@ def _sync_tpot(p: dict) -> str:
     return f"TPOT per request p50 {r['p50']} / {tail} {r['p99']} ms over {r['n']} sequences ({per_round})"
 
 
+def sync_lines() -> list[str]:
+    """The long sync-rounds calls (reports/gpu/bench_streams_sync_*.json, bench "streams-sync": B=1 N=1 for about
+    a minute, about 100 sequences): the per-request TPOT's p50 and tail. The largest of n values bounds their p99
+    from above, so a largest within 2x of the p50 shows the p99 goal."""
+    from ..results import gpu_results
+    out = []
+    for name, run in sorted(gpu_results().items()):
+        p = _point(run.get("remote", {}).get("points", []), 1, 1) if run.get("bench") == "streams-sync" else {}
+        r = p.get("request_tpot_ms") or {}
+        if r.get("n"):
+            out.append(f"{name} ({run['hardware'].get('label', '?')}, {run['settings']['grid']['remote_s']:g} s): sync "
+                       f"B=1 N=1 {_sync_tpot(p)}; largest / p50 {r['p99'] / r['p50']:.2f} (goal p99 <= 2 p50)")
+    return out
+
+
 def worker_speedups() -> dict[str, float]:
     """The draft worker's pipelined speedup (`bench sd --emulate-target`) measured in each server call, by that
     call's stem (reports/gpu/bench_sd_emulated_worker_<call>.json)."""
