@@ -183,8 +183,8 @@ def test_the_ssd_points_off_and_on_with_a_full_server(fast):
     assert on["verdict_cache"]["hit_rate_by_position"] and on["model_cached"]["terms"]["hit"] > 0.5
     assert off["verdict_cache"]["hits"] == 0 and not off["verdict_cache"]["branch_rows_per_step"]
     assert full["verdict_cache"]["hits"] == 0 and not full["verdict_cache"]["branch_rows_per_step"]
-    st = servers["4x4x8"][0].vc.stats       # full: a branch only on a row freed between an End and the next Open,
-    assert st["hits"] == 0 and st["branches"] == st["evicted"] + st["dropped"]   # given back to the new stream
+    st = servers["4x4x8"][0].vc.stats       # full: a branch only on a row no stream has opened yet (the start), given
+    assert st["hits"] == 0 and st["branches"] == st["evicted"] + st["dropped"]   # back to it; none at a turnover
     for p in (on, off, full):
         assert p["tokens_per_step"] >= 1 and p["model_cached"]["tokens_per_round"] >= 1
     table = ssd_table({"call": res})

@@ -91,6 +91,29 @@ def test_a_full_drafter_makes_no_branch():
     assert vc.plan([a, b]) == 0 and not vc.branches() and vc.stats["branches"] == 1
 
 
+def test_a_full_drafter_that_turns_a_stream_over_makes_no_branch(monkeypatch):
+    """Every row live; one stream ends (End) and its client's next Open comes a step later: the row it gave back
+    is held for that Open, so no branch is planted between them (a branch there could be hit by another
+    stream's commit before the Open evicts it). A row nobody opens again is spare after HOLD_S."""
+    import sdeth.runtime.verdictcache as vcm
+    _, draft = tiny_pair()
+    d, vc = drafter(draft, rows=2)
+    a, b = (d.open_stream(("c", x), 0, PROMPT, Sampling(), i, 0, window=6) for i, x in enumerate("ab"))
+    for s in (a, b):
+        d.commit(s, 0, 7)
+    stepped(d, vc, a, 3)
+    assert not d.free_rows and not vc.branches()
+    d.free(("c", "b"))                                      # End of b ...
+    stepped(d, vc, a, 2)                                    # ... a step (and plan) before the next Open
+    assert not vc.branches() and vc.spare() == 0 and vc.stats["branches"] == 0
+    c = d.open_stream(("c", "c"), 0, PROMPT, Sampling(), 3, 0, window=6)   # ... which takes the held row
+    assert not vc.given_back and not d.free_rows and vc.stats["evicted"] == 0
+    d.free(("c", "c"))                                      # an End with no Open after it
+    monkeypatch.setattr(vcm, "HOLD_S", 0.0)                 # (HOLD_S passed)
+    stepped(d, vc, a, 1)
+    assert vc.branches() and vc.stats["branches"] >= 1
+
+
 def test_a_branch_drafts_no_further_than_its_streams_window():
     """A branch adopted on a hit sends its drafts as the stream's: never more than the window its Open asked for,
     whatever the cache's depth."""

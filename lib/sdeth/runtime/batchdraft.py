@@ -121,8 +121,10 @@ class BatchDrafter:
         """A new sequence (an old one under the same key is replaced). Its prompt is fed by prefill()."""
         if key in self.seqs:
             self.free(key)
-        if not self.free_rows and self.cache is not None:
-            self.cache.evict(1)            # a live sequence before any branch
+        if self.cache is not None:
+            self.cache.opened()
+            if not self.free_rows:
+                self.cache.evict(1)        # a live sequence before any branch
         if not self.free_rows:
             raise Full(f"all {self.dec.rows} cache rows hold sequences")
         self.free_rows.sort()

@@ -5,7 +5,9 @@ likely verdicts: a rejection at position j with the target's token there being o
 at j (its 2nd, 3rd, ... token). Each (j, token) is a *branch*: a free cache row that takes the stream's context
 before j (a slice copy per layer), feeds the token and drafts its continuation a token a step, in the same
 batched steps as the live streams (after them: live streams are always stepped first, and a branch takes only a
-row no sequence holds; a new sequence evicts branches).
+row no sequence holds; a new sequence evicts branches). A row a live sequence gave back is held for its client's
+next Open for HOLD_S (a client ends a stream and opens the next in two messages: a full server that turns its
+streams over stays full, and plants no branch between them).
 
     vc = VerdictCache(drafter, VerdictSpec.parse("4x4x8"))   # drafter.cache = vc; drafter.alts >= fanout
     extra = vc.rows(room)                 # branches to step beside the live streams (stream_step)
@@ -25,12 +27,15 @@ branch's own), and its q goes with each token.
 """
 from __future__ import annotations
 
+import collections
+import time
 from dataclasses import dataclass, field
 
 from .batchdraft import BatchDrafter, Drafted, Sequence
 
 VERDICT_DEFAULT = "4x4x8"
 ALPHA_PRIOR, PRIOR_WEIGHT = 0.7, 4.0   # a stream's acceptance before it has verdicts (the prior's pseudo-counts)
+HOLD_S = 2.0           # a row a live sequence gave back is held this long for its client's next Open, not branched on
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,8 @@ class VerdictCache:
         drafter.cache, drafter.alts = self, max(drafter.alts, spec.fanout)
         self.held: dict[Sequence, dict[tuple[int, int], Branch]] = {}
         self.seen: dict[Sequence, list[float]] = {}       # stream -> [positions settled as drafted, rejections]
+        self.given_back: collections.deque[float] = collections.deque()   # when live sequences gave rows back, not
+                                                                          # yet taken by an Open (oldest first)
         self.stats = {"branches": 0, "hits": 0, "misses": 0, "uncovered": 0, "foreseen_tokens": 0,
                       "rows_stepped": 0, "dropped": 0, "evicted": 0, "hits_at": {}, "rejections_at": {}}
 
@@ -109,6 +116,18 @@ class VerdictCache:
         ready = [b for b in self.branches() if len(b.out) < min(self.spec.depth, b.row.window) and b.row.ready]
         return [b.row for b in sorted(ready, key=lambda b: b.offset)[:max(room, 0)]]
 
+    def spare(self) -> int:
+        """Free rows a branch may take: the drafter's free rows less those held for an Open (HOLD_S)."""
+        now = time.monotonic()
+        while self.given_back and now - self.given_back[0] >= HOLD_S:
+            self.given_back.popleft()
+        return max(len(self.d.free_rows) - len(self.given_back), 0)
+
+    def opened(self) -> None:
+        """A new sequence took a row: the oldest row held for an Open is no longer held."""
+        if self.given_back:
+            self.given_back.popleft()
+
     def took(self, drafted: dict) -> None:
         """A step's tokens ({id(row): Drafted}) for the branches that were in it."""
         for b in self.branches():
@@ -119,7 +138,7 @@ class VerdictCache:
 
     def plan(self, streams: list[Sequence]) -> int:
         """New branches for the streams' unverified positions (geometric fan-out on each stream's own alpha),
-        within each one's budget and the drafter's free rows; returns how many were made."""
+        within each one's budget and the spare rows (spare()); returns how many were made."""
         want = []
         for seq in streams:
             held = self.held.get(seq, {})
@@ -131,7 +150,7 @@ class VerdictCache:
             new = [(j - seq.acked, r, (seq, j, t)) for j in span for r, t in enumerate(seq.alts[j][:fs[j - seq.acked]])
                    if (j, t) not in held]
             want += new[:room]
-        want = [w for *_, w in sorted(want, key=lambda w: w[:2])][:len(self.d.free_rows)]   # nearest first, all streams
+        want = [w for *_, w in sorted(want, key=lambda w: w[:2])][:self.spare()]   # nearest first, all streams
         for (seq, j, t), row in zip(want, self.d.fork(want)):
             self.held.setdefault(seq, {})[(j, t)] = Branch(row, j, t, j - seq.acked)
         self.stats["branches"] += len(want)
@@ -170,11 +189,12 @@ class VerdictCache:
         self.stats["dropped"] += 1
 
     def drop(self, seq: Sequence) -> None:
-        """Every branch of seq (its stream restarted, ended or was freed)."""
+        """Every branch of seq (its stream restarted, ended or was freed: then its row is held for an Open)."""
         for b in self.held.pop(seq, {}).values():
             self._release(b)
         if seq not in self.d.seqs.values():
             self.seen.pop(seq, None)
+            self.given_back.append(time.monotonic())
 
     def discard(self, rows: list[Sequence]) -> int:
         """The branches on these rows (a step of theirs failed) released; their streams keep their rows."""
