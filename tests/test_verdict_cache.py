@@ -73,6 +73,7 @@ def test_an_adopted_branch_drafts_what_a_restart_would():
     stepped(ref, None, seqs[1], 3)
     assert seqs[0].chain == seqs[1].chain[:len(seqs[0].chain)] and len(seqs[0].chain) == 6
     assert vc.stats["hits"] == 1 and vc.stats["foreseen_tokens"] == 3
+    assert vc.stats["hits_by_rank"] == {"1": 1} and vc.stats["hits_at"] == {"1": 1}    # the 2nd choice, 1 past acked
     assert not vc.held.get(seqs[0]) and sorted(d.free_rows + [seqs[0].row]) == list(range(6))
 
 

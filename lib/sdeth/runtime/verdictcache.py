@@ -74,6 +74,7 @@ class Branch:
     pos: int
     token: int
     offset: int                    # pos past its stream's settled positions when it was made
+    rank: int = 1                  # the token's rank among the draft's choices at pos (1: its second choice)
     out: list = field(default_factory=list)     # (position, Drafted) of its continuation
 
 
@@ -101,7 +102,8 @@ class VerdictCache:
         self.given_back: collections.deque[float] = collections.deque()   # when live sequences gave rows back, not
                                                                           # yet taken by an Open (oldest first)
         self.stats = {"branches": 0, "hits": 0, "misses": 0, "uncovered": 0, "foreseen_tokens": 0,
-                      "rows_stepped": 0, "dropped": 0, "evicted": 0, "hits_at": {}, "rejections_at": {}}
+                      "rows_stepped": 0, "dropped": 0, "evicted": 0, "hits_at": {}, "rejections_at": {},
+                      "hits_by_rank": {}}      # hits_at: by offset past the settled positions; by_rank: 1 = 2nd choice
 
     def alpha(self, seq: Sequence) -> float:
         acc, rej = self.seen.get(seq, (0.0, 0.0))
@@ -139,7 +141,7 @@ class VerdictCache:
     def plan(self, streams: list[Sequence]) -> int:
         """New branches for the streams' unverified positions (geometric fan-out on each stream's own alpha),
         within each one's budget and the spare rows (spare()); returns how many were made."""
-        want = []
+        want, ranks = [], {}
         for seq in streams:
             held = self.held.get(seq, {})
             span = [j for j in range(seq.acked, len(seq.chain)) if seq.base + j <= seq.fed and j in seq.alts]
@@ -149,10 +151,11 @@ class VerdictCache:
             room = self.spec.budget - len(held)
             new = [(j - seq.acked, r, (seq, j, t)) for j in span for r, t in enumerate(seq.alts[j][:fs[j - seq.acked]])
                    if (j, t) not in held]
+            ranks.update({w: r + 1 for _, r, w in new})
             want += new[:room]
         want = [w for *_, w in sorted(want, key=lambda w: w[:2])][:self.spare()]   # nearest first, all streams
         for (seq, j, t), row in zip(want, self.d.fork(want)):
-            self.held.setdefault(seq, {})[(j, t)] = Branch(row, j, t, j - seq.acked)
+            self.held.setdefault(seq, {})[(j, t)] = Branch(row, j, t, j - seq.acked, ranks.get((seq, j, t), 1))
         self.stats["branches"] += len(want)
         return len(want)
 
@@ -182,6 +185,7 @@ class VerdictCache:
         self.stats["hits"] += 1
         self.stats["foreseen_tokens"] += len(b.out)
         self.stats["hits_at"][at] = self.stats["hits_at"].get(at, 0) + 1
+        self.stats["hits_by_rank"][str(b.rank)] = self.stats["hits_by_rank"].get(str(b.rank), 0) + 1
         return b
 
     def _release(self, b: Branch) -> None:
