@@ -281,4 +281,5 @@ def answer_line(doc: dict) -> str:
            f"{c32['modelled'] if c32 else 'n/a'}x at the CPU-measured hit rate, {s32['modelled']}x at a synthetic 0.9 "
            f"hit rate ({'reaching' if s32['met'] else 'short of'} {s32['least']})") if t32 and s32 else \
         "no modelled 32B point"
-    return f"Verdict speculation: {mod}; {cpu}; the H200 runs wait for device time."
+    return (f"Verdict speculation: {mod}; {cpu}. The embedded pair's hit rate is a floor, not a forecast (a 135M "
+            f"target and a 6-layer distilled draft); the H200 calls' measured cache points are in the table above.")
