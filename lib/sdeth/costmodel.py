@@ -360,8 +360,11 @@ class StepPolicy(AdaptivePolicy):
         return self._rule[2]
 
     def due_s(self, m: int, available: int = 0) -> float:
-        """When the m-th draft is due, from a restart (available = 0) or from now (one period per draft)."""
+        """When the m-th draft is due, from a restart (available = 0) or from now (one period per draft); never,
+        until the costs are measured."""
         c = self.costs()
+        if c is None:
+            return math.inf
         d = self.period or c.draft_step
         link = self.link if self.link is not None else c.rtt
         return link + (m + 0.5) * d if not available else (m - available) * d
@@ -371,24 +374,31 @@ class StepPolicy(AdaptivePolicy):
         if rule is None:
             return min(max(available, 1), m_max)
         m = rule.m(available, m_max)
-        if fresh and m > available and since_s > OVERDUE * self.due_s(m):
+        if fresh and m > available and self.overdue(m, since_s):
             return min(available, m_max)       # stalled: go with what is on offer
         return m
 
     def overdue(self, m: int, since_s: float) -> bool:
         """A restart's m drafts are this late: the wait is given up (the caller goes with what is on offer)."""
-        return self.costs() is not None and since_s > OVERDUE * self.due_s(m)
+        return since_s > OVERDUE * self.due_s(m)
 
 
 SETTINGS = {"policy": StepPolicy, "sync": SyncPolicy, "offered": OfferedPolicy}   # the step's named settings
+POLICIES = {"adaptive": AdaptivePolicy, "fixed": FixedPolicy, **SETTINGS}   # ... and the earlier rules, by name
 
 
 def step_setting(name: str) -> type[AdaptivePolicy]:
-    """The policy named `name` among SETTINGS ("policy": the step policy, the remote modes' default; "sync": always
-    wait for k; "offered": go with what is on offer); a ValueError naming the choices otherwise."""
-    if name not in SETTINGS:
-        raise ValueError(f"step policy {name!r}: use one of {', '.join(SETTINGS)} (e.g. --policy policy)")
-    return SETTINGS[name]
+    """The pipelined step's policy named `name`: one of SETTINGS ("policy": the step policy, the remote modes'
+    default; "sync": always wait for k; "offered": go with what is on offer), or the earlier rules kept by name
+    ("adaptive": one round's best rate; "fixed": what is on offer, waiting for one); a ValueError otherwise."""
+    if name not in POLICIES:
+        raise ValueError(f"step policy {name!r}: use one of {', '.join(POLICIES)} (e.g. --policy policy)")
+    return POLICIES[name]
+
+
+def setting_of(est: AdaptivePolicy) -> str:
+    """The name a policy object plays under (POLICIES); its class name when it is none of them (a test double)."""
+    return next((name for name, cls in POLICIES.items() if type(est) is cls), type(est).__name__)
 
 
 class DraftStep(NamedTuple):
@@ -459,7 +469,6 @@ class _ModelDraft:
         return run, avail, not any(x.end + self.one_way <= t for x in self.run)
 
 
-POLICIES = {"adaptive": AdaptivePolicy, "fixed": FixedPolicy, **SETTINGS}
 
 
 def _policy(alpha: float, c: Costs, k_max: int, adaptive: bool | str, period: float | None) -> "AdaptivePolicy":
