@@ -598,6 +598,8 @@ def generate_pipelined(target: Engine, stream: DraftStream, prompt_ids: list[int
     If the draft becomes unavailable, the request finishes on the target alone. est: the step's policy and its
     estimates (default: the step policy, costmodel.StepPolicy); the record names its setting."""
     est = est or StepPolicy()
+    if hasattr(stream, "est"):
+        stream.est = est                           # a stream that measures the draft feeds the policy
     req, t0, t_first, size, x = begin_request(target, prompt_ids, max_tokens, k_max, s, gen, prompt_id)
     feed = DraftFeed(stream, est, draft_timeout_s,
                      alive=start_draft(req, stream.start, prompt_ids, size, x, seed=draft_seed))
