@@ -378,9 +378,10 @@ class StepPolicy(AdaptivePolicy):
             return min(available, m_max)       # stalled: go with what is on offer
         return m
 
-    def overdue(self, m: int, since_s: float) -> bool:
-        """A restart's m drafts are this late: the wait is given up (the caller goes with what is on offer)."""
-        return since_s > OVERDUE * self.due_s(m)
+    def overdue(self, m: int, since_s: float, available: int = 0) -> bool:
+        """m drafts this late (since_s: since the restart, or since the wait began with `available` on offer): the
+        wait is given up (the caller goes with what is on offer)."""
+        return since_s > OVERDUE * self.due_s(m, available)
 
 
 SETTINGS = {"policy": StepPolicy, "sync": SyncPolicy, "offered": OfferedPolicy}   # the step's named settings

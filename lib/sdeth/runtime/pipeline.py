@@ -545,19 +545,20 @@ class DraftFeed:
         return drafts
 
     def _choose(self, pos: int, m_max: int) -> list:
-        """A policy that holds (the step policy, sync) keeps its first choice while the drafts are on their way,
-        giving it up only once they are overdue (it then goes with what is on offer); the others choose again
-        after every slice of waiting."""
+        """A policy that holds (the step policy) keeps its first choice while the drafts are on their way, giving it
+        up only once they are overdue (it then goes with what is on offer); the others choose again after every
+        slice of waiting."""
         stream, view, est = self.stream, self.stream.view, self.est
         stream.poll()
-        t_w, fresh, m = time.perf_counter(), view.received == 0, None
+        t_w, fresh, m, avail0 = time.perf_counter(), view.received == 0, None, 0
         while True:
             drafts = view.chain(pos, m_max)
-            since = time.perf_counter() - view.t_epoch
+            now = time.perf_counter()
             if m is None or not getattr(est, "holds", False):
-                m = est.choose_m(len(drafts), m_max, view.received == 0, since)
-            elif fresh and isinstance(est, StepPolicy) and est.overdue(m, since):
-                m = len(drafts)            # the restart's drafts are late: go with what is on offer
+                m, avail0 = est.choose_m(len(drafts), m_max, view.received == 0, now - view.t_epoch), len(drafts)
+            elif isinstance(est, StepPolicy) and (est.overdue(m, now - view.t_epoch) if fresh
+                                                  else est.overdue(m, now - t_w, avail0)):
+                m = len(drafts)            # the drafts are late (a stall): go with what is on offer
             if m == 0 and drafts and self.plain_run >= EXPLORE_EVERY:
                 m = min(len(drafts), 2)    # keep alpha's estimate current: verify what is here
             if m <= len(drafts):
