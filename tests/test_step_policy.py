@@ -81,3 +81,14 @@ def test_a_stalled_restart_is_covered_by_plain_steps():
 def test_an_unknown_setting_names_the_choices(bad):
     with pytest.raises(ValueError, match="policy, sync, offered"):
         costmodel.step_setting(bad)
+
+
+def test_a_run_names_its_step_policy_and_a_bad_one_says_the_choices():
+    from sdeth.study.config import ConfigError, RunConfig
+    pipe = dict(mode="pipelined", placement="ethernet")
+    assert RunConfig(**pipe).check().step_policy == "policy"
+    assert RunConfig(**pipe, adaptive=False).check().step_policy == "fixed"
+    assert RunConfig(**pipe, policy="sync").check().step_policy == "sync"
+    assert RunConfig(mode="sd").check().step_policy == ""
+    with pytest.raises(ConfigError, match="policy 'wait'.*policy, sync, offered"):
+        RunConfig(**pipe, policy="wait").check()
