@@ -32,6 +32,28 @@ def test_pipelined_points_against_a_real_draft_server():
     assert not server.d.seqs                                       # every stream ended (End, Ended)
 
 
+def test_the_emulated_targets_play_the_step_policy_named():
+    """sync waits for k drafts a stream, offered never waits; each point says which it played."""
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    server = build_server(FastDecoder(tiny_qwen3(0), 8), sb.welcome("tiny", 300, 8),
+                          DraftServerConfig(8, 256, ttl_s=30, prefill_chunk=64, limits=ServerLimits(reserve=0)))
+    threading.Thread(target=server.serve, args=(addr,), kwargs={"max_seconds": 40}, daemon=True).start()
+    tv = {(1, m): 6.0 + m for m in range(sb.PIPELINED_K + 1)}
+    got = {}
+    with sb.Targets(1) as pool:
+        import time
+        for policy in ("sync", "offered", "policy"):
+            res, g = {}, sb.Grid(remote_s=1.0, pipelined=((1, 1),), prompt=16, context=120, policy=policy)
+            sb.pipelined_part(res, "Qwen3-1.7B", addr, pool, tv, 300, g, time.time() + 30, lambda line: None,
+                              lambda: None)
+            got[policy] = res["remote_pipelined"]["points"][0]
+    for policy, p in got.items():
+        assert "error" not in p, p
+        assert p["step_policy"] == policy and p["steps"] > 20
+    assert got["sync"]["offered_mean"] > sb.PIPELINED_K - 0.5 and got["sync"]["wait_ms_mean"] > 0.5
+    assert got["offered"]["wait_ms_mean"] < 0.5
+
+
 def test_a_message_the_server_refused_whole_ends_the_point_naming_it():
     """A refused message (an Error: a Commits or an Open dropped past the server's per-connection queue) leaves the
     streams out of step with the server: take() stops there with the server's words, not at a later desync."""

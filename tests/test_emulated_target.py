@@ -162,20 +162,23 @@ def test_its_answers_are_the_synthetic_targets(tmp_path):
 
 @pytest.mark.slow
 def test_bench_sd_runs_every_link_mode_against_an_emulated_target(tmp_path):
-    """target-only, sync and pipelined over loopback workers, the target emulated (a 15 ms step, so that drafting
-    pays beside the tiny CPU draft): identical outputs, speedups with intervals, and every figure labelled."""
+    """target-only, sync and pipelined (under the step policy and at its two corners) over loopback workers, the
+    target emulated (a 15 ms step, so that drafting pays beside the tiny CPU draft): identical outputs, speedups
+    with intervals, every figure labelled, each pipelined row naming its step policy."""
     from sdeth.cli import main
     spec = f"{times_file(tmp_path, 15.0, 16.0)}:Qwen3-8B"
     out = tmp_path / "b.json"
     assert main(["bench", "sd", "--pair", "random-tiny", "--synthetic-alpha", "0.7", "--device", "cpu",
                  "--draft-device", "", "--impl", "hf", "--compile", "", "--capacity", "256", "--requests", "3",
-                 "--context", "16", "--max-tokens", "16", "--k-max", "6", "--modes", "sync,pipelined",
+                 "--context", "16", "--max-tokens", "16", "--k-max", "6",
+                 "--modes", "sync,pipelined,pipelined-sync,pipelined-offered",
                  "--emulate-target", spec, "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     label = f"emulated target (measured verify times from {spec.rsplit(':', 1)[0]}, Test GPU)"
     assert res["target_emulation"]["label"] == label and res["config"]["target_emulate"] == spec
     rows = {r["mode"]: r for r in res["rows"]}
-    assert list(rows) == ["target-only", "sync", "pipelined"]
+    assert list(rows) == ["target-only", "sync", "pipelined", "pipelined-sync", "pipelined-offered"]
+    assert [rows[m]["step_policy"] for m in list(rows)[2:]] == ["policy", "sync", "offered"]
     for r in rows.values():
         assert r["identical_to_target_only"] and r["output_tokens"] == 48 and r["label"] == f"{r['mode']}: {label}"
         assert r["speedup_ci95"][0] <= r["speedup"] <= r["speedup_ci95"][1] and r["predicted_speedup"] is not None

@@ -26,15 +26,26 @@ class RandomPolicy(AdaptivePolicy):
         return self.rng.randint(0, min(available + 1, m_max))
 
 
-def _run(seed, s, max_tokens=40, k=4, die_after=0, gen=None, start=0, device="cpu", cache=None):
-    """cache: (fanout, depth, ranks) of the outcome cache (None: off)."""
+class PinnedRule(costmodel.StepPolicy):
+    """The step policy held at a rule between its corners: wait for 2 when nothing is on offer, for 1 more when
+    one is, never more than 3 (its waits, held choices and caps all played)."""
+    def rule(self, m_max):
+        return costmodel.WaitRule(2, 2, 3)
+
+
+SETTINGS = {"policy": costmodel.StepPolicy, "sync": costmodel.SyncPolicy, "offered": costmodel.OfferedPolicy,
+            "between": PinnedRule}
+
+
+def _run(seed, s, max_tokens=40, k=4, die_after=0, gen=None, start=0, device="cpu", cache=None, est=None):
+    """cache: (fanout, depth, ranks) of the outcome cache (None: off); est: the step's policy (RandomPolicy)."""
     if cache:
         stream = LocalStream(row_bigram(DRAFT, device), s, seed=seed, die_after=die_after, window=2 * k + 2,
                              fanout=cache[0], depth=cache[1], ranks=cache[2])
     else:
         stream = LocalStream(BigramEngine(DRAFT, device), s, seed=seed, die_after=die_after, window=2 * k + 2)
     return pipeline.generate_pipelined(BigramEngine(TARGET, device), stream, [start], max_tokens, k, s, None, gen,
-                                       est=RandomPolicy(seed))
+                                       est=est or RandomPolicy(seed))
 
 
 @pytest.mark.parametrize("die_after", [0, 5])
@@ -100,11 +111,12 @@ def test_commits_made_before_a_restart_is_seen_are_compared_in_the_new_epoch():
     assert view.epoch == d.epoch and [t for t, _ in view.chain(3, 8)] == [nxt[2]]
 
 
-def _pvalue(s, n=8000, seed=0, device="cpu", cache=None):
+def _pvalue(s, n=8000, seed=0, device="cpu", cache=None, policy=None):
     gen = torch.Generator(device).manual_seed(seed)
     counts = torch.zeros(V * V)
     for i in range(n):
-        r = _run(seed * 100000 + i, s, max_tokens=3, k=3, gen=gen, device=device, cache=cache)
+        r = _run(seed * 100000 + i, s, max_tokens=3, k=3, gen=gen, device=device, cache=cache,
+                 est=policy() if policy else None)
         b, c = r.output_ids[1:3]
         counts[b * V + c] += 1
     p = verify.probs(TARGET, s)
@@ -118,6 +130,25 @@ def _pvalue(s, n=8000, seed=0, device="cpu", cache=None):
 @pytest.mark.parametrize("draft_sampled", [True, False])
 def test_pipelined_sampling_reproduces_target_distribution(draft_sampled):
     assert _pvalue(Sampling(1.0, draft_sampled=draft_sampled)) > 1e-3
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_greedy_pipelined_equals_target_only_under_each_step_policy(setting):
+    """The step policy at its corners (sync, offered), as it learns (policy) and held between them: it decides
+    how many drafts to verify and when, never what is committed."""
+    s = Sampling()
+    est = SETTINGS[setting]()                    # one policy across requests, as a target worker keeps it
+    for seed in range(100):
+        start = seed % V
+        ref = loop.generate_target_only(BigramEngine(TARGET), [start], 40, s, None)
+        r = _run(seed, s, die_after=5 if seed % 4 == 0 else 0, start=start, est=est)
+        assert r.output_ids == ref.output_ids, seed
+        assert r.step_policy == ("PinnedRule" if setting == "between" else setting)
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_pipelined_sampling_reproduces_target_distribution_under_each_step_policy(setting):
+    assert _pvalue(Sampling(1.0), n=4000, policy=SETTINGS[setting]) > 1e-3
 
 
 @pytest.mark.parametrize("cache", [(2, 3, 1), (4, 2, 2), (1, 1, 1)])

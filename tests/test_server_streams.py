@@ -50,10 +50,10 @@ def _streams(addr, hello, pair, prompts) -> list:
 def model_range(alpha: float, verify_s: float, step_s: float, rtt_s: float) -> tuple[float, float]:
     """The event model's drafts verified per round over the measured costs' spread on a shared CPU: the draft's
     period from its device step to 2.5 times it (host work between steps), the verify from 0.8 to 1.25 times
-    its mean."""
+    its mean. The model plays the loop's own step policy (costmodel.StepPolicy)."""
     def verified(v, period):
         c = Costs(v, step_s, {m: v for m in range(2, K + 2)}, rtt=rtt_s, draft_period=period)
-        return simulate_pipelined(alpha, c, K, n_tokens=4000)["verified_per_round"]
+        return simulate_pipelined(alpha, c, K, n_tokens=4000, policy="policy")["verified_per_round"]   # the loop's
     return verified(0.8 * verify_s, 2.5 * step_s), verified(1.25 * verify_s, step_s)
 
 

@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--k", type=int, default=3, help="speculative tokens per round (the most, if adaptive/pipelined)")
     r.add_argument("--adaptive", type=_bool_switch, metavar="on|off",
                    help="choose k per round from measured alpha and costs (default: on for pipelined, off for sd)")
+    r.add_argument("--policy", default="", help="pipelined: the step's policy, policy (long-run tokens/s; the "
+                   "default when adaptive), sync (always wait for k), offered (go with what is on offer), adaptive "
+                   "(one round's rate) or fixed (the default when not adaptive)")
     r.add_argument("--rtt-sweep", metavar="MS,MS,...",
                    help="the RTT sweep (e.g. 0,0.2,1,5,20): target-only, colocated SD, then sync and pipelined SD "
                         "over the link at each round trip; prints measured and predicted speedups")
@@ -96,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--k-max", type=int, default=8, help="the most k of adaptive and pipelined")
     b.add_argument("--modes", default="target-only,colocated,sync,adaptive,pipelined,cached",
                    help="cached: pipelined with the outcome cache (--cache); auto: pipelined, the target's model "
-                   "turning the cache on per request where it predicts a gain")
+                   "turning the cache on per request where it predicts a gain; pipelined-sync, pipelined-offered, "
+                   "pipelined-adaptive: pipelined under that step policy (pipelined: the step policy)")
     b.add_argument("--cache", default="auto", help="the outcome cache of mode 'cached': FANOUT[xDEPTH[xRANKS]] "
                    "(auto: runtime.pipeline.CACHE_DEFAULT)")
     b.add_argument("--seed", type=int, default=0)
@@ -180,7 +184,7 @@ def build_config(a):
                      top_p=a.top_p, top_k=a.top_k, draft_sampled=a.draft_sampled, prompts=a.prompts,
                      max_tokens=a.max_tokens, chat=not a.raw_prompts, thinking=a.thinking, seed=a.seed,
                      device=a.device, placement=a.placement, rtt_ms=a.rtt_ms, max_len=a.max_len,
-                     engine=a.engine, adaptive=a.adaptive, impl=a.impl, cache=a.cache).check()
+                     engine=a.engine, adaptive=a.adaptive, impl=a.impl, cache=a.cache, policy=a.policy).check()
 
 
 # ---------------------------------------------------------------------------------- commands

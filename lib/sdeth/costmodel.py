@@ -9,7 +9,9 @@ tokens/s = E / T; target-only decodes 1 / target_step. Speedup = E / T * target_
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
 from typing import NamedTuple
 
 
@@ -246,6 +248,160 @@ class OfferedPolicy(AdaptivePolicy):
         return min(available, m_max)
 
 
+class SyncPolicy(AdaptivePolicy):
+    """Sync ("always wait for k"): every round verifies k streamed drafts, waiting for them; a named setting kept
+    for comparison with the step policy."""
+
+    def choose_m(self, available: int, m_max: int, fresh: bool = False, since_s: float = 0.0) -> int:
+        return m_max
+
+
+# ---------------------------------------------------------------------------------------------
+# The step policy: how many drafts to verify and how long to wait for them, for long-run tokens/s.
+
+CYCLE_ROUNDS = 160     # rounds of one restart cycle the renewal evaluation follows (the rest: survival < 1e-5)
+PHASES = (0.25, 0.75)  # where in its step the draft is when a Commit restarts it (restart latency: link + (1+u) steps)
+OVERDUE = 3.0          # a restart's drafts this many times later than due: the draft is stalled; step alone
+CORNER_MARGIN = 0.01   # a rule between the corners (sync, offered) is played only where the model puts it this much
+                       # above the better corner: the model's own error is about that (against the event model)
+RULE_EVERY = 32        # steps between two choices of the rule (the estimates move; a choice costs ~5 ms uncached)
+
+
+class WaitRule(NamedTuple):
+    """A target step's rule: verify min(cap, max(on offer, w)) drafts, waiting for them; w is `empty` when
+    nothing is on offer and `some` otherwise. offered is (0, 0, k), sync (k, k, k)."""
+    empty: int
+    some: int
+    cap: int
+
+    def m(self, available: int, m_max: int) -> int:
+        return min(self.cap, m_max, max(available, self.some if available else self.empty))
+
+
+def _cycle(alpha: float, tv: tuple, d: float, link: float, u: float, rule: WaitRule) -> tuple[float, float]:
+    """(E[tokens], E[seconds]) of one restart cycle under `rule` (renewal-reward: every cycle starts alike,
+    at the Commit that restarts the draft). The draft's new run arrives one token a period from link + (1+u)
+    periods on; a round of m drafts waits for the m-th, verifies (tv[m]: that forward plus the round's overhead),
+    and the cycle goes on while every draft is accepted and the target's own token is the draft's next one
+    (probability alpha once drafted; a position the draft had not reached is taken as given and the run goes on
+    one step behind). Deterministic along the way: the only branch is 'accepted, go on' or 'restart'."""
+    t, o, base, alive, tokens, secs = 0.0, 0, link + (1 + u) * d, 1.0, 0.0, 0.0
+    for _ in range(CYCLE_ROUNDS):
+        arrived = int((t - base) // d) + 1 if t >= base else 0
+        avail = max(arrived - o, 0)
+        m = rule.m(avail, len(tv) - 1)
+        end = max(t, base + (o + m - 1) * d) + tv[m] if m > avail else t + tv[m]
+        p_all = alpha ** m
+        tokens += alive * expected_tokens(alpha, m)
+        secs += alive * (end - t)
+        if base + (o + m) * d <= end + link:      # the draft's token at the target's own position: compared
+            alive *= p_all * alpha
+        else:                                     # not drafted yet: taken as given, the run one step behind
+            alive *= p_all
+            base = max(base - d, end + link + d - (o + m + 1) * d)
+        o, t = o + m + 1, end
+        if alive < 1e-5:
+            break
+    return tokens, secs
+
+
+def rule_rate(alpha: float, tv: tuple, d: float, link: float, rule: WaitRule) -> float:
+    """Long-run tokens/s of a rule: E[tokens per cycle] / E[seconds per cycle], over the restart's phases."""
+    alpha = min(alpha, 0.999)
+    runs = [_cycle(alpha, tv, d, link, u, rule) for u in PHASES]
+    return sum(r[0] for r in runs) / sum(r[1] for r in runs)
+
+
+@lru_cache(maxsize=4096)
+def best_rule(alpha: float, tv: tuple, d: float, link: float) -> tuple[WaitRule, float]:
+    """The rule with the highest long-run tokens/s for these costs (tv[m]: a round of m drafts, m = 0..k), and
+    that rate. Every rule with w <= cap <= k is scored (about 5 ms for k = 8); one between the corners only where
+    it beats the better corner by CORNER_MARGIN. Cached per (rounded) cost tuple."""
+    k = len(tv) - 1
+    corners = [(r, rule_rate(alpha, tv, d, link, r)) for r in (WaitRule(0, 0, k), WaitRule(k, k, k))]
+    rules = [WaitRule(e, s, cap) for cap in range(1, k + 1) for e in range(cap + 1) for s in range(cap + 1)]
+    best = max(((r, rule_rate(alpha, tv, d, link, r)) for r in rules), key=lambda x: x[1])
+    corner = max(corners, key=lambda x: x[1])
+    return best if best[1] > corner[1] * (1 + CORNER_MARGIN) else corner
+
+
+def _q(x: float, rel: float = 0.02) -> float:
+    """x rounded to about rel (so that costs measured a hair apart share a cached table)."""
+    if x <= 0:
+        return 0.0
+    return round(math.exp(round(math.log(x) / rel) * rel), 9)
+
+
+class StepPolicy(AdaptivePolicy):
+    """The step policy ("policy", the default of every remote mode): each target step chooses how many drafts to
+    verify and how long to wait for them, maximising long-run tokens/s from what it measures: alpha, t_v(m), the
+    draft's period and the restart latency. Among the wait rules (WaitRule: on nothing on offer wait for `empty`,
+    on some wait for `some`, never more than `cap`) it plays the one whose renewal-reward rate over a restart
+    cycle (best_rule) is highest: a round is worth what it yields plus the state it leaves the next one in,
+    not its own ratio. A restart whose drafts are OVERDUE times later than due (a draft still prefilling, a stall)
+    is covered by plain steps. The event model (simulate_pipelined) plays this very object."""
+    holds = True     # the step's first choice stands while its drafts are on their way (runtime.pipeline.DraftFeed)
+    _rule: tuple[int, int, WaitRule] | None = None      # (steps until it is chosen again, for k, the rule)
+
+    def rule(self, m_max: int) -> WaitRule | None:
+        """The rule for rounds of at most m_max drafts, chosen again every RULE_EVERY steps; None until the costs
+        are measured. m_max below the run's k (the last tokens of a request) caps the rule."""
+        if self._rule is not None and self._rule[0] > 0 and self._rule[1] >= m_max:
+            self._rule = (self._rule[0] - 1, *self._rule[1:])
+            return self._rule[2]
+        c = self.costs()
+        if c is None:
+            return None
+        k = max(m_max, 1)
+        tv = tuple(_q(c.verify(m + 1) + c.overhead) for m in range(k + 1))
+        d = _q(self.period or c.draft_step)
+        link = _q(self.link if self.link is not None else c.rtt)
+        self._rule = (RULE_EVERY - 1, k, best_rule(round(self.alpha, 2), tv, d, link)[0])
+        return self._rule[2]
+
+    def due_s(self, m: int, available: int = 0) -> float:
+        """When the m-th draft is due, from a restart (available = 0) or from now (one period per draft); never,
+        until the costs are measured."""
+        c = self.costs()
+        if c is None:
+            return math.inf
+        d = self.period or c.draft_step
+        link = self.link if self.link is not None else c.rtt
+        return link + (m + 0.5) * d if not available else (m - available) * d
+
+    def choose_m(self, available: int, m_max: int, fresh: bool = False, since_s: float = 0.0) -> int:
+        rule = self.rule(m_max)
+        if rule is None:
+            return min(max(available, 1), m_max)
+        m = rule.m(available, m_max)
+        if fresh and m > available and self.overdue(m, since_s):
+            return min(available, m_max)       # stalled: go with what is on offer
+        return m
+
+    def overdue(self, m: int, since_s: float, available: int = 0) -> bool:
+        """m drafts this late (since_s: since the restart, or since the wait began with `available` on offer): the
+        wait is given up (the caller goes with what is on offer)."""
+        return since_s > OVERDUE * self.due_s(m, available)
+
+
+SETTINGS = {"policy": StepPolicy, "sync": SyncPolicy, "offered": OfferedPolicy}   # the step's named settings
+POLICIES = {"adaptive": AdaptivePolicy, "fixed": FixedPolicy, **SETTINGS}   # ... and the earlier rules, by name
+
+
+def step_setting(name: str) -> type[AdaptivePolicy]:
+    """The pipelined step's policy named `name`: one of SETTINGS ("policy": the step policy, the remote modes'
+    default; "sync": always wait for k; "offered": go with what is on offer), or the earlier rules kept by name
+    ("adaptive": one round's best rate; "fixed": what is on offer, waiting for one); a ValueError otherwise."""
+    if name not in POLICIES:
+        raise ValueError(f"step policy {name!r}: use one of {', '.join(POLICIES)} (e.g. --policy policy)")
+    return POLICIES[name]
+
+
+def setting_of(est: AdaptivePolicy) -> str:
+    """The name a policy object plays under (POLICIES); its class name when it is none of them (a test double)."""
+    return next((name for name, cls in POLICIES.items() if type(est) is cls), type(est).__name__)
+
+
 class DraftStep(NamedTuple):
     """One token of the modelled draft's current run."""
     pos: int            # the position it drafts
@@ -272,6 +428,7 @@ class _ModelDraft:
         self.acked = 1                  # positions < acked were committed when the last Commit arrived
         self.restarts = self.hits = 0
         self.t_restart = 0.0            # when the target sent the Commit that last restarted the run
+        self.t_first = 2 * one_way + period   # when the current run's first token reaches the target
 
     def produce_until(self, when: float, upto_pos: int = -1) -> None:
         """Every step that ends by `when`, and at least up to position upto_pos."""
@@ -298,9 +455,10 @@ class _ModelDraft:
                 self.run.extend(DraftStep(p + j, mine.end + j * d, self.rng.random() < self.alpha)
                                 for j in range(1, c.depth + 1))
                 self.next_pos, self.last_end = p + c.depth + 1, max(mine.end + c.depth * d, busy, arrive)
+                self.t_first = mine.end + d + self.one_way
             else:
                 self.next_pos, self.last_end = p + 1, max(busy, arrive)
-                self.t_restart = sent
+                self.t_restart, self.t_first = sent, self.last_end + d + self.one_way
 
     def arrived(self, out: int, t: float) -> tuple[list[DraftStep], int, bool]:
         """The run from position `out` on; how many of its first tokens are at the target by t, in order;
@@ -312,7 +470,6 @@ class _ModelDraft:
         return run, avail, not any(x.end + self.one_way <= t for x in self.run)
 
 
-POLICIES = {"adaptive": AdaptivePolicy, "fixed": FixedPolicy, "offered": OfferedPolicy}
 
 
 def _policy(alpha: float, c: Costs, k_max: int, adaptive: bool | str, period: float | None) -> "AdaptivePolicy":
@@ -324,6 +481,7 @@ def _policy(alpha: float, c: Costs, k_max: int, adaptive: bool | str, period: fl
     est.verify_s = {m: c.verify(m) for m in range(1, k_max + 2)}
     if period is not None:
         est.draft_step = period
+    est.link = c.link_rtt
     return est
 
 
@@ -352,12 +510,15 @@ def simulate_pipelined(alpha: float, c: Costs, k_max: int, n_tokens: int = 20000
     terms = CacheTerms(*cache) if cache else CacheTerms(0, 0, 0.0, 1.0)
     period = c.draft_period or c.draft_step * terms.row_cost
     est = _policy(alpha, c, k_max, policy or adaptive, period if cache and not c.draft_period else None)
+    est.period = period                              # the draft's wall step, as the runtime measures it
     draft = _ModelDraft(alpha, period, (c.rtt if c.link_rtt is None else c.link_rtt) / 2, terms, random.Random(seed))
     t, out = 0.0, 1              # target clock (s); positions < out are committed
     idle, rounds, verified, plain = 0.0, 0, 0, 0
     while out < n_tokens:
         draft.produce_until(t - draft.one_way)
         run, avail, fresh = draft.arrived(out, t)
+        if getattr(est, "holds", False):
+            fresh = t < draft.t_first                   # the step policy's fresh: nothing of this run has arrived
         m = est.choose_m(avail, k_max, fresh, t - draft.t_restart)
         if m > avail:                                   # wait for the m-th token
             draft.produce_until(-1, out + m - 1)

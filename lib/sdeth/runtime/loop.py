@@ -46,6 +46,7 @@ class RequestRecord:
     tail_steps: int = 0             # target-only steps at the end, with no room left to draft
     k_trace: list[int] = field(default_factory=list)   # drafts verified per round (adaptive k / pipelined)
     plain_steps: int = 0            # pipelined: rounds the target stepped alone rather than wait for drafts
+    step_policy: str = ""          # pipelined: the step's policy, by its setting's name (costmodel.POLICIES)
     drafted: int = 0                # pipelined: tokens the draft streamed (used, or dropped with a run)
     rtt_est_ms: float | None = None # pipelined: the target's running estimate of the link round trip
     link_rtt_ms: float | None = None  # pipelined, remote: the link's own round trip (two transits, as learnt)

@@ -22,8 +22,10 @@ survives.
 
 Each target round verifies m >= 0 streamed drafts in one forward of [x, d1..dm] (x: the last
 committed token, not yet in its cache) and commits the accepted ones plus its own token; m = 0 is
-a plain target step. m is chosen per round by costmodel.AdaptivePolicy.choose_m from the measured alpha,
-draft step, verify costs and round trip: wait for more drafts only when that pays. Lossless for the
+a plain target step. m, and how long to wait for it, is chosen per round by a named policy (costmodel.SETTINGS;
+the default, costmodel.StepPolicy, maximises long-run tokens/s from the measured alpha, draft period, verify costs
+and restart latency; "sync" always waits for k, "offered" goes with what is on offer): wait for more drafts only
+when that pays. Lossless for the
 same reason as synchronous SD: every committed token is either the target's own sample or a draft
 token accepted against the q the draft used, in the context the target committed.
 
@@ -47,7 +49,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..costmodel import AdaptivePolicy
+from ..costmodel import AdaptivePolicy, StepPolicy, setting_of
 from .engine import Engine, HostCopy, HostPart
 from .loop import (DraftUnavailable, RequestRecord, _done, _finish, begin_request, choose_host_token, draft_prefill,
                    draft_token, note_round, note_width, q_support, start_draft)
@@ -543,12 +545,20 @@ class DraftFeed:
         return drafts
 
     def _choose(self, pos: int, m_max: int) -> list:
+        """A policy that holds (the step policy) keeps its first choice while the drafts are on their way, giving it
+        up only once they are overdue (it then goes with what is on offer); the others choose again after every
+        slice of waiting."""
         stream, view, est = self.stream, self.stream.view, self.est
         stream.poll()
-        t_w = time.perf_counter()
+        t_w, fresh, m, avail0 = time.perf_counter(), view.received == 0, None, 0
         while True:
             drafts = view.chain(pos, m_max)
-            m = est.choose_m(len(drafts), m_max, view.received == 0, time.perf_counter() - view.t_epoch)
+            now = time.perf_counter()
+            if m is None or not getattr(est, "holds", False):
+                m, avail0 = est.choose_m(len(drafts), m_max, view.received == 0, now - view.t_epoch), len(drafts)
+            elif isinstance(est, StepPolicy) and (est.overdue(m, now - view.t_epoch) if fresh
+                                                  else est.overdue(m, now - t_w, avail0)):
+                m = len(drafts)            # the drafts are late (a stall): go with what is on offer
             if m == 0 and drafts and self.plain_run >= EXPLORE_EVERY:
                 m = min(len(drafts), 2)    # keep alpha's estimate current: verify what is here
             if m <= len(drafts):
@@ -586,8 +596,11 @@ def generate_pipelined(target: Engine, stream: DraftStream, prompt_ids: list[int
                        s: Sampling, eos: int | None, gen=None, prompt_id: str = "", est: AdaptivePolicy | None = None,
                        draft_timeout_s: float = 5.0, draft_seed: int | None = None) -> RequestRecord:
     """Pipelined SD for one request over a draft stream (roles.DraftStream), k_max drafts per round at most.
-    If the draft becomes unavailable, the request finishes on the target alone."""
-    est = est or AdaptivePolicy()
+    If the draft becomes unavailable, the request finishes on the target alone. est: the step's policy and its
+    estimates (default: the step policy, costmodel.StepPolicy); the record names its setting."""
+    est = est or StepPolicy()
+    if hasattr(stream, "est"):
+        stream.est = est                           # a stream that measures the draft feeds the policy
     req, t0, t_first, size, x = begin_request(target, prompt_ids, max_tokens, k_max, s, gen, prompt_id)
     feed = DraftFeed(stream, est, draft_timeout_s,
                      alive=start_draft(req, stream.start, prompt_ids, size, x, seed=draft_seed))
@@ -632,3 +645,4 @@ def _record_stream(req: RequestRecord, target: Engine, feed: DraftFeed) -> None:
     req.stream_restarts, req.cache_hits = view.restarts, view.hits
     req.branch_tokens = stats.branched
     req.wire_s = feed.wait_s                       # target idle, waiting for streamed drafts
+    req.step_policy = setting_of(est)

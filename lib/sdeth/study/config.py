@@ -15,6 +15,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from ..costmodel import POLICIES
 from ..models import prompts as P
 from ..runtime import EngineConfig
 from ..runtime.fastmodel import FastOptions
@@ -70,6 +71,8 @@ class RunConfig:
     mode: str = "sd"                # target-only | sd (synchronous rounds) | pipelined (draft streams ahead)
     k: int = 3                      # speculative tokens per round (the most, when adaptive or pipelined)
     adaptive: bool | None = None    # choose k per round from measured alpha and costs (None: on for pipelined only)
+    policy: str = ""                # pipelined: the step's policy, one of costmodel.POLICIES ("": "policy", the step
+                                    # policy, when adaptive, else "fixed"); "sync" and "offered" are its corners
     temperature: float = 0.0        # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0
@@ -132,6 +135,8 @@ class RunConfig:
             raise ConfigError(f"engine {self.engine!r} runs its draft in the same process: use placement 'colocated'")
         if self.rtt_ms < 0:
             raise ConfigError(f"rtt_ms={self.rtt_ms}: must be >= 0")
+        if self.policy and self.policy not in POLICIES:
+            raise ConfigError(f"policy {self.policy!r}: use one of {', '.join(POLICIES)} (the pipelined step's policy)")
 
     def _check_levers(self) -> None:
         if self.impl not in ("hf", "fast"):
@@ -221,6 +226,13 @@ class RunConfig:
     @property
     def adapts(self) -> bool:
         return self.adaptive if self.adaptive is not None else self.mode == "pipelined"
+
+    @property
+    def step_policy(self) -> str:
+        """The pipelined step's policy by name ("" for the other modes)."""
+        if self.mode != "pipelined":
+            return ""
+        return self.policy or ("policy" if self.adapts else "fixed")
 
     def outcome_cache(self) -> str:
         """The outcome cache this run uses (a pipeline.parse_cache spec): 'auto' resolved."""

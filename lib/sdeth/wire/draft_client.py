@@ -230,7 +230,9 @@ class ServerDrafter(ServerDraft):
 class ServerStream:
     """One pipelined sequence on a draft server as the pipelined loop's draft stream (runtime.roles.DraftStream):
     Open(stream) and the first token's commit at start, a Commits message per commit, Streamed rows into the
-    view (runtime.pipeline.StreamView has the rules)."""
+    view (runtime.pipeline.StreamView has the rules). With est (the pipelined loop's policy; generate_pipelined
+    sets it) it feeds what the step's policy needs: the server's step, its period (launch to launch, between two
+    tokens of one run) and a restart's latency (the commit that restarted the run to its first token, less a step)."""
 
     def __init__(self, client: DraftServerClient, s: Sampling = Sampling(), q_top: int = 64, window: int = 8,
                  device="cpu", name: str = ""):
@@ -238,6 +240,8 @@ class ServerStream:
         self.c, self.s, self.q_top, self.window, self.device = client, s, q_top, window, torch.device(device)
         self.name, self.count, self.view = name or f"{os.getpid()}-{id(self):x}", 0, StreamView()
         self.seq, self.gen, self.compute_s, self.streamed = "", 0, 0.0, 0
+        self.est = None
+        self._last = (-1, -1, 0.0)               # (epoch, pos, stepped_at) of the last token of this stream
 
     def start(self, prompt_ids, size, first, s=None, seed=None):
         self.count += 1
@@ -267,8 +271,21 @@ class ServerStream:
                 continue
             self.streamed += 1
             self.compute_s += m.draft_ms / 1e3 / max(len(m.rows), 1)
+            self._observe(r, m)
             self.view.on_drafted(r.epoch, r.pos, r.token,
                                  q_from_pairs(r.q_idx, r.q_val, self.c.peer.vocab_size, self.device))
+
+    def _observe(self, r, m) -> None:
+        """The step's policy's inputs from one streamed token (see the class)."""
+        est, (epoch, pos, at) = self.est, self._last
+        self._last = (r.epoch, r.pos, m.stepped_at)
+        if est is None or not m.batch:
+            return
+        est.observe_draft(m.draft_ms / 1e3)
+        if r.epoch == epoch and r.pos == pos + 1 and m.stepped_at > at:
+            est.observe_period(m.stepped_at - at)
+        if 0 < r.epoch == self.view.epoch and self.view.received == 0:     # (epoch 0 waits for the prefill)
+            est.observe_rtt(time.perf_counter() - self.view.t_epoch - m.draft_ms / 1e3)
 
     def poll(self) -> None:
         try:

@@ -277,6 +277,8 @@ class Generate(msgspec.Struct, tag="generate"):
     seed: Seed = 0
     cache: str = "off"             # pipelined: the outcome cache, "off", "auto" (the target's model decides per
                                    # request) or FANOUT[xDEPTH[xRANKS]]
+    policy: str = ""               # pipelined: the step's policy (costmodel.POLICIES; "": "policy" when adaptive,
+                                   # else "fixed")
 
 
 class Generated(msgspec.Struct, tag="generated"):

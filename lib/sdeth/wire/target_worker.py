@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from ..costmodel import AdaptivePolicy, FixedPolicy
+from ..costmodel import AdaptivePolicy, step_setting
 from ..models.presets import tokenizer_hash
 from ..runtime.loop import DraftUnavailable, generate_sd, generate_target_only
 from ..runtime.pipeline import StreamView, generate_pipelined, parse_cache
@@ -116,10 +116,17 @@ class TargetWorker:
                     self.health.mark_down(self.why_not)
         return self.drafter
 
+    @staticmethod
+    def policy_for(msg: protocol.Generate) -> AdaptivePolicy:
+        """Sync SD: adaptive k's estimates. Pipelined: the step's policy named in the message ("": the step policy
+        when adaptive, else the fixed rule)."""
+        if msg.mode != "pipelined":
+            return AdaptivePolicy()
+        return step_setting(msg.policy or ("policy" if msg.adaptive else "fixed"))()
+
     def decode(self, msg: protocol.Generate, drafter, s: Sampling, gen):
         """Decode one SD request (sync or pipelined); (record, the outcome cache used, why)."""
-        est = self.estimators.setdefault(f"{msg.mode}-{msg.k}-{msg.adaptive}",
-                                         AdaptivePolicy() if msg.adaptive or msg.mode != "pipelined" else FixedPolicy())
+        est = self.estimators.setdefault(f"{msg.mode}-{msg.k}-{msg.adaptive}-{msg.policy}", self.policy_for(msg))
         source = drafter or _NoDraft(self.why_not)
         draft_seed = msg.seed + DRAFT_SEED_OFFSET
         if msg.mode != "pipelined":

@@ -31,8 +31,12 @@ MODES = {
     "pipelined": dict(mode="pipelined", placement="ethernet", adaptive=True, cache="off"),
     "cached": dict(mode="pipelined", placement="ethernet", adaptive=True),   # pipelined with the outcome cache
     "auto": dict(mode="pipelined", placement="ethernet", adaptive=True, cache="auto"),   # the target's model decides
+    # pipelined under another step policy (costmodel.POLICIES; "pipelined" plays the step policy): its corners,
+    # sync (always wait for k) and offered (go with what is on offer), and one round's best rate
+    **{f"pipelined-{p}": dict(mode="pipelined", placement="ethernet", adaptive=True, cache="off", policy=p)
+       for p in ("sync", "offered", "adaptive")},
 }
-ADAPTS = ("adaptive", "pipelined", "cached", "auto")     # these take k_max as their k
+ADAPTS = ("adaptive", "pipelined", "cached", "auto", "pipelined-sync", "pipelined-offered", "pipelined-adaptive")
 
 
 def mode_config(base: RunConfig, name: str, k_max: int) -> RunConfig:
@@ -67,7 +71,8 @@ def compare(results: dict[str, dict]) -> list[dict]:
                "predicted_speedup": (s["predicted_tokens_per_s"] / base["summary"]["predicted_tokens_per_s"]
                                      if s.get("predicted_tokens_per_s") and base["summary"].get("predicted_tokens_per_s")
                                      else None),
-               "identical_to_target_only": identical_outputs(res, base)}
+               "identical_to_target_only": identical_outputs(res, base),
+               "step_policy": next((r["step_policy"] for r in res["requests"] if r.get("step_policy")), None)}
         if sum(p["judged"]):
             a = metrics.ratio_ci(p["accepted"], p["judged"])
             row.update(alpha=a[0], alpha_ci95=[a[1], a[2]])

@@ -13,12 +13,17 @@ the targets' t_v from `bench targets`), at alpha 0.71, for the verdict cache's g
 three hit inputs: the embedded trace's rank shares, the hit rate measured here on the CPU, and a synthetic 0.9.
 
     python -m sdeth bench ssd-cpu --json reports/ssd_cpu.json          # ~5 min on 2 CPU cores
+
+The pipelined loop's step policy (costmodel.POLICIES) is a dimension too: `--policies policy,sync,offered
+--specs off` sets the step policy beside its two corners; `--draft-core N` pins the draft server's thread to core N
+and the target loops to the others.
     (the same: python -m sdeth.study.bench.ssd_cpu ...)
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -27,6 +32,7 @@ from ... import hardware
 from ...place.testbed import free_port
 from ...runtime import make_engine
 from ...runtime.loop import generate_target_only
+from ...costmodel import step_setting
 from ...runtime.pipeline import generate_pipelined
 from ...runtime.verify import Sampling
 from ...wire import protocol
@@ -50,18 +56,36 @@ class SsdCpuConfig:
     rows: int = 16
     specs: tuple = ("off", "4x4x8", "8x4x16")
     streams: tuple = (1, 4)
+    policies: tuple = ("fixed",)       # the pipelined loop's step policies (costmodel.POLICIES); the verdict cache's
+                                       # model check (ssd_model.model_check) plays "fixed"
+    draft_core: int | None = None      # pin the draft server's thread to this core, the target loops to the others
 
 
-def _serve(pair, rows: int, spec: str, seconds: float):
+def _pinned(fn, cores: set | None):
+    """fn, run on these cores (Linux: the calling thread's affinity); as it is without cores."""
+    def run(*args, **kw):
+        if cores:
+            os.sched_setaffinity(0, cores)
+        return fn(*args, **kw)
+    return run
+
+
+def _cores(cfg: SsdCpuConfig, draft: bool) -> set | None:
+    if cfg.draft_core is None:
+        return None
+    return {cfg.draft_core} if draft else (set(os.sched_getaffinity(0)) - {cfg.draft_core}) or {cfg.draft_core}
+
+
+def _serve(pair, rows: int, spec: str, seconds: float, cores: set | None = None):
     server = pair_server(pair, DraftServerConfig(rows, 1024, verdict_cache=spec))
     addr = f"tcp://127.0.0.1:{free_port()}"
-    threading.Thread(target=server.serve, args=(addr,), kwargs={"max_seconds": seconds}, daemon=True,
+    threading.Thread(target=_pinned(server.serve, cores), args=(addr,), kwargs={"max_seconds": seconds}, daemon=True,
                      name=f"draft-server-{spec}").start()
     time.sleep(0.3)
     return server, addr
 
 
-def _streams(addr: str, pair, hello: protocol.Hello, shares: list, cfg: SsdCpuConfig) -> list:
+def _streams(addr: str, pair, hello: protocol.Hello, shares: list, cfg: SsdCpuConfig, policy: str = "policy") -> list:
     """One pipelined target loop per share of the prompts, each in its own thread with its own connection and
     engine; the records in prompt order of each share."""
     out, errs = {}, []
@@ -70,16 +94,16 @@ def _streams(addr: str, pair, hello: protocol.Hello, shares: list, cfg: SsdCpuCo
         try:
             c = DraftServerClient(addr, hello, timeout_s=60)
             eng = make_engine(pair.target, "target", "target", vocab=pair.vocab_size)
-            st = ServerStream(c, window=cfg.window)
+            st, est = ServerStream(c, window=cfg.window), step_setting(policy)()   # one policy a stream, learning on
             out[i] = []
             for pid, ids in shares[i]:
                 out[i].append((pid, generate_pipelined(eng, st, ids, cfg.max_tokens, cfg.k, Sampling(),
-                                                       pair.tokenizer.eos_token_id, prompt_id=pid)))
+                                                       pair.tokenizer.eos_token_id, prompt_id=pid, est=est)))
                 c.end_seq(st.seq)              # (waits for Ended, so the next prompt's Open finds the row free)
             c.close()
         except Exception as e:               # surfaced below
             errs.append(e)
-    ts = [threading.Thread(target=run, args=(i,)) for i in range(len(shares))]
+    ts = [threading.Thread(target=_pinned(run, _cores(cfg, False)), args=(i,)) for i in range(len(shares))]
     for t in ts:
         t.start()
     for t in ts:
@@ -115,22 +139,24 @@ def _components(recs: list, server, c0: float, s0: int, ping_ms: float) -> dict:
             "link_rtt_ms": round(ping_ms, 3)}
 
 
-def point(pair, prompts: list, ref: dict, spec: str, n: int, cfg: SsdCpuConfig) -> dict:
-    """One (cache spec, stream count): the server's cache counters, the clients' records, outputs checked."""
-    server, addr = _serve(pair, cfg.rows, spec, 900)
+def point(pair, prompts: list, ref: dict, spec: str, n: int, cfg: SsdCpuConfig, policy: str = "policy") -> dict:
+    """One (cache spec, stream count, step policy): the server's cache counters, the clients' records, outputs
+    checked."""
+    server, addr = _serve(pair, cfg.rows, spec, 900, _cores(cfg, True))
     hello = protocol.Hello(protocol.PROTOCOL_VERSION, "target", pair.config.target, pair.vocab_size,
                            server.me.tokenizer_sha, server.me.dtype)
     ping_ms = _ping_ms(addr, hello)
     c0, s0 = server.d.dec.clock.seconds, server.steps
     t0 = time.perf_counter()
-    recs = _streams(addr, pair, hello, [prompts[i::n] for i in range(n)], cfg)
+    recs = _streams(addr, pair, hello, [prompts[i::n] for i in range(n)], cfg, policy)
     wall = time.perf_counter() - t0
     steps = server.steps - s0                    # stream steps (branch rows ride in them)
     tokens = sum(len(r.output_ids) for _, r in recs)
     decoded = sum(max(len(r.output_ids) - 1, 0) for _, r in recs)
     rounds = sum(r.rounds for _, r in recs)
     acc, rej = sum(r.accepted_tokens for _, r in recs), sum(r.rejections for _, r in recs)
-    p = {"cache": spec, "streams": n, "prompts": len(recs), "tokens": tokens,
+    p = {"cache": spec, "streams": n, "step_policy": policy, "prompts": len(recs), "tokens": tokens,
+         "tokens_per_s": round(tokens / wall, 2) if wall else None,
          "greedy_identical": all(r.output_ids == ref[pid] for pid, r in recs),
          "target_steps": rounds, "tokens_per_target_step": round(decoded / rounds, 3) if rounds else None,
          "alpha": round(acc / (acc + rej), 3) if acc + rej else None,
@@ -154,7 +180,7 @@ def point(pair, prompts: list, ref: dict, spec: str, n: int, cfg: SsdCpuConfig) 
 
 
 def measure(pair, cfg: SsdCpuConfig, progress=print) -> dict:
-    """Target-only on the prompts (the reference), then every (spec, streams) point."""
+    """Target-only on the prompts (the reference), then every (streams, spec, step policy) point."""
     prompts = encode_prompts(RunConfig(mode="target-only", prompts=cfg.prompts, max_tokens=cfg.max_tokens),
                              pair.tokenizer)
     eng = make_engine(pair.target, "target", "target", vocab=pair.vocab_size)
@@ -167,14 +193,14 @@ def measure(pair, cfg: SsdCpuConfig, progress=print) -> dict:
                                                                             ref_tokens, 2)},
            "points": []}
     ref = {r.prompt_id: r.output_ids for r in refs}
-    for n in cfg.streams:
-        for spec in cfg.specs:
-            p = point(pair, prompts, ref, spec, n, cfg)
-            out["points"].append(p)
-            v = p.get("verdict_cache") or {}
-            progress(f"cache {spec} x {n} streams: identical {p['greedy_identical']}, tokens/step "
-                     f"{p['tokens_per_target_step']}, restarts {p['restarts']}, hit rate {v.get('hit_rate')}, "
-                     f"branches {v.get('branches')}, {p['wall_ms_per_token']} ms/token (CPU), {p['wall_s']} s")
+    for n, spec, policy in ((n, spec, policy) for n in cfg.streams for spec in cfg.specs for policy in cfg.policies):
+        p = point(pair, prompts, ref, spec, n, cfg, policy)
+        out["points"].append(p)
+        v = p.get("verdict_cache") or {}
+        progress(f"cache {spec} x {n} streams, {policy}: identical {p['greedy_identical']}, tokens/s "
+                 f"{p['tokens_per_s']}, tokens/step "
+                 f"{p['tokens_per_target_step']}, restarts {p['restarts']}, hit rate {v.get('hit_rate')}, "
+                 f"branches {v.get('branches')}, {p['wall_ms_per_token']} ms/token (CPU), {p['wall_s']} s")
     return out
 
 
@@ -184,13 +210,21 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-tokens", type=int, default=SsdCpuConfig.max_tokens, help="tokens per prompt")
     ap.add_argument("--specs", default=",".join(SsdCpuConfig.specs), help="verdict cache specs, comma-separated")
     ap.add_argument("--streams", default="1,4", help="stream counts, comma-separated")
+    ap.add_argument("--policies", default="fixed", help="the pipelined loop's step policies, comma-separated "
+                    "(costmodel.POLICIES: policy, sync, offered, adaptive, fixed)")
+    ap.add_argument("--draft-core", type=int, default=None, help="pin the draft server's thread to this core and the "
+                    "target loops to the others (default: unpinned)")
+    ap.add_argument("--no-model", action="store_true", help="the measured part alone (no model check, no H200 model)")
     ap.add_argument("--json", default="reports/ssd_cpu.json", help="where to write the results")
     a = ap.parse_args(argv)
     from ...models import load_pair
     from ...paths import REPO
     from ..streambench.ssd_model import model_check, modelled
+    policies = tuple(a.policies.split(","))
+    for p in policies:
+        step_setting(p)                      # a bad name fails before the models load
     cfg = SsdCpuConfig(a.prompts, a.max_tokens, specs=tuple(a.specs.split(",")),
-                       streams=tuple(int(x) for x in a.streams.split(",")))
+                       streams=tuple(int(x) for x in a.streams.split(",")), policies=policies, draft_core=a.draft_core)
     t0 = time.time()
     pair = load_pair("embedded")
     res = {"schema": 1, "bench": "ssd-cpu", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -199,8 +233,9 @@ def main(argv=None) -> dict:
     res["measured_cpu"] = measure(pair, cfg)
     path = REPO / a.json
     path.write_text(json.dumps(res, indent=1) + "\n")         # the measured part first: the model reads it back
-    res["model_check_cpu"] = model_check(res["measured_cpu"])
-    res["modelled"] = modelled(res["measured_cpu"])
+    if not a.no_model:
+        res["model_check_cpu"] = model_check(res["measured_cpu"])
+        res["modelled"] = modelled(res["measured_cpu"])
     res["wall_s"] = round(time.time() - t0, 1)
     path.write_text(json.dumps(res, indent=1) + "\n")
     print(f"wrote {path} ({res['wall_s']} s)")

@@ -53,13 +53,14 @@ def _trace(path: str | None) -> str | None:
 def _predict_point(p: dict, c: costmodel.Costs, k_max: int, trace: str | None, target_step: float, ttft_s: float,
                    n: int) -> tuple[float, float | None]:
     """The model's speedup over target-only for requests of n tokens, each paying its TTFT (as measured
-    speedups do), and its hit rate."""
+    speedups do), and its hit rate; the model plays the step policy the point recorded."""
     terms = None
     if p["mode"] == "cached":
         fanout, depth, ranks = parse_cache(p.get("cache") or "on")
         shares = rank_shares(trace) if trace else [0.0, p.get("cache_hit_rate") or 0.0]
         terms = costmodel.cache_terms(fanout, depth, ranks if trace else 1, shares, {})
-    sim = costmodel.simulate_pipelined(p["alpha"], c, k_max, n_tokens=4000, cache=terms)
+    sim = costmodel.simulate_pipelined(p["alpha"], c, k_max, n_tokens=4000, cache=terms,
+                                       policy=p.get("step_policy") or "")   # runs before it played "adaptive"
     return (ttft_s + (n - 1) * target_step) / (ttft_s + (n - 1) / sim["tokens_per_s"]), sim["cache_hit_rate"]
 
 

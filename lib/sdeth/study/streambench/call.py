@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from ... import hardware
+from ...costmodel import POLICIES
 from ...models.presets import shape
 from ..bench.targets import DRAFT_ALPHA
 from ..bench.step import copy_bandwidth
@@ -131,6 +132,7 @@ def grid_of(a) -> Grid:
              big_targets=tuple(x for x in a.big_targets.split(",") if x))
     g = g.quick() if a.quick else g
     g.only_ssd, g.ssd_s, g.ssd_rows = a.only_ssd, a.ssd_s, a.ssd_rows or g.ssd_rows
+    g.policy = a.policy
     if g.only_ssd and not a.verdict_cache:
         raise SystemExit("--only-ssd runs the verdict cache's part: give --verdict-cache, e.g. off,on")
     for name, text, parse in (("compile_modes", a.compile, lambda t: tuple(x for x in t.split(",") if x)),
@@ -174,6 +176,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--verdict-cache", default=None, help="the ssd part: the servers' verdict caches, comma-separated "
                     "(e.g. off,on or off,4x4x8; default: the part is left out)")
     ap.add_argument("--only-ssd", action="store_true", help="run the ssd part alone")
+    ap.add_argument("--policy", default="policy", choices=list(POLICIES), help="the pipelined targets' step policy: "
+                    "policy (long-run tokens/s), sync (always wait for k), offered (go with what is on offer; the "
+                    "earlier rule), adaptive, fixed")
     ap.add_argument("--ssd-targets", default=None, help="ssd: emulated targets (default Qwen3-8B,Qwen3-32B,Qwen2.5-72B)")
     ap.add_argument("--ssd-points", default=None, help="ssd: (B, N) as B:N,... (default 1:1,1:4,2:1,2:4,4:1,4:4,8:1,8:4)")
     ap.add_argument("--ssd-ranks", default=None, help="ssd: acceptance ranks, comma-separated (default "

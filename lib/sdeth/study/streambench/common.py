@@ -54,6 +54,7 @@ class Grid:
     extra_drafts: tuple = ()
     sync: bool = True
     pipelined: tuple = ()              # (B, N) points of the pipelined streams; () -> pipelined_grid()
+    policy: str = "policy"             # the pipelined targets' step policy (costmodel.POLICIES; the ssd part: offered)
     big_targets: tuple = ()            # emulated bigger targets (t_v from bench targets), pipelined and sync
     big_points: tuple = ((1, 1), (1, 4), (2, 4), (4, 4))   # their (B, N)
     prompt: int = PROMPT

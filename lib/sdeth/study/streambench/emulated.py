@@ -7,6 +7,7 @@ import random
 import time
 import traceback
 
+from ...costmodel import StepPolicy, step_setting
 from ...runtime.pipeline import StreamView
 from ...runtime.verify import Sampling
 from ...wire import protocol
@@ -14,6 +15,7 @@ from .common import CONTEXT, PROMPT, REQUEST_LEAST, TIMELINE, coins, hello, wait
 from .ranks import Ranks, token_of
 
 FORESEEN_WAIT_S = 0.05     # the most a target waits for its restart's answer (a foreseen verdict's drafts or `missed`)
+DRAFT_WAIT_S = 1.0         # the most a step waits for the drafts its policy chose (a stream still prefilling: less)
 
 class Emulated:
     """One emulated target: B streams in lockstep through one DraftServerClient, a verify wait of tv_ms a round."""
@@ -121,8 +123,11 @@ class EmulatedPipelined:
     """One emulated pipelined target: B streams on the draft server (Open(stream=True)), a target step every
     t_v(B, m) (m: the most drafts any stream has on offer, at most k), coins with alpha for each stream's drafts on
     offer, one Commits message a step, sent when the verify's wait ends (each stream's own token: a correction after
-    a rejected draft, or the token after the last one it had), as a real target learns its verdict only then. It
-    never waits for drafts: a stream with none on offer gains its own token. The bonus token (after every draft on
+    a rejected draft, or the token after the last one it had), as a real target learns its verdict only then. How
+    many drafts each stream verifies, and so how long the step waits for them, is the step's policy (`policy`, a
+    costmodel.POLICIES name: "policy", the step policy, fed the measured alpha, t_v(B, m), the server's period and
+    the commit-to-first-draft latency; "offered": what is on offer, never waiting; "sync": k each); a stream with
+    none to verify gains its own token. The bonus token (after every draft on
     offer was accepted) matches the draft's token at its position with probability alpha when that draft reached
     the target by the verify's end, and counts as a mismatch (the draft restarts there) when it did not: a little
     pessimistic, where the draft may have made it but not yet sent it.
@@ -135,18 +140,21 @@ class EmulatedPipelined:
 
     def __init__(self, addr: str, index: int, B: int, k: int, tv_ms: dict, alpha: float, seed: int, vocab: int,
                  window: int = 8, prompt: int = PROMPT, context: int = CONTEXT, ranks: str = "coins",
-                 watch: int = 0, foreseen: bool = False, **_):
+                 watch: int = 0, foreseen: bool = False, policy: str = "policy", **_):
         from ...wire.draft_client import DraftServerClient
+        self.est = step_setting(policy)()      # before the connection: a bad name fails first
         self.c = DraftServerClient(addr, hello(vocab), timeout_s=60)
         self.index, self.B, self.k, self.alpha, self.vocab = index, B, k, alpha, vocab
         self.tv_s = {int(m): v / 1e3 for m, v in tv_ms.items()}     # drafts verified per stream -> seconds
+        self.est.verify_s = {m + 1: v for m, v in self.tv_s.items()}
         self.window, self.prompt, self.context = window, prompt, context
         self.rng, self.count = random.Random(seed), 0
         self.ranks, self.watch, self.foreseen = Ranks(ranks, alpha, seed), watch, foreseen
         self.missed: set = set()               # streams the server said had no branch for their restart
         self.streams = [self.fresh() for _ in range(B)]
         self.rec = {key: [] for key in ("step_ms", "tpot_ms", "offered", "accepted", "draft_ms", "batch",
-                                        "tv_over", "held", "period_ms", "branch_rows", "answer_ms", *TIMELINE)}
+                                        "tv_over", "held", "period_ms", "branch_rows", "answer_ms", "wait_ms",
+                                        "verified", *TIMELINE)}
         self.last_step = 0.0                   # the newest Streamed's step (server clock)
         self.rec.update(tokens=0, restarts=0, stream_tokens=[0] * B, late=0, hits=0, misses=0, hits_at={},
                         rejections_at={}, rank_hist={})
@@ -255,15 +263,46 @@ class EmulatedPipelined:
                 self.rec["hits_at"][str(a)] = self.rec["hits_at"].get(str(a), 0) + 1
         self.missed.clear()
 
+    def measured(self) -> None:
+        """What the policy plays from, as measured so far: the server's period and a commit's way to the first
+        draft after it (its restart latency: the link and one and a half periods, as the policy models it)."""
+        r, est = self.rec, self.est
+        if r["period_ms"] and r["sent_to_arrived"]:
+            period = sorted(r["period_ms"][-64:])[len(r["period_ms"][-64:]) // 2] / 1e3
+            first = sorted(r["sent_to_arrived"][-64:])[len(r["sent_to_arrived"][-64:]) // 2] / 1e3
+            est.draft_step = est.period = period
+            est.rtt = est.link = max(first - 1.5 * period, 0.0)
+
+    def chosen(self) -> list[int]:
+        """Each stream's drafts to verify this step: the policy's choice from what it has on offer, waited for (the
+        server keeps drafting) until every stream has its own, a restart's drafts are overdue, or DRAFT_WAIT_S."""
+        if self.est.draft_step is None or len(self.rec["step_ms"]) % 32 == 0:
+            self.measured()
+        t0, wants = time.perf_counter(), []
+        for s in self.streams:
+            view = s["view"]
+            wants.append(self.est.choose_m(self.offered(s), self.k, view.received == 0, t0 - view.t_epoch))
+        holding = isinstance(self.est, StepPolicy)
+        while time.perf_counter() - t0 < DRAFT_WAIT_S:
+            short = [(s, m) for s, m in zip(self.streams, wants) if self.offered(s) < m]
+            if not short or (holding and all(self.est.overdue(m, time.perf_counter() - s["view"].t_epoch)
+                                             for s, m in short)):
+                break
+            time.sleep(0.0002)
+            self.take()
+        self.rec["wait_ms"].append((time.perf_counter() - t0) * 1e3)
+        return [min(self.offered(s), m) for s, m in zip(self.streams, wants)]
+
     def step(self) -> None:
         t0 = time.perf_counter()
         self.take()
-        offers = [self.offered(s) for s in self.streams]
+        offers = self.chosen()
+        t1 = time.perf_counter()
         for s, m in zip(self.streams, offers):
             self.verified(s, m)
         tv = self.tv_s[max(offers)]
         verdicts = [self.verdict(s, m) for s, m in zip(self.streams, offers)]
-        wait_until(t0 + tv)                   # the verify of what was on offer: its verdict is known only now
+        wait_until(t1 + tv)                   # the verify of the chosen drafts: its verdict is known only now
         self.take()                           # the draft's token at the bonus position, if it was made meanwhile
         commits, toks, restarted = [], [], []
         for s, m, (a, rank) in zip(self.streams, offers, verdicts):
@@ -284,6 +323,8 @@ class EmulatedPipelined:
             toks.append(a + 1)
             self.rec["offered"].append(m)
             self.rec["accepted"].append(a)
+            if m:
+                self.est.observe_round(a, m)
         self.send_commits(commits)
         self.answers(restarted)
         for j, s in enumerate(self.streams):
@@ -296,7 +337,7 @@ class EmulatedPipelined:
         r["tpot_ms"] += [ms / t for t in toks]
         r["tokens"] += sum(toks)
         r["stream_tokens"] = [n + t for n, t in zip(r["stream_tokens"], toks)]
-        r["tv_over"].append((t2 - t0) / tv - 1)
+        r["tv_over"].append((t2 - t1) / tv - 1)
 
     def run(self, conn) -> dict:
         """Warm until every stream has a draft on offer (the prompts prefilled), 'ready', then steps from the

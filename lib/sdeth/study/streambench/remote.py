@@ -95,15 +95,17 @@ def target_only(tv: dict, B: int) -> float:
     return B / (tv[(B, 0)] / 1e3)
 
 
-def model_of(tv: dict, B: int, k: int, alpha: float, step_ms: float, period_ms: float, one_way_ms: float) -> dict:
-    """costmodel.simulate_pipelined for this point: the target verifies every draft on offer and never waits
-    (the emulated target's rule; 'adaptive': the runtime's policy, which waits when that pays), t_v(B, m) as measured, the server's measured step and period, the commit's
-    measured way to the server (both ways: twice that)."""
+def model_of(tv: dict, B: int, k: int, alpha: float, step_ms: float, period_ms: float, one_way_ms: float,
+             policy: str = "offered") -> dict:
+    """costmodel.simulate_pipelined for this point: the target plays the step's policy the point ran (`policy`;
+    'adaptive': one round's best rate, beside it), t_v(B, m) as measured, the server's measured step and period,
+    the commit's measured way to the server (both ways: twice that)."""
     c = Costs(tv[(B, 0)] / 1e3, step_ms / 1e3, {m + 1: tv[(B, m)] / 1e3 for m in range(1, k + 1)},
               rtt=2 * one_way_ms / 1e3, draft_period=max(period_ms, step_ms) / 1e3)
-    sim = simulate_pipelined(alpha, c, k, n_tokens=6000, policy="offered")
-    waits = simulate_pipelined(alpha, c, k, n_tokens=6000, policy="adaptive")     # the runtime's own target
-    return {"verified_per_round": round(sim["verified_per_round"], 3), "tokens_per_round": round(sim["tokens_per_round"], 3),
+    sim = simulate_pipelined(alpha, c, k, n_tokens=6000, policy=policy)
+    waits = simulate_pipelined(alpha, c, k, n_tokens=6000, policy="adaptive")
+    return {"step_policy": policy, "verified_per_round": round(sim["verified_per_round"], 3),
+            "tokens_per_round": round(sim["tokens_per_round"], 3),
             "speedup": round(sim["tokens_per_s"] * c.target_step, 3),
             "adaptive": {"verified_per_round": round(waits["verified_per_round"], 3),
                          "speedup": round(waits["tokens_per_s"] * c.target_step, 3)},
@@ -111,11 +113,13 @@ def model_of(tv: dict, B: int, k: int, alpha: float, step_ms: float, period_ms: 
 
 
 def pipelined_record(B: int, N: int, k: int, alpha: float, ready, recs, start_at: float, tv: dict | None = None,
-                     label: str = PIPELINED_LABEL) -> dict:
+                     label: str = PIPELINED_LABEL, policy: str = "offered") -> dict:
     """One pipelined point from its targets' records; with tv (B, m) -> ms: the speedup over target-only and the
-    event model fed this point's measured server step."""
+    event model fed this point's measured server step. policy: the step's policy the targets played (its drafts
+    verified a step are `offered_mean`; the wait for them `wait_ms_mean`)."""
     errs = [r["error"] for r in list(ready) + list(recs) if "error" in r]
-    out = {"label": label, "B": B, "N": N, "k": k, "window": PIPELINED_WINDOW, "alpha": alpha, "gpus": N + 1}
+    out = {"label": label, "B": B, "N": N, "k": k, "window": PIPELINED_WINDOW, "alpha": alpha, "gpus": N + 1,
+           "step_policy": policy}
     if errs:
         return {**out, "error": errs[0][:500]}
     cat = lambda key: [x for r in recs for x in r[key]]  # noqa: E731
@@ -129,6 +133,7 @@ def pipelined_record(B: int, N: int, k: int, alpha: float, ready, recs, start_at
                             "mean": round(wall * 1e3 * N * B / max(tokens, 1), 4)},
                 "step_ms": {"p50": pct(cat("step_ms"), 50), "p99": pct(cat("step_ms"), 99)},
                 "offered_mean": mean(cat("offered")), "accepted_mean": mean(cat("accepted")),
+                "wait_ms_mean": mean([x for r in recs for x in r.get("wait_ms", [])]),
                 "restarts_per_step": round(sum(r["restarts"] for r in recs) / max(steps, 1), 3),
                 "server_batch": {"mean": mean(cat("batch")), "max": max(cat("batch"), default=None)},
                 "draft_ms_mean": mean(cat("draft_ms")), "server_period_ms_p25": pct(cat("period_ms"), 25),
@@ -142,7 +147,7 @@ def pipelined_record(B: int, N: int, k: int, alpha: float, ready, recs, start_at
         out["speedup"] = round(tokens / wall / N / target_only(tv, B), 3)
         if out["draft_ms_mean"]:
             m = model_of(tv, B, k, alpha, out["draft_ms_mean"], out["server_period_ms_p25"] or out["draft_ms_mean"],
-                         out["timeline_ms"]["sent_to_read"]["p50"] or 0.0)
+                         out["timeline_ms"]["sent_to_read"]["p50"] or 0.0, policy)
             m["offered_measured_over_model"] = round(out["offered_mean"] / max(m["verified_per_round"], 1e-9), 3)
             m["tokens_measured_over_model"] = round(out["tokens_per_step"] / m["tokens_per_round"], 3)
             out["model"] = m
@@ -156,7 +161,8 @@ def pipelined_part(res, name, addr, pool, tv, vocab, g, t_end, progress, save, p
     k = PIPELINED_K
     pts = []
     if key:
-        res[key] = {"draft": name, "address": "loopback TCP", "k": k, "window": PIPELINED_WINDOW, "points": pts}
+        res[key] = {"draft": name, "address": "loopback TCP", "k": k, "window": PIPELINED_WINDOW,
+                    "step_policy": g.policy, "points": pts}
     grid = [(b, n) for b, n in points or g.pipelined or pipelined_grid() if all((b, m) in tv for m in range(k + 1))]
     for i, (b, n) in enumerate(grid):
         if time.time() + g.remote_s + 10 > t_end:
@@ -164,9 +170,10 @@ def pipelined_part(res, name, addr, pool, tv, vocab, g, t_end, progress, save, p
             continue
         tvb = {m: tv[(b, m)] for m in range(k + 1)}
         cmd = dict(mode="pipelined", addr=addr, B=b, k=k, tv_ms=tvb, alpha=DRAFT_ALPHA[name], seed=100 + i,
-                   vocab=vocab, window=PIPELINED_WINDOW, prompt=g.prompt, context=g.context)
+                   vocab=vocab, window=PIPELINED_WINDOW, prompt=g.prompt, context=g.context, policy=g.policy)
         try:
-            pts.append(pipelined_record(b, n, k, DRAFT_ALPHA[name], *pool.point(n, cmd, g.remote_s), tv=tv, label=label))
+            pts.append(pipelined_record(b, n, k, DRAFT_ALPHA[name], *pool.point(n, cmd, g.remote_s), tv=tv, label=label,
+                                        policy=g.policy))
         except TimeoutError as e:
             pts.append({"label": label, "B": b, "N": n, "k": k, "error": str(e)})
         progress(pipelined_row(pts[-1]))

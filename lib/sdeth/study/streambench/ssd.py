@@ -141,7 +141,8 @@ def ssd_points(res: dict, name: str, servers: dict, pool, g, t_end: float, progr
                         continue
                     cmd = dict(mode="pipelined", addr=addr, B=b, k=k, tv_ms={m: tv[(b, m)] for m in range(k + 1)},
                                alpha=alpha, seed=seed, vocab=info["vocab"], window=PIPELINED_WINDOW, prompt=g.prompt,
-                               context=g.context, ranks=ranks_spec, watch=TOP, foreseen=cache != "off")
+                               context=g.context, ranks=ranks_spec, watch=TOP, foreseen=cache != "off",
+                               policy="offered")     # the verdict cache's model (ssd_model) plays this rule
                     try:
                         ready, recs, start = pool.point(n, cmd, g.ssd_s)
                         p = pipelined_record(b, n, k, alpha, ready, recs, start, tv=tv, label=label)

@@ -1,0 +1,94 @@
+"""The step policy (costmodel.StepPolicy): over a grid of acceptance, verify cost per draft step and restart
+latency, the event model playing it is never more than 1% below the better of its two corners (sync: always wait
+for k; offered: go with what is on offer); its choice is cheap; a stalled restart is covered by plain steps."""
+import time
+
+import pytest
+
+from sdeth import costmodel
+from sdeth.costmodel import Costs, StepPolicy, WaitRule, simulate_pipelined
+
+K = 8
+SEEDS = 3            # the same seeds for every setting (common random numbers)
+N_TOKENS = 3000
+
+
+def grid_costs(tv_per_step: float, restart_ms: float, step: float = 0.001) -> Costs:
+    """A draft step of 1 ms, a target step tv_per_step of them growing 3% a verified token, a link of restart_ms."""
+    tv = tv_per_step * step
+    return Costs(tv, step, {m: tv * (1 + 0.03 * (m - 1)) for m in range(2, K + 2)}, rtt=restart_ms / 1e3)
+
+
+def rate(alpha: float, c: Costs, setting: str) -> float:
+    return sum(simulate_pipelined(alpha, c, K, n_tokens=N_TOKENS, seed=s, policy=setting)["tokens_per_s"]
+               for s in range(SEEDS)) / SEEDS
+
+
+def test_the_policy_is_never_below_the_better_corner():
+    ratios = {}
+    for alpha in (0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
+        for tv_per_step in (2, 5, 10, 20):
+            for restart_ms in (0.1, 1.0, 5.0):
+                c = grid_costs(tv_per_step, restart_ms)
+                corner = max(rate(alpha, c, "sync"), rate(alpha, c, "offered"))
+                ratios[alpha, tv_per_step, restart_ms] = rate(alpha, c, "policy") / corner
+    worst = min(ratios, key=ratios.get)
+    print(f"worst: policy / better corner = {ratios[worst]:.4f} at (alpha, t_v/step, restart ms) = {worst}; "
+          f"best {max(ratios.values()):.3f}")
+    assert ratios[worst] >= 0.99, (worst, ratios[worst])
+    assert max(ratios.values()) > 1.1          # and between the corners it gains
+
+
+def test_after_a_rejection_at_a_big_target_it_waits_and_at_a_small_one_not():
+    """A 32B-like target (t_v 20 draft steps): after a restart it waits for a few drafts; a target barely
+    slower than its draft (2 steps) goes with what is on offer."""
+    big = costmodel._policy(0.7, grid_costs(20, 1.0), K, "policy", None)
+    big.period = 0.001
+    assert 2 <= big.rule(K).empty <= K
+    small = costmodel._policy(0.7, grid_costs(2, 1.0), K, "policy", None)
+    small.period = 0.001
+    assert small.rule(K).empty == 0
+
+
+def test_a_choice_costs_microseconds_and_the_settings_are_named():
+    p = costmodel._policy(0.7, grid_costs(10, 1.0), K, "policy", None)
+    p.choose_m(0, K)                           # the rule chosen (milliseconds, cached per cost tuple)
+    t0 = time.perf_counter()
+    for i in range(1000):
+        p.choose_m(i % 4, K)
+    assert (time.perf_counter() - t0) / 1000 < 100e-6
+    assert set(costmodel.SETTINGS) == {"policy", "sync", "offered"}
+    assert costmodel._policy(0.7, grid_costs(10, 1.0), K, "sync", None).choose_m(0, K) == K
+    assert costmodel._policy(0.7, grid_costs(10, 1.0), K, "offered", None).choose_m(2, K) == 2
+    assert WaitRule(3, 0, 6).m(0, 8) == 3 and WaitRule(3, 0, 6).m(7, 8) == 6 and WaitRule(3, 0, 6).m(2, 8) == 2
+
+
+def test_a_stalled_restart_is_covered_by_plain_steps():
+    """A draft still prefilling long after its first token was due: the policy steps alone."""
+    p = StepPolicy(alpha0=0.7)
+    p.observe_draft(0.001)
+    for m in range(1, K + 2):
+        p.observe_verify(m, 0.02)
+        p.observe_verify(m, 0.02)
+    p.rtt = 0.001
+    m = p.choose_m(0, K, fresh=True, since_s=0.0)
+    assert m >= 2                               # a big target: worth waiting for the restart's drafts
+    assert p.choose_m(0, K, fresh=True, since_s=1.0) == 0
+    assert p.overdue(m, 1.0) and not p.overdue(m, 0.0)
+
+
+@pytest.mark.parametrize("bad", ["wait", ""])
+def test_an_unknown_setting_names_the_choices(bad):
+    with pytest.raises(ValueError, match="policy, sync, offered"):
+        costmodel.step_setting(bad)
+
+
+def test_a_run_names_its_step_policy_and_a_bad_one_says_the_choices():
+    from sdeth.study.config import ConfigError, RunConfig
+    pipe = dict(mode="pipelined", placement="ethernet")
+    assert RunConfig(**pipe).check().step_policy == "policy"
+    assert RunConfig(**pipe, adaptive=False).check().step_policy == "fixed"
+    assert RunConfig(**pipe, policy="sync").check().step_policy == "sync"
+    assert RunConfig(mode="sd").check().step_policy == ""
+    with pytest.raises(ConfigError, match="policy 'wait'.*policy, sync, offered"):
+        RunConfig(**pipe, policy="wait").check()
