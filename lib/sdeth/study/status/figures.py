@@ -91,7 +91,7 @@ class Part:
 class Milestone:
     id: str
     title: str
-    status: str = "pending"          # done | in progress | pending
+    status: str = "pending"          # done | answered (a confirming run not made) | in progress | pending
     figures: list[Figure] = field(default_factory=list)
     note: str = ""
 
