@@ -16,6 +16,6 @@ from .decide import Cell, Claim, Option, Target, check_claims, table as decision
 from .figures import Figure, Milestone, Part, dig, read_back  # noqa: F401
 from .milestones import alternatives, milestones, table  # noqa: F401
 from .sources import (EMULATED, GOALS, HEADLINE, M2_GOAL, REPEATS, SHARED, SWEEPS, TPOT_GOALS,  # noqa: F401
-                      SSD_CPU, VLLM_STUDY)
+                      SERVER_STREAMS, SSD_CPU, VLLM_STUDY)
 from . import text  # noqa: F401
 from .text import decision, decision_html, decision_markdown, markdown, verdict  # noqa: F401
