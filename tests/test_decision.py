@@ -18,7 +18,8 @@ def table_figures() -> list[Figure]:
     """Every figure the table shows: the cells, t(1), every option's details and those apart, the testbed rows."""
     ts = status.targets()
     return ([f for c in status.decision_table() + status.testbed() for f in c.figures] + [t.t1 for t in ts]
-            + [f for t in ts for o in t.options + t.apart for f in o.figures + o.details])
+            + [f for t in ts for o in t.options + t.apart for f in o.figures + o.details] + [f for t in ts
+                                                                                            for f in t.modelled])
 
 
 def test_every_figure_of_the_table_and_the_verdict_is_read_back_from_its_json():

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...metrics import ratio_ci
-from .sources import BIG_TARGETS, HEADLINE, PUBLISHED_FILE, SERVER_STREAMS
+from .sources import BIG_TARGETS, CROSSOVER, HEADLINE, PUBLISHED_FILE, SERVER_STREAMS
 from .figures import Figure, fig, load, bench_hw, bench_kind
 
 # the TPOT definitions a row may use (one per row; the row header names it)
@@ -63,6 +63,7 @@ class Target:
     definition: str = ""     # a key of DEFINITIONS
     where: str = ""          # the hardware and link in a few words (the verdict's)
     apart: list[Option] = field(default_factory=list)    # measured on another baseline: details only
+    modelled: list[Figure] = field(default_factory=list)  # the models fed this row's components: details only
 
 
 def baseline_key(definition: str, harness: str, t1: Figure) -> str:
@@ -230,7 +231,26 @@ def target_big(root: Path, name: str, model: str, weights: str) -> Target | None
                   [o for o in (_colocated_apart(root, name, model, weights),) if o])
 
 
+def crossover(root: Path, name: str) -> list[Figure]:
+    """What would change the answer (reports/crossover.json): each option's modelled speedup at the measured alpha,
+    fed this row's components, and the alpha above which remote SD beats colocated SD (where it does)."""
+    doc = load(root, CROSSOVER) or {}
+    row = next((r for r in doc.get("targets", []) if r["target"] == name), None)
+    if not row:
+        return []
+    at, hw = ("targets", {"target": name}), "cost and event models fed " + ", ".join(row["sources"])
+    a = row["at_measured_alpha"]["alpha"]
+    out = [fig(root, CROSSOVER, at + ("at_measured_alpha", o), f"modelled at alpha {a}: {o}", "{:.2f}x", "modelled",
+               hw) for o in ("colocated SD", "remote sync", "remote pipelined")]
+    out += [fig(root, CROSSOVER, at + ("remote_beats_colocated_above", o), f"modelled: {o} beats colocated SD from "
+                "alpha", "{:.2f}", "modelled", hw) for o in ("remote sync", "remote pipelined")]
+    return [f for f in out if f]
+
+
 def targets(root: Path) -> list[Target]:
     root = Path(root)
-    return [t for t in (target_8b(root), target_big(root, "32B", "Qwen3-32B", "bf16"),
-                        target_big(root, "72B-class", "Qwen2.5-72B", "fp8")) if t]
+    out = [t for t in (target_8b(root), target_big(root, "32B", "Qwen3-32B", "bf16"),
+                       target_big(root, "72B-class", "Qwen2.5-72B", "fp8")) if t]
+    for t in out:
+        t.modelled = crossover(root, t.name)
+    return out

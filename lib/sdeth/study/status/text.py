@@ -49,6 +49,10 @@ def _row_pieces(t: Target, cells: list[Cell]) -> tuple[list, list[Claim]]:
         if beats:
             pieces.append(f"; at the {' and '.join(c.goal for c in beats)} goal the pick has a lower TPOT than "
                           "colocated SD on the same baseline")
+    never = [o for o in ("remote sync", "remote pipelined") if t.modelled and not any(
+        f.label.startswith(f"modelled: {o} ") for f in t.modelled)]
+    if never:
+        pieces.append(f"; modelled on this row's components, {' and '.join(never)} never beats colocated SD")
     apart = sorted({o.name for o in t.apart})
     if apart:
         pieces.append(f"; {' and '.join(apart)} measured on another baseline (details row), not compared")
@@ -106,8 +110,13 @@ def _details(t: Target) -> list[Cell]:
     """The target's details row: every option of its baseline, then those measured on another baseline."""
     rows = [Cell(t.name, "details", "details", None, o.figures + o.details,
                  f"{o.name} ({o.mode})" + (f": {o.note}" if o.note else "")) for o in t.options]
-    return rows + [Cell(t.name, "details", "details", None, o.figures, f"another baseline: {o.name} ({o.mode}), "
-                        f"{o.baseline.split(' | ')[0]}; {o.note}") for o in t.apart]
+    rows += [Cell(t.name, "details", "details", None, o.figures, f"another baseline: {o.name} ({o.mode}), "
+                  f"{o.baseline.split(' | ')[0]}; {o.note}") for o in t.apart]
+    never = [o for o in ("remote sync", "remote pipelined") if not any(f.label.startswith(f"modelled: {o} ")
+                                                                       for f in t.modelled)]
+    return rows + ([Cell(t.name, "details", "details", None, t.modelled, "what would change the answer: the models "
+                         "fed this row's components" + (f"; {' and '.join(never)} never beat colocated SD below alpha "
+                                                        "0.99" if never else ""))] if t.modelled else [])
 
 
 def _baseline_text(t: Target) -> str:
