@@ -17,7 +17,7 @@ LOCAL_WHEELS ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/nul
 TORCH_INDEX ?= $(if $(wildcard $(LOCAL_WHEELS)/torch-2.13.0+cpu*),,--extra-index-url https://download.pytorch.org/whl/cpu)
 STAMP  := $(VENV)/.installed-$(REQ)
 
-.PHONY: venv prepare test test-fast test-vllm-server soak report clean-reports distill-cpu bench-gpu bench-step bench-vllm
+.PHONY: venv prepare test test-fast test-vllm-server soak report clean-reports distill-cpu bench-gpu bench-step bench-vllm bench-baseline-h200 bench-link-cpu
 
 venv: $(STAMP)
 
@@ -73,6 +73,22 @@ bench-gpu:
 	$(BENCH) --pair random-qwen3-8b/0.6b --synthetic-alpha 0.56 --json reports/gpu/bench_sd_0.6b.json
 	$(BENCH) --pair random-qwen3-8b/1.7b --synthetic-alpha 0.71 --trace reports/traces/embedded_greedy.json \
 		--modes target-only,sync,pipelined --json reports/gpu/bench_sd_1.7b_trace.json
+
+# One baseline for every option, on H200s (the decision table's rows measured alike): the bigger targets' stream
+# points at B = 1, 4 and 16 per target and N = 1 and 4 per draft GPU, 20 s a point (intervals that resolve 10%), then
+# the 8B link curve (the real draft worker through the delay relay at 0.02-5 ms). Add the streams file to
+# study.results.SERVER_STREAMS; the table and the verdict read it. Colocated SD of the bigger targets in the same
+# harness (emulated target, real draft steps in series) is not a part of `bench streams` yet.
+bench-baseline-h200:
+	$(BENCH_PY) -m sdeth bench streams --call 9 --big-targets Qwen3-32B,Qwen2.5-72B \
+		--big-points 1:1,1:4,4:1,4:4,16:1,16:4 --remote-s 20 --json reports/gpu/bench_streams_server_9.json
+	$(BENCH_PY) -m sdeth bench rtt --pair random-qwen3-8b/1.7b --synthetic-alpha 0.71 --device cuda:0 \
+		--draft-device cuda:1 --impl fast --compile default --requests 16 --context 512 --max-tokens 128 \
+		--k 3 --k-max 8 --rtts 0.02,0.5,2,5 --json reports/gpu/bench_rtt_1.7b_link.json
+
+# What Ethernet costs on the CPU testbed: the link curve through the real draft server (reports/link_cpu.json, ~6 min)
+bench-link-cpu: prepare
+	$(PY) -m sdeth bench link --json reports/link_cpu.json
 
 # The decode step, lever by lever, on one GPU (reports/gpu/bench_step_<date>.json; 20_ethernet reads every
 # bench_step*.json in reports/gpu beside the committed runs).

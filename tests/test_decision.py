@@ -15,7 +15,11 @@ KINDS = {"measured", "synthetic", "trace-driven", "emulated", "modelled", "arith
 
 
 def table_figures() -> list[Figure]:
-    return [f for c in status.decision_table() for f in c.figures] + [t.t1 for t in status.targets()]
+    """Every figure the table shows: the cells, t(1), every option's details and those apart, the testbed rows."""
+    ts = status.targets()
+    return ([f for c in status.decision_table() + status.testbed() for f in c.figures] + [t.t1 for t in ts]
+            + [f for t in ts for o in t.options + t.apart for f in o.figures + o.details] + [f for t in ts
+                                                                                            for f in t.modelled])
 
 
 def test_every_figure_of_the_table_and_the_verdict_is_read_back_from_its_json():
@@ -44,40 +48,95 @@ def test_every_ratio_has_an_absolute_tpot_and_tokens_per_s_beside_it():
                     (c.target, c.goal, f.label)
 
 
-def test_the_recommendation_meets_the_goal_and_gives_the_most_per_gpu():
-    for t in status.targets():
+def test_every_pick_is_the_best_measured_option_meeting_the_goal():
+    cells, ts = status.decision_table(), status.targets()
+    assert decide.misplaced(cells, ts) == []
+    for t in ts:
         for goal, frac in status.TPOT_GOALS.items():
             cell = decide._same_gpu(t, goal)
-            fits = [o for o in t.options if o.meets(1 / frac)]
-            if cell.option in (o.name for o in t.options):
-                pick = next(o for o in t.options if o.name == cell.option)
-                best = max(fits, key=lambda o: o.per_gpu)
-                solid = [o for o in fits if o.ratio.kind not in ("emulated", "published")]
-                assert pick in fits
-                top = max((o.per_gpu for o in solid), default=0.0)
-                if best.ratio.kind == "emulated" and solid and best.per_gpu < decide.EMULATED_MARGIN * top:
-                    assert pick.per_gpu == max(o.per_gpu for o in solid) and best.name in cell.note
-                else:
-                    assert pick.per_gpu == best.per_gpu
-            elif cell.option is None:
+            fits = [o for o in t.options if o.meets(1 / frac) and o.ratio.kind not in decide.NEVER_PICKED]
+            if cell.option is None:
                 assert not fits
+            else:
+                assert cell.option == max(fits, key=lambda o: o.per_gpu).name
+    # a cell whose pick is not the best is caught
+    wrong = [c if c.hardware != "same GPU type" or (c.target, c.goal) != ("72B-class", "tight") else
+             decide.Cell(c.target, c.goal, c.hardware, "replicas", c.figures, c.note, "the target alone, B=1")
+             for c in cells]
+    assert decide.misplaced(wrong, ts) and "72B-class tight" in decide.misplaced(wrong, ts)[0]
+
+
+def test_every_option_of_a_row_shares_its_baseline_and_divides_its_t1():
+    """One TPOT definition and one t(1) per row: every option's baseline is the row's, its speedup is t(1) over its
+    TPOT from the same file, and an option measured elsewhere sits apart (shown, never picked)."""
+    for t in status.targets():
+        assert decide.baselines_differ(t) == [] and t.definition in decide.DEFINITIONS
+        for o in t.options:
+            assert o.ratio.source == o.tpot.source == t.t1.source and o.ratio.path == t.t1.path, o.mode
+            assert abs(o.ratio.value - t.t1.value / o.tpot.value) < 1e-6 * o.ratio.value, o.mode
+        assert all(o.baseline != t.baseline for o in t.apart)
+    modes = {o.mode.split(",")[0] for t in status.targets() for o in t.options}
+    assert {"sync", "pipelined"} <= modes             # every mode of the results is an option, sync included
+
+
+def made_up_target(name="32B") -> decide.Target:
+    def f(v, fmt="{:.2f}x", kind="measured", ci=None, path=("x",)):
+        return Figure("x " + fmt, v, fmt, "reports/x.json", path, "hw", kind, "d", ci)
+
+    t1 = f(10.0, "{:.2f} ms", path=("t1",))
+
+    def opt(name, mode, sp, per_gpu, kind="measured", ci=None, base="B"):
+        return decide.Option(name, mode, f(10 / sp, "{:.2f} ms", kind, path=(mode, "tpot")),
+                             f(per_gpu, "{:.0f} tok/s per GPU", kind, path=(mode, "gpu")),
+                             f(sp, kind=kind, ci=ci, path=(mode, "x")), base)
+    opts = [opt("replicas", "B=1", 1.0, 100), opt("colocated SD", "k = 3", 1.2, 120, ci=(1.05, 1.3)),
+            opt("remote sync", "sync, B=4", 1.5, 150, "emulated", (1.45, 1.55)),
+            opt("remote pipelined", "pipelined, B=1", 1.6, 90, "emulated", (1.5, 1.7))]
+    return decide.Target(name, "made up", t1, opts, "B", "stream", "nowhere")
 
 
 def test_the_rule_on_made_up_options_and_a_cell_it_cannot_fill():
-    def f(v, fmt="{:.2f}x", ci=None):
-        return Figure("x", v, fmt, "reports/x.json", (), "hw", "measured", "d", ci)
-
-    def opt(name, sp, tok, gpus, ci=None):
-        return decide.Option(name, f(5 / sp, "{:.2f} ms"), f(tok, "{:.0f} tok/s"), f(sp, ci=ci), gpus)
-    t = decide.Target("8B", "made up", f(5.0, "{:.2f} ms"),
-                      [opt("replicas", 1.0, 100, 1), opt("colocated SD", 1.2, 120, 1, (1.05, 1.3)),
-                       opt("remote pipelined", 1.5, 150, 2, (1.45, 1.55))])
-    assert decide._same_gpu(t, "relaxed").option == "colocated SD"      # the most per GPU among those that meet it
-    assert decide._same_gpu(t, "moderate").option == "remote pipelined"  # colocated's interval starts below 1.11x
+    t = made_up_target()
+    assert decide._same_gpu(t, "relaxed").option == "remote sync"     # the most per GPU among those that meet it
+    assert decide._same_gpu(t, "moderate").option == "remote sync"    # colocated's interval starts below 1.11x
+    assert decide._same_gpu(t, "tight").option == "remote sync"
+    t.options[2].ratio.interval = (1.40, 1.60)                          # its low end misses 1.43x: the next best
+    assert decide._same_gpu(t, "tight").option == "remote pipelined"
     t.options = t.options[:2]
     cell = decide._same_gpu(t, "tight")
-    assert cell.option is None and "no option" in cell.note
+    assert cell.option is None and "nothing" in cell.note
     assert "the evidence cannot fill it" in decide_html_of(cell)
+
+
+def test_an_option_on_another_baseline_or_modelled_is_never_the_pick_and_a_mixed_row_is_caught():
+    t = made_up_target()
+    t.options[3].baseline = "another harness"                           # the fastest, but not like for like
+    t.options[3].per_gpu_fig.value = 999
+    assert decide.baselines_differ(t) == ["remote pipelined (pipelined, B=1)"]
+    assert decide._same_gpu(t, "tight").option == "remote sync"
+    t.options[3].baseline = "B"
+    t.options[3].ratio.kind = "modelled"
+    assert decide._same_gpu(t, "tight").option == "remote sync"
+
+
+def test_a_verdict_that_claims_what_the_table_does_not_show_is_caught():
+    cells, ts = status.decision_table(), status.targets()
+    v = status.verdict()
+    assert v.claims and decide.check_claims(v.claims, cells, ts) == []
+    assert {f.label for c in v.claims for f in c.figures} <= {f.label for f in v.figures}
+    t = made_up_target()
+    made = [decide._same_gpu(t, g) for g in status.TPOT_GOALS]
+    good = decide.Claim("32B", "tight", "remote sync", t.options[2].figures, over="colocated SD")
+    assert decide.check_claims([good], made, [t]) == []
+    wrong_pick = decide.Claim("32B", "tight", "colocated SD")
+    foreign = decide.Claim("32B", "tight", "remote sync", [Figure("y", 1.0, "{:.2f}x", "reports/y.json", (), "hw",
+                                                                   "measured", "d")])
+    t.options[1].baseline = "another harness"
+    t.apart, t.options = [t.options[1]], [o for i, o in enumerate(t.options) if i != 1]
+    across = decide.Claim("32B", "tight", "remote sync", t.options[1].figures, over="colocated SD")
+    problems = decide.check_claims([wrong_pick, foreign, across], made, [t])
+    assert len(problems) == 3, problems
+    assert "names colocated SD" in problems[0] and "not in the table" in problems[1] and "baseline" in problems[2]
 
 
 def decide_html_of(cell) -> str:
@@ -101,6 +160,7 @@ def test_status_opens_with_the_verdict_then_the_table():
     assert md.startswith("*Verdict.*") and md.index("| target") < md.index("*Single-stream latency.*")
     v = status.verdict().plain()
     assert "loopback" in v and "vLLM runs a proposer synchronously" in v and "not measured" in v
+    assert "another baseline" in v and "not compared" in v
 
 
 NUMBER = re.compile(r"(\d+(?:\.\d+)?) ?(x|ms|tok/s)\b")
@@ -117,17 +177,11 @@ def test_the_readme_answer_quotes_the_verdict_figures():
                                                                              ("5.20", "ms")]
 
 
-def test_an_emulated_option_is_the_pick_only_by_a_clear_margin_and_else_is_named_beside():
-    def f(v, kind, fmt="{:.2f}x"):
-        return Figure("x", v, fmt, "reports/x.json", (), "hw", kind, "d")
-
-    def opt(name, sp, tok, gpus, kind):
-        return decide.Option(name, f(5 / sp, kind, "{:.2f} ms"), f(tok, kind, "{:.0f} tok/s"), f(sp, kind), gpus)
-    t = decide.Target("32B", "made up", f(5.0, "measured", "{:.2f} ms"),
-                      [opt("replicas", 1.0, 50, 1, "measured"), opt("colocated SD", 1.5, 75, 1, "synthetic"),
-                       opt("remote pipelined", 1.7, 95, 1.25, "emulated")])       # 76 per GPU: within the margin
-    cell = decide._same_gpu(t, "tight")
-    assert cell.option == "colocated SD" and "also meets it: remote pipelined" in cell.note
-    assert len(cell.figures) == 6                                            # both options' figures
-    t.options[2] = opt("remote pipelined", 1.7, 110, 1.25, "emulated")      # 88 per GPU: past it
-    assert decide._same_gpu(t, "tight").option == "remote pipelined"
+def test_testbed_figures_have_their_own_rows():
+    """No figure of a CPU or of the 0.6B shape in an H200 row; the testbed rows hold them."""
+    for c in status.decision_table():
+        for f in c.figures:
+            assert "CPU" not in f.hardware and "0.6b" not in f.hardware.lower(), (c.target, c.goal, f.label)
+    bed = status.testbed()
+    assert bed and all(c.target == "testbed" for c in bed)
+    assert "testbed (not an H200 row)" in status.decision_markdown()

@@ -226,7 +226,7 @@ def test_place_layer_knows_nothing_of_torch(mod):
 
 
 # inside study.status, lowest first: a module imports only those before it (its __init__ re-exports them all)
-STATUS_ORDER = ["sources", "glossary", "figures", "answer", "decide", "milestones", "text"]
+STATUS_ORDER = ["sources", "glossary", "figures", "answer", "options", "decide", "milestones", "text"]
 
 
 def order_violations(g: dict[str, set[str]], pkg: str, order: list[str]) -> list[str]:

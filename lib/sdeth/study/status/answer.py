@@ -210,8 +210,26 @@ def _verdict_speculation(root: Path) -> Part | None:
         "pipelined streams at the Qwen3-32B with the embedded pair's rank shares and ", synth, " at a synthetic 0.9 "
         "hit rate; measured on the CPU with real ranks, the cache foresaw ", hit, " of restarts, greedy outputs "
         f"{'identical to' if same else 'DIFFERENT from'} target-only (on two CPU cores the branch rows slow the draft "
-        "the target shares them with, so the CPU's time per token says nothing of a GPU). No H200 run of the cache yet (its command: "
-        "python -m sdeth bench streams --only-ssd --verdict-cache off,on)."])
+        "the target shares them with, so the CPU's time per token says nothing of a GPU).", *_cache_on_h200(root)])
+
+
+def _cache_on_h200(root: Path) -> list:
+    """The verdict cache measured on an H200 (bench streams' ssd points, the latest call that has them): the
+    Qwen3-32B shape, B=1, N=1 and N=4, trace-driven ranks, cache off and on; [] when no call has them."""
+    for rel in reversed(src.SERVER_STREAMS):
+        doc = load(root, rel) or {}
+        pts = (doc.get("ssd") or {}).get("points") or []
+        pick = {(p["N"], p["verdict_cache"]["spec"]): i for i, p in enumerate(pts) if "Qwen3-32B" in p["label"]
+                and p["B"] == 1 and p["verdict_cache"].get("ranks") == "trace"}
+        hw = f"1x {(doc.get('hardware') or {}).get('label', '?')}, emulated Qwen3-32B targets, call {doc.get('call')}"
+        figs = {key: fig(root, rel, ("ssd", "points", i, "speedup"), f"Qwen3-32B, B=1, N={key[0]}, cache {key[1]}",
+                         "{:.2f}x", "emulated", hw) for key, i in pick.items()}
+        if all(figs.get((n, c)) for n in (1, 4) for c in ("off", "on")):
+            return [" Measured on an H200 (emulated Qwen3-32B targets, trace-driven ranks, a 1.5 s point each, no "
+                    "interval): over the target alone, one target ", figs[(1, "off")], " with the cache off and ",
+                    figs[(1, "on")], " on; four targets on one draft GPU ", figs[(4, "off")], " off and ",
+                    figs[(4, "on")], " on."]
+    return [" Not yet run on an H200 (its command: python -m sdeth bench streams --only-ssd --verdict-cache off,on)."]
 
 
 def answer(root: Path = REPO) -> list[Part]:

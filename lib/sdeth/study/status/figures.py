@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,7 @@ class Figure:
     reciprocal: bool = False          # value = scale / the JSON's number (1000 / tok/s: ms per token)
     per: tuple | None = None          # value = the JSON's number / the number at `per` (a ratio of two), x scale
     offset: float = 0.0               # then + offset (speedup - 1: the price ratio a second device may cost)
+    stat: str = ""           # "p50:tpot_ms": the path holds a list of records; the value is that quantile of the field
 
     @property
     def shown(self) -> str:
@@ -43,7 +45,16 @@ class Figure:
 def read_back(f: Figure, root: Path) -> float:
     """The figure's number as its results JSON holds it, with the figure's stated rule applied."""
     doc = json.loads((Path(root) / f.source).read_text())
-    return apply(dig(doc, f.path), dig(doc, f.per) if f.per else 1.0, f.scale, f.reciprocal, f.offset)
+    return apply(reduce(dig(doc, f.path), f.stat), dig(doc, f.per) if f.per else 1.0, f.scale, f.reciprocal, f.offset)
+
+
+def reduce(raw, stat: str):
+    """A quantile of one field over a list of records ("p99:tpot_ms", nearest rank); raw itself when stat is ""."""
+    if not stat:
+        return raw
+    q, key = stat.split(":")
+    xs = sorted(r[key] for r in raw if r.get(key) is not None)
+    return xs[min(len(xs) - 1, max(0, math.ceil(float(q[1:]) / 100 * len(xs)) - 1))] if xs else None
 
 
 def apply(raw: float, per: float, scale: float, reciprocal: bool, offset: float) -> float:
@@ -80,7 +91,7 @@ class Part:
 class Milestone:
     id: str
     title: str
-    status: str = "pending"          # done | in progress | pending
+    status: str = "pending"          # done | answered (a confirming run not made) | in progress | pending
     figures: list[Figure] = field(default_factory=list)
     note: str = ""
 
@@ -110,13 +121,13 @@ def when(doc: dict) -> str:
 
 def fig(root: Path, rel: str, path: tuple, label: str, fmt: str, kind: str, hardware: str | None = None,
         interval: tuple | None = None, scale: float = 1.0, reciprocal: bool = False, per: tuple | None = None,
-        offset: float = 0.0) -> Figure | None:
+        offset: float = 0.0, stat: str = "") -> Figure | None:
     """A figure from a results JSON, or None when the file or the key is not there (pending)."""
     doc = load(root, rel)
     if doc is None:
         return None
     try:
-        raw, by = dig(doc, path), (dig(doc, per) if per else 1.0)
+        raw, by = reduce(dig(doc, path), stat), (dig(doc, per) if per else 1.0)
         ci = tuple(x * scale + offset for x in dig(doc, interval)) if interval else None
     except (KeyError, IndexError, TypeError):
         return None
@@ -125,7 +136,7 @@ def fig(root: Path, rel: str, path: tuple, label: str, fmt: str, kind: str, hard
     hw = hardware or (doc.get("hardware") or {}).get("label") or "?"
     value = apply(float(raw), float(by), scale, reciprocal, offset)
     return Figure(label, value, fmt, rel, path, hw, kind, when(doc) if "created" in doc else "n/a", ci, scale,
-                  reciprocal, per, offset)
+                  reciprocal, per, offset, stat)
 
 
 def bench_kind(root: Path, rel: str) -> str:

@@ -11,11 +11,11 @@ from .figures import Figure, Milestone, fig, load, mode_fig
 
 
 def _answered(m: Milestone, note: str, *figs: Figure | None, pending: str = "") -> Milestone:
-    """A question milestone: its figures that exist; with all of them, done (or in progress while `pending`
-    names a run still to make), the answer as its note."""
+    """A question milestone: its figures that exist; with all of them, done (or answered, while `pending` names
+    a confirming run not made), the answer as its note."""
     m.figures += [f for f in figs if f]
     if len(m.figures) == len(figs):
-        m.status = "in progress" if pending else "done"
+        m.status = "answered" if pending else "done"
         m.note = note + (f"; {pending}" if pending else "")
     return m
 
@@ -77,8 +77,9 @@ def _m3(root: Path, earlier: list[Milestone]) -> Milestone:
     """The write-up: the reader's guide (30_writeup), drawn from the decisions kept in AGENT_LOG.md."""
     m = Milestone("M3", "Write-up: a reader's guide to the reports (30_writeup)")
     if (root / src.WRITEUP_HTML).exists():
-        m.status = "in progress" if any(x.status != "done" for x in earlier) else "done"
-        m.note = "follows the milestones above; its source for decisions and dead ends is AGENT_LOG.md"
+        m.status = "done"
+        m.note = ("rendered; it follows the milestones above (" + ", ".join(f"{x.id} {x.status}" for x in earlier)
+                  + "); its source for decisions and dead ends is AGENT_LOG.md")
     elif (root / "AGENT_LOG.md").exists():
         m.status, m.note = "in progress", "the reader's guide (30_writeup) is not rendered yet"
     return m

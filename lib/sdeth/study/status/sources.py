@@ -24,6 +24,10 @@ COLOCATED = "reports/10_colocated.json"
 ACCEPTANCE = "reports/15_acceptance.json"
 ETHERNET = "reports/20_ethernet.json"
 HETERO = "reports/40_heterogeneous.json"
+# the link curve of the CPU testbed: speedup against an injected round trip, measured and modelled (`bench link`)
+LINK_CPU = "reports/link_cpu.json"
+# what would change the answer: remote against colocated SD over alpha, modelled from measured components
+CROSSOVER = "reports/crossover.json"
 WRITEUP_HTML = "reports/30_writeup.html"
 # figures published elsewhere (each with its page), kept as data so every figure is read from a JSON
 PUBLISHED_FILE = "reports/published.json"

@@ -3,62 +3,79 @@
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass, field
 from itertools import groupby
 from pathlib import Path
 
 from ...paths import REPO
 from . import sources as src
 from .answer import answer
-from .decide import SHARED_BY, Cell, Target, table, targets
-from .figures import Figure, Milestone, Part, fig, bench_hw
+from .decide import Cell, Claim, Target, table, targets, testbed
+from .figures import Figure, Milestone, Part
+from .options import DEFINITIONS
 from .milestones import milestones
 
 PENDING = "Pending: no two-GPU result yet."
+ROW_WORDS = {"8B": "For an 8B-class target", "32B": "For the 32B", "72B-class": "For the 72B-class"}
 
 
-def _opt(t: Target, name: str):
-    return next((o for o in t.options if o.name == name), None)
+@dataclass
+class Verdict(Part):
+    """The verdict: its text, and the claims it makes of the table (decide.check_claims holds it to them)."""
+    claims: list[Claim] = field(default_factory=list)
 
 
-def verdict(root: Path = REPO) -> Part | None:
-    """The answer in one paragraph, every figure read from its results JSON; None while the 8B benchmark is
-    missing."""
+def _pick_pieces(t: Target, cell: Cell) -> tuple[list, Claim]:
+    o = next((o for o in t.options if o.name == cell.option and o.mode == cell.mode), None)
+    if o is None:
+        return [f"{cell.goal}: nothing reaches it"], Claim(t.name, cell.goal, None)
+    return ([f"{cell.goal}: {o.name} ({o.mode}) at ", o.tpot, ", ", o.per_gpu_fig, ", ", o.ratio],
+            Claim(t.name, cell.goal, o.name, o.figures))
+
+
+def _row_pieces(t: Target, cells: list[Cell]) -> tuple[list, list[Claim]]:
+    """One sentence per target: t(1), then each goal's pick with its figures."""
+    pieces, claims = [f"{ROW_WORDS.get(t.name, t.name)} ({t.definition} TPOT; {t.where}), t(1) ", t.t1, ": "], []
+    for i, c in enumerate(c for c in cells if c.target == t.name and c.hardware == "same GPU type"):
+        got, claim = _pick_pieces(t, c)
+        pieces += (["; "] if i else []) + got
+        claims.append(claim)
+    colocated = [o for o in t.options if o.name == "colocated SD"]
+    remote = [c for c in claims if c.option and c.option.startswith("remote")]
+    if colocated and remote:        # a comparison only between options of one baseline, and only when it holds
+        beats = [c for c in remote if c.figures[0].value < min(o.tpot.value for o in colocated)]
+        for c in beats:
+            c.over = "colocated SD"
+        if beats:
+            pieces.append(f"; at the {' and '.join(c.goal for c in beats)} goal the pick has a lower TPOT than "
+                          "colocated SD on the same baseline")
+    never = [o for o in ("remote sync", "remote pipelined") if t.modelled and not any(
+        f.label.startswith(f"modelled: {o} ") for f in t.modelled)]
+    if never:
+        pieces.append(f"; modelled on this row's components, {' and '.join(never)} never beats colocated SD")
+    apart = sorted({o.name for o in t.apart})
+    if apart:
+        pieces.append(f"; {' and '.join(apart)} measured on another baseline (details row), not compared")
+    return pieces + [". "], claims
+
+
+def verdict(root: Path = REPO) -> Verdict | None:
+    """The answer in one paragraph, generated from the decision table (its picks and figures only); None while
+    the 8B benchmark is missing."""
     root = Path(root)
-    ts = {t.name: t for t in targets(root)}
-    small = ts.get("8B")
-    alone, pipe = (_opt(small, "replicas"), _opt(small, "remote pipelined")) if small else (None, None)
-    if not (alone and pipe):
+    ts, cells = targets(root), table(root)
+    if not any(t.name == "8B" for t in ts):
         return None
-    per_gpu = fig(root, src.HEADLINE, ("rows", {"mode": "pipelined"}, "tokens_per_s"), "remote pipelined: tokens/s "
-                  "per GPU", "{:.0f} tok/s per GPU", "arithmetic", bench_hw(root, src.HEADLINE), scale=0.5)
-    pieces = ["For an 8B-class target, a draft on its own GPU buys a little latency and costs throughput: pipelined "
-              "SD with the draft on a second GPU of the same host (TCP on loopback, random weights, synthetic "
-              "acceptance, one request at a time) cuts TPOT from ", alone.tpot, " to ", pipe.tpot, " (", pipe.ratio,
-              ") but gives ", per_gpu, " against ", alone.tok_s, " for a second replica of the target"]
-    eagle = _opt(small, "EAGLE-3-style head")
-    if eagle:
-        pieces += ["; a published EAGLE-3 head on the target's own GPU reports ", eagle.tpot, ", ", eagle.tok_s, " (",
-                   eagle.ratio, ")"]
-    big = [(n, _opt(ts[n], "colocated SD")) for n in ("32B", "72B-class") if n in ts]
-    if big:
-        pieces.append(". For bigger targets the draft is relatively cheaper, and colocated SD on the target's own "
-                      "H200 pays:")
-        for i, (n, o) in enumerate(big):
-            pieces += [" and " if i else " ", o.ratio, f" over the {n} (", o.tpot, ", ", o.tok_s, ")"]
-    shared = [(n, _opt(ts[n], "remote pipelined")) for n in ("32B", "72B-class") if n in ts]
-    shared = [(n, o) for n, o in shared if o]
-    if shared:
-        pieces.append(f". A draft GPU shared by {SHARED_BY} such targets over TCP (emulated targets, one H200 on "
-                      "loopback) gives")
-        for i, (n, o) in enumerate(shared):
-            col = _opt(ts[n], "colocated SD")
-            vs = f", {o.per_gpu / col.per_gpu:.2f}x colocated SD's" if col else ""
-            pieces += [" and " if i else " ", o.ratio, f" over the {n} (", o.tpot, f", {o.per_gpu:.1f} tok/s per GPU{vs})"]
-        pieces.append(": lower TPOT than colocated SD, not yet shown with real targets")
-    pieces.append(". For an 8B target, remote SD earns its second GPU only for a TPOT goal the colocated options "
-                  "miss, with a GPU to spare and outside vLLM (vLLM runs a proposer synchronously). A cheaper draft "
-                  "card, a real network and real weights are not measured.")
-    return Part("Verdict", pieces)
+    pieces, claims = [], []
+    for t in ts:
+        got, cl = _row_pieces(t, cells)
+        pieces, claims = pieces + got, claims + cl
+    pieces.append("Each pick is the most tokens/s per GPU (the draft GPU counted) among the options of the row's "
+                  "baseline that meet the goal at the low end of their 95% interval; random weights, synthetic "
+                  "acceptance, TCP on loopback. vLLM runs a proposer synchronously, so a pipelined pick cannot be "
+                  "had through vLLM today. A cheaper draft card, a real network and real weights are not measured; "
+                  "the bigger targets' remote options ran against emulated targets.")
+    return Verdict("Verdict", pieces, claims)
 
 
 def decision(root: Path = REPO) -> str:
@@ -66,9 +83,10 @@ def decision(root: Path = REPO) -> str:
     cells = [c for c in table(root) if c.hardware == "same GPU type"]
     if not cells:
         return PENDING
-    picks = [f"{c.target} {c.goal}: {c.option or 'the evidence cannot fill it'}" for c in cells]
-    return ("Decision (H200s, batch 1, random weights; python -m sdeth status has every figure): " + "; ".join(picks)
-            + ". Real weights over a real link: pending.")
+    picks = [f"{c.target} {c.goal}: " + (f"{c.option} ({c.mode})" if c.option else "the evidence cannot fill it")
+             for c in cells]
+    return ("Decision (H200s, random weights, each row on its own baseline; python -m sdeth status has every "
+            "figure): " + "; ".join(picks) + ". Real weights over a real link: pending.")
 
 
 def _groups(figs: list[Figure]) -> list[tuple[str, str, list[Figure]]]:
@@ -88,8 +106,26 @@ def _cell_md(c: Cell) -> str:
     return " ".join(x for x in (head + ":", body, f"({c.note})" if c.note else "") if x).replace("|", "/")
 
 
+def _details(t: Target) -> list[Cell]:
+    """The target's details row: every option of its baseline, then those measured on another baseline."""
+    rows = [Cell(t.name, "details", "details", None, o.figures + o.details,
+                 f"{o.name} ({o.mode})" + (f": {o.note}" if o.note else "")) for o in t.options]
+    rows += [Cell(t.name, "details", "details", None, o.figures, f"another baseline: {o.name} ({o.mode}), "
+                  f"{o.baseline.split(' | ')[0]}; {o.note}") for o in t.apart]
+    never = [o for o in ("remote sync", "remote pipelined") if not any(f.label.startswith(f"modelled: {o} ")
+                                                                       for f in t.modelled)]
+    return rows + ([Cell(t.name, "details", "details", None, t.modelled, "what would change the answer: the models "
+                         "fed this row's components" + (f"; {' and '.join(never)} never beat colocated SD below alpha "
+                                                        "0.99" if never else ""))] if t.modelled else [])
+
+
+def _baseline_text(t: Target) -> str:
+    return f"one baseline: {DEFINITIONS[t.definition]}"
+
+
 def decision_markdown(root: Path = REPO) -> str:
-    """The decision table as Markdown: a row per target and TPOT goal, a column per draft hardware."""
+    """The decision table as Markdown: a row per target and TPOT goal, a column per draft hardware; then each
+    target's details row, then the testbed rows."""
     ts = {t.name: t for t in targets(root)}
     cells = table(root)
     if not cells:
@@ -100,6 +136,12 @@ def decision_markdown(root: Path = REPO) -> str:
         t = ts[name]
         out.append(f"| {name}: {t.what}, t(1) **{t.t1.shown}** ({t.t1.kind}; {t.t1.source}) | {_goal_text(t, goal)} "
                    f"| {_cell_md(same)} | {_cell_md(cheap)} |")
+        if goal == list(src.TPOT_GOALS)[-1]:
+            detail = " ".join(_cell_md(c).removeprefix("*the evidence cannot fill it*: ") for c in _details(t))
+            out.append(f"| {name}: details | {_baseline_text(t)} | {detail} | |")
+    for c in testbed(root):
+        out.append(f"| testbed (not an H200 row) | {c.goal} | {_cell_md(c).removeprefix('*the evidence cannot fill it*: ')}"
+                   " | |")
     return "\n".join(out) + "\n"
 
 
@@ -138,8 +180,14 @@ def _td(span: tuple[str, int] | None) -> str:
     return f'<td rowspan="{span[1]}">{span[0]}</td>' if span[1] > 1 else f"<td>{span[0]}</td>"
 
 
+def _plain_html(c: Cell) -> str:
+    """A details or testbed cell: its figures and note, no pick."""
+    return _cell_html(c).split("<br>", 1)[-1] if c.figures or c.note else ""
+
+
 def decision_html(root: Path = REPO) -> str:
-    """The decision table as an HTML table (the index and 30_writeup); equal neighbouring cells merged."""
+    """The decision table as an HTML table (the index and 30_writeup); equal neighbouring cells merged; each
+    target's details row under its goals, the testbed rows last."""
     ts = {t.name: t for t in targets(root)}
     cells = table(root)
     if not cells:
@@ -150,10 +198,17 @@ def decision_html(root: Path = REPO) -> str:
         same = _spans([_cell_html(c) for c in group if c.hardware == "same GPU type"])
         cheap = _spans([_cell_html(c) for c in group if c.hardware == "a cheaper card"])
         for i, goal in enumerate(src.TPOT_GOALS):
-            lead = (f'<th rowspan="{len(src.TPOT_GOALS)}">{html.escape(name)}<br><span class="note">'
+            lead = (f'<th rowspan="{len(src.TPOT_GOALS) + 1}">{html.escape(name)}<br><span class="note">'
                     f'{html.escape(t.what)}</span><br>t(1) <b>{html.escape(t.t1.shown)}</b> <span class="src">'
                     f'({t.t1.kind}; {html.escape(t.t1.source.removeprefix("reports/"))})</span></th>') if i == 0 else ""
             rows.append(f"<tr>{lead}<td>{html.escape(_goal_text(t, goal))}</td>{_td(same[i])}{_td(cheap[i])}</tr>")
+        detail = "<br>".join(_plain_html(c) for c in _details(t))
+        rows.append(f'<tr class="details"><td>details: {html.escape(_baseline_text(t))}</td><td colspan="2">'
+                    f'<details><summary>every option of this baseline, and those measured elsewhere</summary>{detail}'
+                    "</details></td></tr>")
+    for c in testbed(root):
+        rows.append(f'<tr class="testbed"><th>testbed (not an H200 row)</th><td>{html.escape(c.goal)}</td>'
+                    f'<td colspan="2">{_plain_html(c)}</td></tr>')
     return ('<table class="decision"><tr><th>target</th><th>TPOT goal</th><th>draft on the same GPU type</th>'
             '<th>draft on a cheaper card</th></tr>' + "".join(rows) + "</table>")
 
