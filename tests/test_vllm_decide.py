@@ -121,3 +121,16 @@ def test_the_study_sets_the_proposers_step_where_it_did_not_wait_against_target_
     log.t_written = 0.0                                      # (written once a second: the next add writes)
     log.add()
     assert [set(x) for x in S._jsonl(tmp_path / "engine.jsonl")] == [{"t"}]
+
+
+def test_a_sync_step_with_no_round_to_answer_waits_not_at_all():
+    """A row still in prefill gets its track opened and no round: the step's decision is sync's, its wait 0."""
+    server = StreamStub()
+    p = VP.RemoteDraftProposer(vllm_config(3, 200), addr=server.addr, hello=HELLO, deadline_ms=500)
+    p.load_model()
+    b = Batch()
+    b.add([5, 6, 7], sampled=False)
+    assert p.propose(*b.args()) == [[]] and p.stats.opened == 1
+    assert p.decision == (3, pytest.approx(0.5), 0.0) and p.stats.waited == 0
+    p.close()
+    server.kill()

@@ -293,11 +293,15 @@ class RemoteDraftProposer:
                 for _, s, pos, most in reads]
 
     def _await_streamed(self, reads, want: list[int], deadline: float) -> float:
-        """Take messages until each read row has `want` drafts on offer or the deadline passes; the time waited."""
+        """Take messages until each read row has `want` drafts on offer or the deadline passes; the time waited
+        (0: every row had them)."""
+        def short() -> bool:
+            return any(n and s.seq in self.streams.streams and len(self.streams.drafts(s, pos, n)) < n
+                       for (_, s, pos, _), n in zip(reads, want))
+        if not short():
+            return 0.0
         t0 = time.perf_counter()
-        while (left := deadline - time.perf_counter()) > 0 and any(
-                n and s.seq in self.streams.streams and len(self.streams.drafts(s, pos, n)) < n
-                for (_, s, pos, _), n in zip(reads, want)):
+        while (left := deadline - time.perf_counter()) > 0 and short():
             m = self._recv(left)
             if m is None:
                 break
@@ -396,7 +400,10 @@ class RemoteDraftProposer:
             self._take(m)
 
     def _await(self, deadline: float) -> float:
-        """Take messages until every round of this step is answered or the deadline passes; the time waited."""
+        """Take messages until every round of this step is answered or the deadline passes; the time waited (0: no
+        round was sent)."""
+        if not self.waiting:
+            return 0.0
         t0 = time.perf_counter()
         while self.waiting and (left := deadline - time.perf_counter()) > 0:
             m = self._recv(left)
