@@ -36,8 +36,9 @@ for benchmarks.
 Deciding. Whether a step waits, and for how long, is decided in one place, `_decide`: (drafts a row waits for
 beyond those on offer, the longest wait). Sync waits for every round's k drafts up to the deadline; stream takes
 what is on offer (0, 0). Each step's decision and the time it waited go in the step log. What a policy would weigh
-is kept as the run goes, cheaply (`measured()`): the target's step (the deadline's median), the draft period and
-the restart latency (streaming: wire.vllm_streams measures them), and the drafts verified and accepted so far.
+is kept as the run goes, cheaply (`measured()`): the target's step (the deadline's median), the draft period (the
+server's step, from its Streamed messages), the restart latency (wire.vllm_streams; a bound in whole steps unless
+seen during a wait: messages are read only inside propose), and the drafts verified and accepted so far.
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ from .auth import Keys
 from .transport import Client, Log, PeerGone
 from .vllm_rows import (IDLE_STEPS, MAX_ROW_TOKENS, MAX_ROWS, MAX_TRACKS, Bounds, Plan,  # noqa: F401
                         ProposerError, Round, RowTracker, Track, common_prefix, fits)
-from .vllm_streams import StepLog, StreamPlan, StreamTracker
+from .vllm_streams import MEASURE_WINDOW, StepLog, StreamPlan, StreamTracker
 
 ADDR_ENV = "SDETH_DRAFT_SERVER"          # tcp://HOST:PORT of the draft server
 DEADLINE_ENV = "SDETH_DRAFT_DEADLINE_MS"  # how long a step waits for Drafts
@@ -137,8 +138,8 @@ class ProposerStats:
 class Measured(NamedTuple):
     """What a policy deciding whether a step waits would weigh, as measured so far (None: not seen yet)."""
     target_step_s: float | None  # the target's step: median of the last STEP_WINDOW gaps between two propose calls
-    draft_period_s: float | None  # streaming: the time a stream's drafts take a position to arrive (median)
-    restart_s: float | None      # streaming: a new epoch's commit sent -> its first draft arrived (median)
+    draft_period_s: float | None  # streaming: the server's step, a token a stream (median of its Streamed compute)
+    restart_s: float | None      # streaming: a new epoch's commit sent -> its first draft taken (median; a bound)
     verified: int                # drafts offered whose verdict came back
     accepted: int                # ... of them accepted (accepted / verified: the acceptance so far)
 
@@ -191,6 +192,7 @@ class RemoteDraftProposer:
         self.waiting: dict[str, tuple[int, int]] = {}  # this step's rounds: seq -> (row, k)
         self.out: list[list[int]] = []
         self.decision = (0, 0.0, 0.0)                  # this step's: drafts waited for, longest wait, time waited (s)
+        self.draft_steps_s: collections.deque = collections.deque(maxlen=MEASURE_WINDOW)   # the server's, streaming
 
     def load_model(self, *args, **kwargs) -> None:
         """Connect: Hello, and up to CONNECT_WAIT_S for the Welcome. A server that refuses the pair (another
@@ -254,7 +256,7 @@ class RemoteDraftProposer:
         """What a policy would weigh (Measured), as measured so far."""
         st, streams = self.stats, self.streams
         return Measured(statistics.median(self.steps_s) if self.steps_s else None,
-                        streams.draft_period_s() if streams is not None else None,
+                        statistics.median(self.draft_steps_s) if self.draft_steps_s else None,
                         streams.restart_s() if streams is not None else None, st.verified, st.accepted)
 
     def _stream_step(self, plan: StreamPlan) -> None:
@@ -434,6 +436,7 @@ class RemoteDraftProposer:
             if m.draft_ms > 0:                             # a step's tokens (not a foreseen verdict's branch)
                 self.stats.server_draft_s += m.draft_ms / 1e3
                 self.stats.server_steps += 1
+                self.draft_steps_s.append(m.draft_ms / 1e3)
         elif isinstance(m, protocol.Ended):
             self.stats.confirmed += 1
         elif isinstance(m, protocol.Drafts):

@@ -18,11 +18,12 @@ not resumed), and at once while `max_streams` are held and a new row waits. A st
 stream). A row whose context leaves no room for the window within `context` gets no stream.
 
 Measured on the way, for a policy that decides whether a step waits (each an O(1) update of an event this module
-already handles): the *draft period*, the time a stream's drafts take a position to arrive (between two arrivals of
-one epoch, over the positions between them; not across a restart, nor after an arrival that filled the window as
-far as this side knows: the server then waits for commits, not on its draft); the *restart latency*, from the commit
-that starts a new epoch leaving here (its step's `now`) to that epoch's first draft arriving; and the verdicts: of
-the drafts offered to a row, how many its next commits accepted.
+already handles): the *restart latency*, from the commit that starts a new epoch leaving here (its step's `now`) to
+that epoch's first draft being taken (`now` of the take); and the verdicts: of the drafts offered to a row, how many
+its next commits accepted. The proposer reads messages only inside its propose calls, so a draft that arrived while
+vLLM ran its forward is taken at the next call: the latency is then a bound, in whole steps, and exact only for a
+draft taken while a step waits. (How fast drafts come, the draft period, is the server's step: the proposer takes it
+from the Streamed messages' compute, not from arrival times, which the same polling blurs.)
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from .vllm_rows import IDLE_STEPS, MAX_TRACKS, common_prefix
 
 HOLD_S = 1.0             # a stream refused (other than desync) drafts nothing this long, then opens again
 LOG_EVERY_S = 1.0        # a StepLog writes its lines this often
-MEASURE_WINDOW = 64      # draft periods and restart latencies a median is taken over
+MEASURE_WINDOW = 64      # restart latencies (and the proposer's draft periods) a median is taken over
 SENDS_KEPT = 16          # a stream's last steps of commits whose send time a restart can be traced to
 
 
@@ -111,9 +112,6 @@ class Stream:
     held_until: float = 0.0              # refused: no drafts before then, a new stream after
     raw: bytes = b""                     # context's bytes (what fits compares)
     offered: list[int] = field(default_factory=list)   # the drafts offered to its row at the last step
-    t_drafted: float = 0.0               # when a draft of this epoch last arrived (0: none since a restart)
-    last_pos: int = -1                   # ... its position
-    full: bool = False                   # ... it filled the window (the server then waits for commits)
     t_restart: float = 0.0               # a new epoch's first draft awaited since its commit left then (0: none)
     sends: collections.deque = field(default_factory=lambda: collections.deque(maxlen=SENDS_KEPT))  # (pos, t)
 
@@ -143,7 +141,6 @@ class StreamTracker:
         self.streams: dict[str, Stream] = {}
         self.by_row: dict[int, Stream] = {}
         self.count = 0
-        self.periods: collections.deque = collections.deque(maxlen=MEASURE_WINDOW)    # draft period (s)
         self.restarts_s: collections.deque = collections.deque(maxlen=MEASURE_WINDOW)  # restart latency (s)
 
     def plan(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, k: int, context: int,
@@ -214,15 +211,15 @@ class StreamTracker:
             s.view.on_commit(off + j, token)
         s.sends.append((off, now))
         if s.view.restarts != restarts:                  # a commit differed from an arrived draft: a new epoch
-            s.t_restart, s.t_drafted = now, 0.0
+            s.t_restart = now
         s.context = ctx.copy()
         s.raw = s.context.tobytes()
 
     def take(self, rows: list[protocol.StreamRow], now: float | None = None) -> int:
         """A Streamed's rows into their streams' views (rows of ended streams or old generations are dropped);
-        the rows taken. `now`: when the message arrived (default: now), for the draft period and restarts."""
+        the rows taken. `now`: when the message was taken (default: now), for the restart latency."""
         now = time.perf_counter() if now is None else now
-        n, before = 0, {}                                # stream -> (t_drafted, last_pos, full) before this message
+        n = 0
         for r in rows:
             s = self.streams.get(r.seq)
             if s is None or r.gen != s.gen:
@@ -231,18 +228,10 @@ class StreamTracker:
             s.view.on_drafted(r.epoch, r.pos, r.token)
             n += 1
             if s.view.restarts != restarts:              # our unresolved commit differed: the server restarts there
-                s.t_restart, s.t_drafted = self._sent_at(s, r.pos), 0.0
-                before.pop(s, None)
-            elif r.epoch == s.view.epoch:
-                if s.t_restart:
-                    self.restarts_s.append(now - s.t_restart)
-                    s.t_restart = 0.0
-                before.setdefault(s, (s.t_drafted, s.last_pos, s.full))
-                s.t_drafted, s.last_pos = now, max(s.last_pos, r.pos) if s.t_drafted else r.pos
-        for s, (t, pos, full) in before.items():
-            if t and not full and s.last_pos > pos:
-                self.periods.append((now - t) / (s.last_pos - pos))
-            s.full = s.last_pos >= len(s.context) - s.base + self.window - 1
+                s.t_restart = self._sent_at(s, r.pos)
+            elif r.epoch == s.view.epoch and s.t_restart:
+                self.restarts_s.append(now - s.t_restart)
+                s.t_restart = 0.0
         return n
 
     @staticmethod
@@ -252,10 +241,6 @@ class StreamTracker:
             if first <= pos:
                 return t
         return 0.0
-
-    def draft_period_s(self) -> float | None:
-        """The median draft period over the last MEASURE_WINDOW (None: none measured yet)."""
-        return statistics.median(self.periods) if self.periods else None
 
     def restart_s(self) -> float | None:
         """The median restart latency over the last MEASURE_WINDOW (None: none measured yet)."""
