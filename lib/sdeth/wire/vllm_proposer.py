@@ -32,6 +32,13 @@ context exactly (wire.vllm_streams has the rules), [] when none has arrived. Wit
 path, each step's host time, rows, rows offered drafts and drafts offered (and, streaming, the server's draft
 steps received since the step before, with their compute) are appended there (JSON lines, written once a second),
 for benchmarks.
+
+Deciding. Whether a step waits, and for how long, is decided in one place, `_decide`: (drafts a row waits for
+beyond those on offer, the longest wait). Sync waits for every round's k drafts up to the deadline; stream takes
+what is on offer (0, 0). Each step's decision and the time it waited go in the step log. What a policy would weigh
+is kept as the run goes, cheaply (`measured()`): the target's step (the deadline's median), the draft period (the
+server's step, from its Streamed messages), the restart latency (wire.vllm_streams; a bound in whole steps unless
+seen during a wait: messages are read only inside propose), and the drafts verified and accepted so far.
 """
 from __future__ import annotations
 
@@ -40,6 +47,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import zmq
 
@@ -48,7 +56,7 @@ from .auth import Keys
 from .transport import Client, Log, PeerGone
 from .vllm_rows import (IDLE_STEPS, MAX_ROW_TOKENS, MAX_ROWS, MAX_TRACKS, Bounds, Plan,  # noqa: F401
                         ProposerError, Round, RowTracker, Track, common_prefix, fits)
-from .vllm_streams import StepLog, StreamPlan, StreamTracker
+from .vllm_streams import MEASURE_WINDOW, StepLog, StreamPlan, StreamTracker
 
 ADDR_ENV = "SDETH_DRAFT_SERVER"          # tcp://HOST:PORT of the draft server
 DEADLINE_ENV = "SDETH_DRAFT_DEADLINE_MS"  # how long a step waits for Drafts
@@ -122,6 +130,18 @@ class ProposerStats:
     confirmed: int = 0           # Ended replies received (the server processed an End; it answers any End so)
     server_steps: int = 0        # stream: the server's draft steps whose Streamed reached this proposer (their
                                  # compute is added to server_draft_s: one token a stream a step)
+    verified: int = 0            # drafts offered to vLLM whose verdict came back (the row's next tokens)
+    accepted: int = 0            # ... of them accepted
+    waited: int = 0              # steps that waited for drafts (any time at all)
+
+
+class Measured(NamedTuple):
+    """What a policy deciding whether a step waits would weigh, as measured so far (None: not seen yet)."""
+    target_step_s: float | None  # the target's step: median of the last STEP_WINDOW gaps between two propose calls
+    draft_period_s: float | None  # streaming: the server's step, a token a stream (median of its Streamed compute)
+    restart_s: float | None      # streaming: a new epoch's commit sent -> its first draft taken (median; a bound)
+    verified: int                # drafts offered whose verdict came back
+    accepted: int                # ... of them accepted (accepted / verified: the acceptance so far)
 
 
 class RemoteDraftProposer:
@@ -171,6 +191,8 @@ class RemoteDraftProposer:
         self.backoff_s = 0.0                           # the wait after the last refused Hello (0: none refused)
         self.waiting: dict[str, tuple[int, int]] = {}  # this step's rounds: seq -> (row, k)
         self.out: list[list[int]] = []
+        self.decision = (0, 0.0, 0.0)                  # this step's: drafts waited for, longest wait, time waited (s)
+        self.draft_steps_s: collections.deque = collections.deque(maxlen=MEASURE_WINDOW)   # the server's, streaming
 
     def load_model(self, *args, **kwargs) -> None:
         """Connect: Hello, and up to CONNECT_WAIT_S for the Welcome. A server that refuses the pair (another
@@ -198,15 +220,17 @@ class RemoteDraftProposer:
             self.steps_s.append(gap)
         self.out = [[] for _ in sampled_token_ids]
         self.waiting = {}
+        self.decision = (0, 0.0, 0.0)
         try:
-            if self._ready(t0) and self.streams is not None:      # stream mode: no wait
+            if self._ready(t0) and self.streams is not None:      # stream mode: what is on offer (or _decide's wait)
                 self._stream_step(self.streams.plan(sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
                                                     self.bounds.k, self.bounds.context, t0))
             elif self.peer is not None:                          # sync mode: Rounds, and Drafts by the deadline
                 plan = self.tracker.plan(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, self.bounds.k,
                                          self.bounds.context, t0)
                 self._send_plan(plan, t0)
-                self._await(t0 + self.deadline())
+                wait_for, wait_s = self._decide([])
+                self.decision = (wait_for, wait_s, self._await(t0 + wait_s))
         except (PeerGone, zmq.ZMQError) as e:
             self._lost(str(e))
         self.stats.steps += 1
@@ -214,12 +238,30 @@ class RemoteDraftProposer:
         self.t_returned = time.perf_counter()
         self.stats.host_s += self.t_returned - t0
         st = self.stats
+        st.waited += self.decision[2] > 0
         self.steplog.add(t0, self.t_returned, self.out, gap, (st.server_draft_s, st.server_steps),
-                         (st.opened, st.ended, st.confirmed))
+                         (st.opened, st.ended, st.confirmed), self.decision)
         return self.out
 
+    def _decide(self, offered: list[int]) -> tuple[int, float]:
+        """Whether this step waits: (drafts a row waits for beyond those on offer, the longest wait in seconds).
+        offered: [rows read] the drafts on offer to each row now (streaming; sync: [], nothing is on offer before
+        the step's Rounds go out). Sync waits for every round's drafts (k) until the deadline; stream takes what is
+        on offer (0, 0.0). A policy would decide here from `measured()`."""
+        if self.streams is None:
+            return self.bounds.k, self.deadline()
+        return 0, 0.0
+
+    def measured(self) -> Measured:
+        """What a policy would weigh (Measured), as measured so far."""
+        st, streams = self.stats, self.streams
+        return Measured(statistics.median(self.steps_s) if self.steps_s else None,
+                        statistics.median(self.draft_steps_s) if self.draft_steps_s else None,
+                        streams.restart_s() if streams is not None else None, st.verified, st.accepted)
+
     def _stream_step(self, plan: StreamPlan) -> None:
-        """Stream mode: Ends, Opens and the step's commits out; each row's drafts from what has arrived (no wait)."""
+        """Stream mode: Ends, Opens and the step's commits out; each row's drafts from what has arrived, or, where
+        _decide says so, from what arrives within its wait."""
         for s in plan.ends:
             self._send(protocol.End(s.seq))
         for s, ctx in plan.opens:
@@ -230,11 +272,45 @@ class RemoteDraftProposer:
         self.stats.opened += len(plan.opens)
         self.stats.ended += len(plan.ends)
         self.stats.commits += len(plan.commits)
-        for row, s, pos, most in plan.reads:           # (what has arrived was taken before the plan: _ready)
-            if s.seq in self.streams.streams and (drafts := self.streams.drafts(s, pos, most)):
+        self.stats.verified += plan.verified
+        self.stats.accepted += plan.accepted
+        got = self._offer(plan.reads)                  # (what has arrived was taken before the plan: _ready)
+        wait_for, wait_s = self._decide([len(d) for d in got])
+        if wait_for > 0 and wait_s > 0 and plan.reads:
+            want = [min(most, len(d) + wait_for) for d, (*_, most) in zip(got, plan.reads)]
+            self.decision = (wait_for, wait_s, self._await_streamed(plan.reads, want, time.perf_counter() + wait_s))
+            got = self._offer(plan.reads)
+        else:
+            self.decision = (wait_for, wait_s, 0.0)
+        for (row, s, *_), drafts in zip(plan.reads, got):
+            if drafts:
                 self.out[row] = drafts
+                s.offered = drafts
                 self.stats.ready += 1
                 self.stats.offered += len(drafts)
+
+    def _offer(self, reads) -> list[list[int]]:
+        """The drafts on offer to each read row now ([] for a stream gone meanwhile)."""
+        return [self.streams.drafts(s, pos, most) if s.seq in self.streams.streams else []
+                for _, s, pos, most in reads]
+
+    def _await_streamed(self, reads, want: list[int], deadline: float) -> float:
+        """Take messages until each read row has `want` drafts on offer or the deadline passes; the time waited
+        (0: every row had them)."""
+        def short() -> bool:
+            return any(n and s.seq in self.streams.streams and len(self.streams.drafts(s, pos, n)) < n
+                       for (_, s, pos, _), n in zip(reads, want))
+        if not short():
+            return 0.0
+        t0 = time.perf_counter()
+        while (left := deadline - time.perf_counter()) > 0 and short():
+            m = self._recv(left)
+            if m is None:
+                break
+            self._take(m)
+        waited = time.perf_counter() - t0
+        self.stats.wait_s += waited
+        return waited
 
     def deadline(self) -> float:
         """Seconds this step waits for Drafts: deadline_s, or step_ratio x the target's recent step if longer."""
@@ -301,6 +377,10 @@ class RemoteDraftProposer:
             self._send(protocol.Open(t.seq, 0, ctx.tolist()))
         rows = []
         for r in plan.rounds:
+            if r.track.offered:                         # the verdict on what vLLM was offered of its last proposal
+                self.stats.verified += r.track.offered
+                self.stats.accepted += min(r.accepted, r.track.offered)
+                r.track.offered = 0
             rows.append(protocol.Row(r.track.seq, 0, r.have, r.accepted, r.tokens, r.k))
             self.waiting[r.track.seq] = (r.row, r.k)
             r.track.sent_at = now
@@ -321,15 +401,20 @@ class RemoteDraftProposer:
         while self.conn is not None and (m := self._recv(0)) is not None:
             self._take(m)
 
-    def _await(self, deadline: float) -> None:
-        """Take messages until every round of this step is answered or the deadline passes."""
+    def _await(self, deadline: float) -> float:
+        """Take messages until every round of this step is answered or the deadline passes; the time waited (0: no
+        round was sent)."""
+        if not self.waiting:
+            return 0.0
         t0 = time.perf_counter()
         while self.waiting and (left := deadline - time.perf_counter()) > 0:
             m = self._recv(left)
             if m is None:
                 break
             self._take(m)
-        self.stats.wait_s += time.perf_counter() - t0
+        waited = time.perf_counter() - t0
+        self.stats.wait_s += waited
+        return waited
 
     def _take(self, m) -> None:
         """One message from the server: a Welcome, Drafts (this step's, late or refused rows), an Error, a Pong."""
@@ -347,10 +432,11 @@ class RemoteDraftProposer:
                               f"{self.deadline_s * 1e3:.0f} ms or {self.step_ratio:g} target steps if longer)")
             self.peer, self.backoff_s = m, 0.0
         elif isinstance(m, protocol.Streamed):
-            self.stats.streamed += self.streams.take(m.rows) if self.streams is not None else 0
+            self.stats.streamed += self.streams.take(m.rows, self.t_heard) if self.streams is not None else 0
             if m.draft_ms > 0:                             # a step's tokens (not a foreseen verdict's branch)
                 self.stats.server_draft_s += m.draft_ms / 1e3
                 self.stats.server_steps += 1
+                self.draft_steps_s.append(m.draft_ms / 1e3)
         elif isinstance(m, protocol.Ended):
             self.stats.confirmed += 1
         elif isinstance(m, protocol.Drafts):
@@ -407,6 +493,7 @@ class RemoteDraftProposer:
             return
         row, k = mine
         self.out[row] = t.prev[:k]
+        t.offered = len(self.out[row])
         self.stats.answered += 1
 
     def close(self) -> None:

@@ -64,6 +64,7 @@ class Track:
     sent_at: float = 0.0                 # a round awaits its Drafts since then (0: none)
     idle: int = 0                        # steps since a row last fitted it
     held_until: float = 0.0              # refused by the server: no rounds before then, a new track after
+    offered: int = 0                     # of prev, the drafts vLLM was offered (0: none, or late)
 
 
 class Round(NamedTuple):

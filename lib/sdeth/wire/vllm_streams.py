@@ -16,21 +16,33 @@ a stream no row fits for `idle_steps` steps is ended (its request finished, was 
 not resumed), and at once while `max_streams` are held and a new row waits. A stream the server refused is dropped
 (desync: it is opened again at the row's next step) or held for `hold_s` (any other refusal: no drafts, then a new
 stream). A row whose context leaves no room for the window within `context` gets no stream.
+
+Measured on the way, for a policy that decides whether a step waits (each an O(1) update of an event this module
+already handles): the *restart latency*, from the commit that starts a new epoch leaving here (its step's `now`) to
+that epoch's first draft being taken (`now` of the take); and the verdicts: of the drafts offered to a row, how many
+its next commits accepted. The proposer reads messages only inside its propose calls, so a draft that arrived while
+vLLM ran its forward is taken at the next call: the latency is then a bound, in whole steps, and exact only for a
+draft taken while a step waits. (How fast drafts come, the draft period, is the server's step: the proposer takes it
+from the Streamed messages' compute, not from arrival times, which the same polling blurs.)
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
+import statistics
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import protocol
-from .vllm_rows import IDLE_STEPS, MAX_TRACKS
+from .vllm_rows import IDLE_STEPS, MAX_TRACKS, common_prefix
 
 HOLD_S = 1.0             # a stream refused (other than desync) drafts nothing this long, then opens again
 LOG_EVERY_S = 1.0        # a StepLog writes its lines this often
+MEASURE_WINDOW = 64      # restart latencies (and the proposer's draft periods) a median is taken over
+SENDS_KEPT = 16          # a stream's last steps of commits whose send time a restart can be traced to
 
 
 class View:
@@ -99,6 +111,9 @@ class Stream:
     idle: int = 0                        # steps since a row last fitted it
     held_until: float = 0.0              # refused: no drafts before then, a new stream after
     raw: bytes = b""                     # context's bytes (what fits compares)
+    offered: list[int] = field(default_factory=list)   # the drafts offered to its row at the last step
+    t_restart: float = 0.0               # a new epoch's first draft awaited since its commit left then (0: none)
+    sends: collections.deque = field(default_factory=lambda: collections.deque(maxlen=SENDS_KEPT))  # (pos, t)
 
     def __post_init__(self):
         self.raw = self.context.tobytes()
@@ -112,6 +127,8 @@ class StreamPlan:
     commits: list[protocol.CommitRow] = field(default_factory=list)
     ends: list[Stream] = field(default_factory=list)
     reads: list[tuple[int, Stream, int, int]] = field(default_factory=list)
+    verified: int = 0                    # drafts offered last step whose verdict these commits carry
+    accepted: int = 0                    # ... of them accepted
 
 
 class StreamTracker:
@@ -124,6 +141,7 @@ class StreamTracker:
         self.streams: dict[str, Stream] = {}
         self.by_row: dict[int, Stream] = {}
         self.count = 0
+        self.restarts_s: collections.deque = collections.deque(maxlen=MEASURE_WINDOW)  # restart latency (s)
 
     def plan(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, k: int, context: int,
              now: float) -> StreamPlan:
@@ -145,7 +163,7 @@ class StreamTracker:
             if s is None:
                 s = self._open(plan, ctx)
             if not s.held_until:                                 # (a held stream sends nothing until it starts over)
-                self._commit(plan, s, ctx[:context - 3])         # (the server's limit on a stream's positions)
+                self._commit(plan, s, ctx[:context - 3], now)    # (the server's limit on a stream's positions)
             claimed.add(s)
             by_row[i] = s
             s.idle = 0
@@ -177,28 +195,56 @@ class StreamTracker:
         plan.opens.append((s, s.context))
         return s
 
-    def _commit(self, plan: StreamPlan, s: Stream, ctx: np.ndarray) -> None:
-        """Every token of ctx past s's context, in order, as commits; the view follows them."""
+    def _commit(self, plan: StreamPlan, s: Stream, ctx: np.ndarray, now: float = 0.0) -> None:
+        """Every token of ctx past s's context, in order, as commits; the view follows them. The drafts offered
+        last step get their verdict (the leading news equal to them; the last token is the target's own)."""
         n0 = len(s.context)
         if len(ctx) <= n0:
             return
-        off = n0 - s.base
-        for j, token in enumerate(ctx[n0:].tolist()):
+        off, news, restarts = n0 - s.base, ctx[n0:].tolist(), s.view.restarts
+        if s.offered:
+            plan.verified += len(s.offered)
+            plan.accepted += min(common_prefix(news, s.offered), len(news) - 1)
+            s.offered = []
+        for j, token in enumerate(news):
             plan.commits.append(protocol.CommitRow(s.seq, s.gen, off + j, token))
             s.view.on_commit(off + j, token)
+        s.sends.append((off, now))
+        if s.view.restarts != restarts:                  # a commit differed from an arrived draft: a new epoch
+            s.t_restart = now
         s.context = ctx.copy()
         s.raw = s.context.tobytes()
 
-    def take(self, rows: list[protocol.StreamRow]) -> int:
+    def take(self, rows: list[protocol.StreamRow], now: float | None = None) -> int:
         """A Streamed's rows into their streams' views (rows of ended streams or old generations are dropped);
-        the rows taken."""
+        the rows taken. `now`: when the message was taken (default: now), for the restart latency."""
+        now = time.perf_counter() if now is None else now
         n = 0
         for r in rows:
             s = self.streams.get(r.seq)
-            if s is not None and r.gen == s.gen:
-                s.view.on_drafted(r.epoch, r.pos, r.token)
-                n += 1
+            if s is None or r.gen != s.gen:
+                continue
+            restarts = s.view.restarts
+            s.view.on_drafted(r.epoch, r.pos, r.token)
+            n += 1
+            if s.view.restarts != restarts:              # our unresolved commit differed: the server restarts there
+                s.t_restart = self._sent_at(s, r.pos)
+            elif r.epoch == s.view.epoch and s.t_restart:
+                self.restarts_s.append(now - s.t_restart)
+                s.t_restart = 0.0
         return n
+
+    @staticmethod
+    def _sent_at(s: Stream, pos: int) -> float:
+        """When the commit at stream position pos left (the step that sent it), 0 if no longer known."""
+        for first, t in reversed(s.sends):
+            if first <= pos:
+                return t
+        return 0.0
+
+    def restart_s(self) -> float | None:
+        """The median restart latency over the last MEASURE_WINDOW (None: none measured yet)."""
+        return statistics.median(self.restarts_s) if self.restarts_s else None
 
     def refused(self, seq: str, gen: int, code: str, now: float) -> bool:
         """The server refused stream seq: dropped (desync: it no longer holds it), or held for hold_s. Whether
@@ -238,18 +284,20 @@ class StepLog:
     start (wall clock, time.time()), `host_ms` propose's own time, `gap_ms` the time since the previous step
     returned (the target's step; 0: not timed), `rows`, `ready` (rows offered drafts), `offered` (drafts offered),
     `server_steps` and `server_ms` (the server's draft steps whose tokens arrived since the step before, and their
-    compute on its clock: how fast it drafts while the target steps), and the proposer's totals so far of sequences
-    `opened`, `ended` (End sent) and `confirmed` (Ended received: the End processed by the server). An empty path: nothing is
-    kept."""
+    compute on its clock: how fast it drafts while the target steps), the proposer's totals so far of sequences
+    `opened`, `ended` (End sent) and `confirmed` (Ended received: the End processed by the server), and the step's
+    decision: `wait_for` (drafts a row waited for beyond those on offer; 0: it took what was on offer),
+    `wait_max_ms` (the longest it would wait) and `waited_ms` (how long it waited). An empty path: nothing is kept."""
 
     def __init__(self, path: str):
         self.path, self.lines, self.t_written = path, [], time.perf_counter()
         self.server = (0.0, 0)                   # the server's draft seconds and steps so far (the last add's)
 
     def add(self, t0: float, t1: float, out: list[list[int]], gap_s: float, server: tuple[float, int] = (0.0, 0),
-            seqs: tuple[int, int, int] = (0, 0, 0)):
+            seqs: tuple[int, int, int] = (0, 0, 0), decision: tuple[int, float, float] = (0, 0.0, 0.0)):
         """One step; `server`: the server's draft seconds and steps received so far, `seqs`: sequences opened, ended
-        and confirmed ended so far (the proposer's totals)."""
+        and confirmed ended so far (the proposer's totals), `decision`: drafts waited for, the longest wait (s) and
+        the time waited (s)."""
         if not self.path:
             return
         (s0, n0), self.server = self.server, server
@@ -257,7 +305,8 @@ class StepLog:
                                       "gap_ms": gap_s * 1e3, "rows": len(out), "ready": sum(1 for d in out if d),
                                       "offered": sum(len(d) for d in out), "server_steps": server[1] - n0,
                                       "server_ms": (server[0] - s0) * 1e3, "opened": seqs[0], "ended": seqs[1],
-                                      "confirmed": seqs[2]}))
+                                      "confirmed": seqs[2], "wait_for": decision[0],
+                                      "wait_max_ms": decision[1] * 1e3, "waited_ms": decision[2] * 1e3}))
         if t1 - self.t_written > LOG_EVERY_S:
             self.flush()
 

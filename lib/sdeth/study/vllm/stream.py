@@ -9,6 +9,14 @@ two propose calls: the target's forward and vLLM's bookkeeping). On a CPU target
 show as a speedup (the target's step dwarfs the rest); what transfers is which share of steps has drafts, how many
 are accepted, and what the proposer costs the host.
 
+A step's *period* is its start to the next step's start, timed at one point of vLLM's engine loop: for the proposer,
+propose's host time plus the gap after it (the next step's forward verifies what this step offered); for target-only,
+which has no proposer, the time between two calls of vLLM's model runner's `sample_tokens` (once a step, timed in
+every run the same way: `engine_step_ms`). Where propose decided not to wait (its step log's `wait_for` 0), its
+period's p99 less target-only's p99 at the same concurrency is what the proposer costs a step when it does not wait
+(`not_waiting_p99_over_target_only_ms`; the period then includes the verification of the drafts it offered; the
+same over steps that offered none: `no_drafts_p99_over_target_only_ms`).
+
     python -m sdeth.study.vllm.stream --json reports/vllm_stream_cpu.json     # (make bench-vllm)
 """
 from __future__ import annotations
@@ -25,6 +33,7 @@ from pathlib import Path
 
 from ...metrics import percentile
 from ...paths import REPO
+from ...wire.vllm_streams import LOG_EVERY_S
 
 CONCURRENCY = (1, 4, 8)
 PIN = {"VLLM_CPU_OMP_THREADS_BIND": "0"}   # vLLM's threads on core 0; the draft server is put on core 1
@@ -32,11 +41,40 @@ VLLM_CORES, DRAFT_CORES = {0}, {1}
 GOAL_SHARE = 0.6         # stream's drafts accepted per step, over sync's, at concurrency 1
 H200_COSTS = REPO / "reports" / "gpu" / "bench_sd_0.6b.json"   # the study's H200 run whose components the model takes
 RESULTS = REPO / "reports" / "vllm_stream_cpu.json"
+ENGINE_STEPS_ENV = "SDETH_ENGINE_STEPS"   # a path: vLLM's engine processes append each step's start there
+
+
+class EngineSteps:
+    """Each engine step's start (wall clock) appended to `path` as JSON lines {"t": ...}, written once a second."""
+
+    def __init__(self, path: str):
+        self.path, self.times, self.t_written = path, [], time.perf_counter()
+
+    def add(self) -> None:
+        self.times.append(time.time())
+        if time.perf_counter() - self.t_written > LOG_EVERY_S:
+            with open(self.path, "a") as f:
+                f.write("".join(json.dumps({"t": t}) + "\n" for t in self.times))
+            self.times, self.t_written = [], time.perf_counter()
+
+
+def time_engine_steps(path: str) -> None:
+    """Time every engine step at vLLM's model runner's `sample_tokens` (the V1 runner's, the CPU runner's too: once
+    a step), appending to path. In vLLM's engine processes this runs as this module is imported: vllm-cpu starts
+    them with spawn, which imports the parent's main module (this one, as `__mp_main__`) first."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    inner, log = GPUModelRunner.sample_tokens, EngineSteps(path)
+
+    def sample_tokens(self, *args, **kwargs):
+        log.add()
+        return inner(self, *args, **kwargs)
+    GPUModelRunner.sample_tokens = sample_tokens
 
 
 def run_engine(job_path: str, out_path: str) -> None:
     """The vLLM runner (a subprocess: vLLM wants its engine started from a main module): each phase's wall window,
-    vLLM's spec-decode counters and outputs. After a phase it waits for the proposer's step log to be written."""
+    vLLM's spec-decode counters and outputs. After a phase it waits for the proposer's step log (and the engine's
+    step times, $SDETH_ENGINE_STEPS) to be written."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
     from .baseline import _counters, _delta
@@ -51,13 +89,27 @@ def run_engine(job_path: str, out_path: str) -> None:
         outs = [o for i in range(0, len(reqs), c) for o in llm.generate(reqs[i:i + c], sp, use_tqdm=False)]
         t1 = time.time()
         drafts, draft_tokens, accepted, _ = _delta(_counters(llm), before, job["k"])
-        time.sleep(1.2)                                  # the step log is written once a second, at a step
+        time.sleep(1.2)                                  # the step logs are written once a second, at a step
         llm.generate(reqs[:1], SamplingParams(max_tokens=2), use_tqdm=False)
         phases.append({"concurrency": c, "t0": t0, "t1": t1, "wall_s": t1 - t0, "drafts": drafts,
                        "draft_tokens": draft_tokens, "accepted": accepted,
                        "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
                        "outputs": [list(o.outputs[0].token_ids) for o in outs]})
     Path(out_path).write_text(json.dumps({"phases": phases}))
+
+
+def _spread(ms: list[float]) -> dict | None:
+    """p50, p99 and count of times in ms (None: none)."""
+    ms = sorted(ms)
+    return {"p50": percentile(ms, 50), "p99": percentile(ms, 99), "n": len(ms)} if ms else None
+
+
+def engine_step_figures(times: list[float], phase: dict) -> dict | None:
+    """A phase's engine step periods (ms) from EngineSteps' times inside its wall window (a longer gap than
+    IDLE_GAP_S is vLLM idle, not a step, as the proposer counts it)."""
+    from ...wire.vllm_proposer import IDLE_GAP_S
+    ts = sorted(t for t in times if phase["t0"] <= t <= phase["t1"])
+    return _spread([(b - a) * 1e3 for a, b in zip(ts, ts[1:]) if b - a < IDLE_GAP_S])
 
 
 def step_figures(lines: list[dict], phase: dict) -> dict:
@@ -69,6 +121,9 @@ def step_figures(lines: list[dict], phase: dict) -> dict:
     host = sorted(s["host_ms"] for s in steps)
     gaps = sorted(s["gap_ms"] for s in steps if s["gap_ms"] > 0)
     served = sum(s.get("server_steps", 0) for s in steps)      # stream mode: the server's steps while it ran
+    periods = [(a, a["host_ms"] + b["gap_ms"]) for a, b in zip(steps, steps[1:]) if b["gap_ms"] > 0]
+    calm = [ms for a, ms in periods if not a.get("wait_for")]   # steps that took what was on offer
+    waited = [s["waited_ms"] for s in steps if s.get("waited_ms", 0) > 0]
     return {"steps": n, "row_steps": rows,
             "server_step_ms": sum(s.get("server_ms", 0.0) for s in steps) / served if served else None,
             "steps_with_drafts_share": sum(1 for s in steps if s["ready"]) / n,
@@ -77,7 +132,13 @@ def step_figures(lines: list[dict], phase: dict) -> dict:
             "accepted_per_step": phase["accepted"] / n,
             "accepted_per_row_step": phase["accepted"] / rows,
             "proposer_host_ms": {"p50": percentile(host, 50), "p99": percentile(host, 99), "mean": statistics.mean(host)},
-            "step_ms": {"p50": percentile(gaps, 50), "p99": percentile(gaps, 99)} if gaps else None}
+            "step_ms": {"p50": percentile(gaps, 50), "p99": percentile(gaps, 99)} if gaps else None,
+            "steps_waiting_share": sum(1 for s in steps if s.get("wait_for")) / n,
+            "waited_ms": _spread(waited),
+            "period_ms": _spread([ms for _, ms in periods]),
+            "period_ms_not_waiting": _spread(calm),
+            "period_ms_not_waiting_no_drafts": _spread([ms for a, ms in periods if not a.get("wait_for")
+                                                        and not a["offered"]])}
 
 
 def _engine_run(job: dict, env: dict, tmp: Path, name: str, timeout_s: float) -> dict:
@@ -115,34 +176,64 @@ def measure(pair_name: str = "embedded", k: int = 3, prompts: str = "sharegpt:8"
                         "(one thread, 8 rows), same host, loopback TCP", "window": 2 * (k + 1),
                         "cores": "vLLM's processes on core 0 (affinity, VLLM_CPU_OMP_THREADS_BIND=0), the draft "
                                  "server on core 1: each mode's target and draft side by side, as on two devices"},
-           "kind": "measured (vllm-cpu, embedded pair)", "modes": {}}
+           "kind": "measured (vllm-cpu, embedded pair)", "modes": {},
+           "load_average": {"start": os.getloadavg()}}     # (1, 5, 15 min): other work on the cores moves the steps
     with tempfile.TemporaryDirectory(prefix="sdeth-vstream-") as tmp:
         tmp = Path(tmp)
-        ref = _engine_run({**base, "engine": engine}, {**os.environ, **PIN}, tmp, "target-only", timeout_s)
+        steps = tmp / "engine-target-only.jsonl"
+        ref = _engine_run({**base, "engine": engine}, {**os.environ, **PIN, ENGINE_STEPS_ENV: str(steps)}, tmp,
+                          "target-only", timeout_s)
+        ref["phases"] = target_only_phases(ref["phases"], [x["t"] for x in _jsonl(steps)])
         server, addr = start_draft_server(pair_name, 8, tmp / "draft-server.log", max_seconds=timeout_s)
         os.sched_setaffinity(server.pid, DRAFT_CORES)
         try:
             for mode in ("sync", "stream"):
                 log = tmp / f"steps-{mode}.jsonl"
                 env = {**os.environ, **PIN, VP.ADDR_ENV: addr, VP.STEPS_LOG_ENV: str(log), VP.DEADLINE_ENV: "2000"}
-                got = _engine_run({**base, "engine": {**engine, "speculative_config": VP.speculative_config(k, mode)}},
-                                  env, tmp, mode, timeout_s)
-                lines = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
-                out["modes"][mode] = [_phase_doc(ph, lines, r) for ph, r in zip(got["phases"], ref["phases"])]
+                job = {**base, "engine": {**engine, "speculative_config": VP.speculative_config(k, mode)}}
+                env[ENGINE_STEPS_ENV] = str(tmp / f"engine-{mode}.jsonl")
+                got = _engine_run(job, env, tmp, mode, timeout_s)
+                lines, times = _jsonl(log), [x["t"] for x in _jsonl(Path(env[ENGINE_STEPS_ENV]))]
+                out["modes"][mode] = [_phase_doc(ph, lines, r, times) for ph, r in zip(got["phases"], ref["phases"])]
         finally:
             server.kill()
             server.wait(30)
-    out["target_only"] = [{k_: ph[k_] for k_ in ("concurrency", "wall_s", "output_tokens")} for ph in ref["phases"]]
+    out["load_average"]["end"] = os.getloadavg()
+    out["target_only"] = [{**{k_: ph[k_] for k_ in ("concurrency", "wall_s", "output_tokens")},
+                           "engine_step_ms": ph["engine_step_ms"]} for ph in ref["phases"]]
     out["goal"] = goal(out)
     return out
 
 
-def _phase_doc(ph: dict, lines: list[dict], ref: dict) -> dict:
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def target_only_phases(phases: list[dict], times: list[float]) -> list[dict]:
+    """Target-only's phases, each with its engine step periods (engine_step_figures)."""
+    return [{**ph, "engine_step_ms": engine_step_figures(times, ph)} for ph in phases]
+
+
+def _phase_doc(ph: dict, lines: list[dict], ref: dict, times: list[float] = ()) -> dict:
     doc = {k_: ph[k_] for k_ in ("concurrency", "wall_s", "drafts", "draft_tokens", "accepted", "output_tokens")}
     doc["identical_to_target_only"] = ph["outputs"] == ref["outputs"]
     doc["target_only_wall_s"] = ref["wall_s"]
     doc["speed_over_target_only"] = ref["wall_s"] / ph["wall_s"]
-    return {**doc, **step_figures(lines, ph)}
+    doc["engine_step_ms"] = engine_step_figures(list(times), ph)
+    figures = step_figures(lines, ph)
+    return {**doc, **figures, **over_target_only(figures, ref.get("engine_step_ms"))}
+
+
+def over_target_only(figures: dict, ref_steps: dict | None) -> dict:
+    """The proposer's step period p99 where it did not wait (all such steps; those that offered no drafts), less
+    target-only's engine step p99 (ms; None where either was not measured)."""
+    ref = (ref_steps or {}).get("p99")
+    out = {"target_only_step_p99_ms": ref}
+    for key, fig in (("not_waiting_p99_over_target_only_ms", "period_ms_not_waiting"),
+                     ("no_drafts_p99_over_target_only_ms", "period_ms_not_waiting_no_drafts")):
+        mine = (figures.get(fig) or {}).get("p99")
+        out[key] = mine - ref if mine is not None and ref is not None else None
+    return out
 
 
 def goal(doc: dict) -> dict:
@@ -218,6 +309,11 @@ def lines(doc: dict) -> list[str]:
                        f"{h.get('p99', 0):.3f} ms, step p50 {st.get('p50', 0):.1f} ms p99 {st.get('p99', 0):.1f} ms, "
                        f"{p['target_only_wall_s'] / p['wall_s']:.2f}x target-only's speed, identical "
                        f"{p['identical_to_target_only']}")
+            calm, ref = p.get("period_ms_not_waiting"), p.get("target_only_step_p99_ms")
+            if calm and ref is not None:
+                out.append(f"           not waiting: {calm['n']} steps, period p99 {calm['p99']:.1f} ms against "
+                           f"target-only's step p99 {ref:.1f} ms: {p['not_waiting_p99_over_target_only_ms']:+.2f} ms "
+                           f"(no drafts offered: {_ms(p.get('no_drafts_p99_over_target_only_ms'))})")
     g = doc["goal"]
     out.append(f"  goal: {g.get('what', '')}: {g.get('share', float('nan')):.2f} -> "
                f"{'met' if g['met'] else 'missed' if g['met'] is not None else 'not measured'} (the draft "
@@ -228,6 +324,14 @@ def lines(doc: dict) -> list[str]:
         out.append(f"  H200 ({m['kind']}, alpha {m['alpha']:.2f}): sync {m['sync_speedup']:.2f}x, stream "
                    f"{m['stream_speedup']:.2f}x over target-only")
     return out
+
+
+if __name__ == "__mp_main__" and os.environ.get(ENGINE_STEPS_ENV):    # one of vLLM's engine processes (spawned)
+    time_engine_steps(os.environ[ENGINE_STEPS_ENV])
+
+
+def _ms(x: float | None) -> str:
+    return f"{x:+.2f} ms" if x is not None else "not measured"
 
 
 def main(argv=None) -> None:
