@@ -117,6 +117,41 @@ class BatchDrafter:
         """The longest context a sequence may reach and still draft k tokens."""
         return self.dec.capacity - k - 1
 
+    def get(self, key: tuple) -> Sequence | None:
+        """The sequence under key (None: no such sequence)."""
+        return self.seqs.get(key)
+
+    def holds(self, seq: Sequence) -> bool:
+        """Whether seq is a sequence of the table (a verdict-cache branch is not)."""
+        return self.seqs.get(seq.key) is seq
+
+    def held(self) -> int:
+        """Sequences the table holds (each a cache row)."""
+        return len(self.seqs)
+
+    def sequences(self) -> list[Sequence]:
+        return list(self.seqs.values())
+
+    def streams(self) -> list[Sequence]:
+        return [s for s in self.seqs.values() if s.stream]
+
+    def keys_of(self, client) -> list[tuple]:
+        """The keys of one client's sequences (key[0] is the client)."""
+        return [key for key in self.seqs if key[0] == client]
+
+    def feeding(self) -> list[Sequence]:
+        """The sequences whose prompts wait to be prefilled."""
+        return [s for s in self.seqs.values() if len(s.pending) > CATCH_UP]
+
+    def rekey(self, old, new) -> int:
+        """Client old's sequences become client new's (same sequence ids, rows and state); returns how many."""
+        moved = self.keys_of(old)
+        for key in moved:
+            seq = self.seqs.pop(key)
+            seq.key = (new, key[1])
+            self.seqs[seq.key] = seq
+        return len(moved)
+
     def open(self, key: tuple, gen: int, prompt_ids: list[int], s: Sampling, seed: int, q_top: int) -> Sequence:
         """A new sequence (an old one under the same key is replaced). Its prompt is fed by prefill()."""
         if key in self.seqs:
@@ -260,7 +295,7 @@ class BatchDrafter:
 
     def waiting(self) -> bool:
         """Whether a prompt waits to be prefilled."""
-        return any(len(s.pending) > CATCH_UP for s in self.seqs.values())
+        return bool(self.feeding())
 
     def draft(self, batch: list[tuple[Sequence, int]]) -> list[Drafted]:
         """One proposal of k tokens for each (sequence, k), all rows in the same steps; each sequence must be
