@@ -433,7 +433,8 @@ def test_the_welcome_carries_the_limits_each_client_is_held_to():
 
 def test_connections_are_bounded_and_a_silent_one_is_forgotten(capsys, monkeypatch):
     """Nothing is kept for a peer before its Hello; after it, one Client per connection, at most limits.clients of
-    them, and a connection that said Hello and nothing more is forgotten after the TTL like any other."""
+    them (a full table makes room only by a client that holds no row: tests/test_server_shared.py), and a
+    connection silent past the TTL is forgotten like any other."""
     import sdeth.wire.clients as ds
     monkeypatch.setattr(ds, "SWEEP_S", 0.0)
     server = tiny_server(tiny_qwen3(0), limits=ServerLimits(clients=2), ttl_s=0.2)
@@ -441,6 +442,8 @@ def test_connections_are_bounded_and_a_silent_one_is_forgotten(capsys, monkeypat
         assert server.dispatch(b"x%d" % i, W.Open("s", 0, [1]), time.time(), "p")[0].code == "version"
     assert not server.clients
     _welcomed(server, b"a"), _welcomed(server, b"b")
+    for ident in (b"a", b"b"):                              # each holds a row: no room is made
+        server.dispatch(ident, W.Open("s", 0, [1, 2]), time.time(), "p")
     third = server.dispatch(b"c", HELLO, time.time(), "10.0.0.3")[0]
     assert third.code == "limit" and third.message.startswith("clients:")
     assert "peer=10.0.0.3: refused (limit): Hello: clients:" in capsys.readouterr().out

@@ -1,5 +1,6 @@
 """A shared draft server that no idle client can degrade (docs/reliability.md): a step computes only the rows that
-are warm, whatever row a sequence landed on. Each test prints its measured figures."""
+are warm, whatever row a sequence landed on; rows idle past idle_s are reclaimed for a client that waits for one;
+a full client table makes room for a new Hello. Each test prints its measured figures."""
 import json
 import statistics
 import time
@@ -11,7 +12,10 @@ from sdeth.runtime.batchdraft import BatchDrafter
 from sdeth.runtime.batchmodel import BatchDecoder
 from sdeth.runtime.fastmodel import FastDecoder
 from sdeth.runtime.verify import Sampling
-from test_draft_server import VOCAB
+from sdeth.wire import protocol as W
+from sdeth.wire.draft_server import ServerLimits
+from test_draft_server import HELLO, VOCAB, tiny_server
+from test_server_survives import _drive, _hello, _pct
 
 ROWS, CAP = 8, 256
 
@@ -84,3 +88,106 @@ def test_a_neighbour_beside_seven_idle_rows_steps_one_row_and_drafts_as_alone():
     print("\n" + json.dumps({"neighbour_round_ms_p50": ms, "ratio": round(ms["beside_7_idle"] / ms["alone"], 3),
                              "measured": "tiny 2-layer Qwen3 draft, 8 rows, k=4, one CPU thread"}))
     assert ms["beside_7_idle"] <= 1.35 * ms["alone"], ms
+
+
+# ------------------------------------------------------------------ idle rows are reclaimed for a waiting client
+
+def _open_msg(server, ident, seq, peer, gen=0) -> str:
+    out = server.dispatch(ident, W.Open(seq, gen, _prompt(len(seq))), time.time(), peer)
+    return next((r.message for m in out if isinstance(m, W.Drafts) for r in m.rows if r.error), "")
+
+
+def _round(server, ident, seq, peer) -> W.RowDraft:
+    s = server.drafter.get((ident, seq))
+    server.dispatch(ident, W.Rounds([W.Row(seq, s.gen, s.n, len(s.prev), [5], 3)]), time.time(), peer)
+    rows = [r for i, m in _drive(server) if i == ident and isinstance(m, W.Drafts) for r in m.rows if r.seq == seq]
+    assert rows and not rows[-1].error, rows
+    return rows[-1]
+
+
+def test_rows_idle_past_idle_s_pass_to_a_waiting_client_and_their_holder_is_told(capsys):
+    """All 8 rows held (A 7, B 1), each drafted a round, then only Pings. C's Open is refused (`sequences`) until
+    A's oldest row has gone idle_s without a step; then it is A's (over its fair share of 8 // 3) that is freed, A
+    is told `reclaimed` naming it, and C drafts. B's row, within its share, and A's active rows are kept."""
+    idle_s = 0.4
+    server = tiny_server(tiny_qwen3(0), rows=ROWS, capacity=CAP, idle_s=idle_s)
+    for ident, peer in ((b"a", "10.0.0.1"), (b"b", "10.0.0.2"), (b"c", "10.0.0.3")):
+        _hello(server, ident, peer)
+    assert [_open_msg(server, b"a", f"a{i}", "10.0.0.1") for i in range(7)] == [""] * 7
+    assert _open_msg(server, b"b", "b0", "10.0.0.2") == ""
+    _drive(server)
+    for i in range(7):
+        _round(server, b"a", f"a{i}", "10.0.0.1")
+    _round(server, b"b", "b0", "10.0.0.2")
+    last_step = time.perf_counter()
+    assert _open_msg(server, b"c", "c0", "10.0.0.3").startswith("sequences:")
+    t0, waited = time.perf_counter(), None
+    while time.perf_counter() - t0 < idle_s + 2:
+        server.dispatch(b"a", W.Ping(0.0), time.time(), "10.0.0.1")        # pinging: still idle
+        _round(server, b"a", "a6", "10.0.0.1") if time.perf_counter() - t0 < idle_s / 2 else None   # a6 active
+        if _open_msg(server, b"c", "c0", "10.0.0.3") == "":
+            waited = time.perf_counter() - last_step
+            break
+        time.sleep(0.02)
+    assert waited is not None and waited <= idle_s + 0.5, waited          # the idle limit plus a step (and a retry)
+    told = [r for i, m in _drive(server) if i == b"a" and isinstance(m, W.Drafts) for r in m.rows if r.error]
+    assert [(r.seq, r.error) for r in told] == [("a0", "reclaimed")] and "open it again" in told[0].message
+    held = sorted(key for key in server.drafter.seqs)
+    assert (b"a", "a0") not in held and (b"b", "b0") in held and (b"a", "a6") in held and (b"c", "c0") in held
+    assert _round(server, b"c", "c0", "10.0.0.3").tokens
+    assert "peer=10.0.0.1: refused (reclaimed): idle_s:" in capsys.readouterr().out
+    print(f"\n{json.dumps({'idle_s': idle_s, 'waiting_client_admitted_after_s': round(waited, 3)})}")
+
+
+def test_a_reclaimed_sequence_is_opened_again_by_its_client_and_loses_nothing_but_time():
+    """Over the wire: the holder's next round of a reclaimed sequence re-opens it (the next generation, its whole
+    context) and is drafted; its other sequence is not touched."""
+    from test_draft_server import serving
+    from sdeth.wire.draft_client import DraftServerClient
+    server = tiny_server(tiny_qwen3(0), rows=2, capacity=CAP, idle_s=0.3, limits=ServerLimits(reserve=0))
+    addr = serving(server, 60)
+    a, c = DraftServerClient(addr, HELLO), DraftServerClient(addr, HELLO)
+    try:
+        tracks = [a.open(f"s{i}", _prompt(i)) for i in range(2)]
+        first = a.rounds([(t, 0, [5], 3) for t in tracks])
+        assert all(not r.error for r in first)
+        time.sleep(0.5)                                        # idle past idle_s
+        tc = c.open("c", _prompt(5))
+        assert not c.rounds([(tc, 0, [5], 3)])[0].error        # C took a reclaimed row
+        c.end(tc)                                              # ... and gives it back
+        again = a.rounds([(t, 3, [6], 3) for t in tracks])
+        assert all(not r.error and len(r.tokens) == 3 for r in again), again
+        assert sum(t.reopened for t in tracks) == 1 and sum(t.gen for t in tracks) == 1
+    finally:
+        a.close(), c.close()
+
+
+# ------------------------------------------------------------------ a full client table makes room
+
+def test_256_pinging_hellos_from_8_addresses_leave_room_for_a_normal_client(capsys):
+    """256 connections from 8 addresses said Hello and only Ping: a normal client's Hello takes the place of the one
+    idle longest, at once; a client holding a sequence, and a per-client key's only connection, are never taken;
+    the per-address cap still holds."""
+    server = tiny_server(tiny_qwen3(0), rows=ROWS, capacity=CAP)
+    assert server.limits.clients == 256 and server.limits.clients_per_peer == 32
+    _hello(server, b"holder", "10.0.0.1"), _hello(server, b"keyed", "10.0.0.2 key=alice")
+    assert _open_msg(server, b"holder", "h", "10.0.0.1") == ""
+    flood = [(b"f%d" % i, f"10.0.1.{i % 8}") for i in range(254)]
+    for ident, peer in flood:
+        _hello(server, ident, peer)
+    assert len(server.clients) == 256
+    for _ in range(3):                                        # every connection pings (no activity)
+        for ident, peer in flood + [(b"holder", "10.0.0.1"), (b"keyed", "10.0.0.2 key=alice")]:
+            server.dispatch(ident, W.Ping(0.0), time.time(), peer)
+    crowded = server.dispatch(b"x", HELLO, time.time(), "10.0.1.3")[0]   # an address at its cap: no room made
+    assert isinstance(crowded, W.Error) and crowded.message.startswith("clients_per_peer:") and b"f0" in server.clients
+    t0 = time.perf_counter()
+    out = server.dispatch(b"normal", HELLO, time.time(), "10.0.0.9")[0]
+    admitted_s = time.perf_counter() - t0
+    assert isinstance(out, W.Welcome) and admitted_s < 1.0
+    assert b"holder" in server.clients and b"keyed" in server.clients and b"f0" not in server.clients
+    for i in range(5):                                        # each new Hello takes the next idlest's place
+        assert isinstance(server.dispatch(b"n%d" % i, HELLO, time.time(), "10.0.0.10")[0], W.Welcome)
+    assert b"holder" in server.clients and b"keyed" in server.clients and len(server.clients) == 256
+    assert "sent nothing but Pings for" in capsys.readouterr().out
+    print(f"\n{json.dumps({'hellos': 256, 'addresses': 8, 'normal_client_admitted_ms': round(admitted_s * 1e3, 3)})}")

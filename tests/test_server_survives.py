@@ -259,7 +259,7 @@ def test_every_setting_travels_from_the_command_line_to_the_running_server():
                tokens_per_row=5, batch=3, clients=11, clients_per_key=4, clients_per_peer=6, reply_bytes=1 << 20)
     assert set(lim) == {f.name for f in fields(ServerLimits)}
     argv = ["--role", "draft-server", "--bind", "tcp://127.0.0.1:1", "--rows", "6", "--capacity", "80", "--ttl", "9",
-            "--prefill-chunk", "12", "--prefill-budget", "24", "--compile", "none", "--fast", "", "--no-warm",
+            "--idle", "7", "--prefill-chunk", "12", "--prefill-budget", "24", "--compile", "none", "--fast", "", "--no-warm",
             "--messages-per-s", "321", "--per-pass", "3"]
     argv += [x for name, v in lim.items() for x in (f"--limit-{name.replace('_', '-')}", str(v))]
     a = worker_parser().parse_args(argv)
@@ -273,8 +273,8 @@ def test_every_setting_travels_from_the_command_line_to_the_running_server():
     told = c.peer.limits
     c.close()
     assert {k: told[k] for k in lim} == lim and c.peer.sequences == 5
-    assert (told["rows"], told["capacity"], told["ttl_ms"], told["prefill_chunk"], told["prefill_budget"],
-            told["messages_per_s"], told["per_pass"]) == (6, 80, 9000, 12, 24, 321, 3)
+    assert (told["rows"], told["capacity"], told["ttl_ms"], told["idle_ms"], told["prefill_chunk"],
+            told["prefill_budget"], told["messages_per_s"], told["per_pass"]) == (6, 80, 9000, 7000, 12, 24, 321, 3)
     assert (server.cfg.compile_mode, server.cfg.fast, server.cfg.warm, server.cfg.spin_s) == ("none", "", False, 0.0)
     assert asdict(server.cfg.limits) == lim and server.drafter.dec.rows == 6 and server.drafter.dec.capacity == 80
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 
 from ..runtime.batchdraft import BatchDrafter
-from .admission import Client, Shares, address_of, no_room
+from ..runtime.batchdraft import Sequence
+from .admission import Client, Shares, address_of, no_room, owner_key
 from .server_config import ServerLimits
 from .transport import Log, key_of
 
@@ -53,12 +54,49 @@ class ClientTable:
                     and (c.key == key if key else c.address == address_of(peer))), None)
         if old is None:
             field_, full = no_room(self.by_ident, self.limits, key, peer, self.ttl_s)
+            if field_ == "clients" and self.make_room(t1):
+                field_, full = no_room(self.by_ident, self.limits, key, peer, self.ttl_s)
             if full:
                 return f"{field_}: {full}"
-        self.by_ident[ident] = Client(ident, peer, t1, key, name)
+        self.by_ident[ident] = Client(ident, peer, t1, key, name, active=t1)
         if old is not None:
             self.take_over(old, self.by_ident[ident])
         return ""
+
+    def make_room(self, now: float) -> bool:
+        """A full table's room for a new Hello: the client idle longest (Pings are no activity) that holds no
+        sequence and has no work in flight is forgotten; a per-client key's last connection is never taken (one
+        slot is reserved per key). False when there is none."""
+        holding = {s.key[0] for s in self.drafter.sequences()}
+        per_key: dict[str, int] = {}
+        for c in self.by_ident.values():
+            per_key[c.key] = per_key.get(c.key, 0) + 1
+        idle = [c for c in self.by_ident.values() if c.ident not in holding and not c.waiting and not c.refused
+                and not (owner_key(c.key) and per_key[c.key] <= 1)]
+        victim = min(idle, key=lambda c: c.active, default=None)
+        if victim is None:
+            return False
+        self.forget(victim, "")
+        self.log.line(f"forgotten for a new client (the table of {self.limits.clients} was full): it held no "
+                      f"sequence and sent nothing but Pings for {now - victim.active:.1f} s", victim.peer)
+        return True
+
+    def idle_row(self, c: Client, idle_s: float) -> Sequence | None:
+        """The row to reclaim for c, refused one: another owner's sequence that has not drafted for idle_s (none
+        with work in flight), an owner's over its fair share before one's within it, the oldest idle first; only
+        while c's owner holds less than its fair share (recounted over the clients there are now)."""
+        fair = self.shares.fair(self.by_ident)
+        if self.owned(c) >= fair:
+            return None
+        now = time.perf_counter()
+        waiting = {id(w[0]) for x in self.by_ident.values() for w in x.waiting}
+        feeding = {id(s) for s in self.drafter.feeding()}
+        holder = {s.key: self.by_ident.get(s.key[0]) for s in self.drafter.sequences()}
+        idle = [s for s in self.drafter.sequences() if id(s) not in waiting and id(s) not in feeding
+                and now - max(s.stepped, s.opened) >= idle_s
+                and (holder[s.key] is None or holder[s.key].owner != c.owner)]
+        over = {s.key: holder[s.key] is None or self.owned(holder[s.key]) > fair for s in idle}
+        return min(idle, key=lambda s: (not over[s.key], max(s.stepped, s.opened)), default=None)
 
     def take_over(self, old: Client, new: Client) -> None:
         """new (the same client, reconnected) takes old's sequences, waiting rounds and refusals; old is forgotten."""

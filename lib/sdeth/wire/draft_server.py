@@ -20,7 +20,9 @@ whose prompt is fed in one batched step (runtime.batchdraft), taking clients in 
 `limits.batch` caps the rows of a step), and answers each client with one Drafts per step. Prompts are fed in
 chunks between steps, so a long prompt neither stalls other streams nor heartbeats (Ping is answered between
 any two steps). A client silent for `ttl_s` (no message, and no work of its own in flight: a prompt being fed,
-a round waiting) loses its sequences and its handshake. Limits (ServerLimits) bound what each client may ask for,
+a round waiting) loses its sequences and its handshake; a sequence that has not drafted for `idle_s` loses its row
+when a client under its fair share is refused one (its client is told `reclaimed` and opens it again to resume);
+a Hello that finds the client table full takes the place of the idlest client that holds no row. Limits (ServerLimits) bound what each client may ask for,
 and how many clients there are (nothing is stored for a peer before its Hello); the Welcome carries them; each
 refusal names the limit and is logged with the peer and the field. The admission policy (fair shares, a reserve
 for new clients, connections per address) is wire.server_config's; a client that says Hello again with the same
@@ -33,6 +35,10 @@ there); a Commits that rejects a drafted token with a foreseen token adopts that
 stream's) and is answered at once with the branch's drafts (a new epoch); one not foreseen is answered `missed`
 and restarts as without the cache. Live streams are stepped first, and an Open evicts branches for its row.
 Open.watch asks for the draft's next choices with each streamed token (StreamRow.alts).
+
+The parts: wire.clients.ClientTable (who said Hello, take-over, the TTL, quotas), wire.scheduler.Scheduler (which
+rows step next, the prefill budget, branch planning), wire.bounds (what one request may ask for), and this class's
+handlers and steps; the sequences are the drafter's (runtime.batchdraft, which also keeps the stepping rows low).
 
 No request within the limits ends the process: a row drafts only within its own room (runtime.batchdraft), and an
 error in a step is contained to the rows that caused it (refused `internal` and freed); the server serves on.
@@ -49,6 +55,7 @@ from ..runtime.verdictcache import VerdictCache, VerdictSpec
 from ..runtime.verify import Sampling
 from . import protocol
 from .admission import Client
+from .bounds import open_bounds, row_bounds
 from .clients import GONE_S, ClientTable
 from .draft_worker import welcome as welcome_of
 from .scheduler import Scheduler
@@ -58,7 +65,6 @@ from .transport import Log, PeerLimits, key_of, reply, serve_requests
 __all__ = ["DraftServer", "DraftServerConfig", "ServerLimits", "GONE_S", "build_server", "pair_server",
            "serve_draft_server"]
 DECODE = protocol.Decoder("a draft server", protocol.SERVER_TAKES)
-WATCH_MOST = 8           # a stream's Open.watch: the draft's next choices sent with each token, at most
 
 
 def refusal(seq: str, gen: int, code: str, message: str) -> protocol.RowDraft:
@@ -74,7 +80,7 @@ class DraftServer:
         self.drafter, self.welcome, self.cfg, self.limits = drafter, welcome, cfg, cfg.limits
         self.welcome.sequences = cfg.limits.sequences                   # (told in the Welcome)
         self.welcome.limits = {**asdict(cfg.limits), "rows": cfg.rows, "capacity": cfg.capacity,
-                          "ttl_ms": round(cfg.ttl_s * 1e3), "prefill_chunk": cfg.prefill_chunk,
+                          "ttl_ms": round(cfg.ttl_s * 1e3), "idle_ms": round(cfg.idle_s * 1e3), "prefill_chunk": cfg.prefill_chunk,
                           "prefill_budget": cfg.prefill_budget or cfg.prefill_chunk,
                           "messages_per_s": cfg.messages_per_s, "per_pass": cfg.per_pass}
         self.log = Log("draft server")
@@ -113,6 +119,7 @@ class DraftServer:
         else:
             if c is not None:
                 c.seen, c.gone = t1, 0.0
+                c.active = c.active if isinstance(msg, protocol.Ping) else t1      # (Pings keep no slot)
             try:
                 out = self.handlers[type(msg)](c, msg, t1)
             except Exception as e:     # this message failed; the server serves on
@@ -147,6 +154,8 @@ class DraftServer:
 
     def handle_open(self, c: Client, msg: protocol.Open, t1: float) -> list:
         why = self._open_error(c, msg)
+        if why and why[1] == "sequences" and self._reclaim(c):
+            why = self._open_error(c, msg)
         if why:
             self._refuse(c, msg.seq, msg.gen, *why)
             return []
@@ -164,26 +173,26 @@ class DraftServer:
             self._refuse(c, msg.seq, msg.gen, "limit", "sequences", str(e))
         return []
 
+    def _reclaim(self, c: Client) -> bool:
+        """A row for c, refused one for want of free rows: the oldest idle sequence past cfg.idle_s (of another
+        owner, while c holds less than its fair share) is freed, and its holder told `reclaimed`."""
+        seq = self.clients.idle_row(c, self.cfg.idle_s)
+        if seq is None:
+            return False
+        idle_s = time.perf_counter() - max(seq.stepped, seq.opened)
+        self.drafter.free(seq.key)
+        holder = self.clients.get(seq.key[0])
+        if holder is not None:
+            self._refuse(holder, seq.key[1], seq.gen, "reclaimed", "idle_s", (
+                f"sequence {seq.key[1]!r} drafted nothing for {idle_s:.1f} s (the server's idle_s is "
+                f"{self.cfg.idle_s:g}) while another client waited for a row: open it again to resume"))
+        return True
+
     def _open_error(self, c: Client, msg: protocol.Open) -> tuple | None:
         """(code, field, message) for an Open that cannot be served; None when it can."""
-        lim, n = self.limits, len(msg.prompt_ids)
-        why = protocol.check_open(msg, self.welcome.vocab_size)
+        why = open_bounds(msg, self.limits, self.welcome.vocab_size)
         if why:
-            return "bad-message", why[0], why[1]
-        if n + 1 > lim.context - 1:
-            return "limit", "context", (f"a context of {n} tokens: this server drafts within {lim.context} tokens a "
-                                        f"sequence; open a shorter context")
-        if msg.stream and not 0 <= msg.watch <= WATCH_MOST:
-            return "bad-message", "watch", f"watch {msg.watch}: send 0 to {WATCH_MOST} next choices a token"
-        if msg.stream and n + msg.window + 1 > lim.context - 1:
-            return "limit", "window", (f"a stream of {n} tokens drafting {msg.window} ahead would pass this server's "
-                                       f"{lim.context} tokens a sequence: open a shorter context or a smaller window")
-        s = Sampling(*protocol.sampling_args(msg))
-        most = lim.q_top_most(self.welcome.vocab_size)
-        if not s.greedy and s.draft_sampled and (msg.q_top or self.welcome.vocab_size) > most:
-            return "limit", "q_top", (f"q_top {msg.q_top or 'whole vocabulary'} ({msg.q_top or self.welcome.vocab_size} "
-                                      f"pairs a token): a sampled draft's reply of {lim.sequences_per_client} rows x "
-                                      f"k {lim.k} must fit {lim.reply_bytes} bytes, so use q_top 1 to {most}")
+            return why
         if self.drafter.get((c.ident, msg.seq)) is not None:      # its own sequence again: no new row
             return None
         field_, full = self.clients.open_refusal(c)
@@ -211,26 +220,15 @@ class DraftServer:
 
     def _row_error(self, c: Client, row: protocol.Row) -> tuple | None:
         """(code, field, message) for a row that cannot be drafted; None when it can."""
-        lim, seq = self.limits, self.drafter.get((c.ident, row.seq))
+        seq = self.drafter.get((c.ident, row.seq))
         if seq is None or seq.gen != row.gen:
             held = "no such sequence" if seq is None else f"this draft holds generation {seq.gen}"
             return "desync", "gen", f"sequence {row.seq!r} generation {row.gen}: {held}; open it again"
         if seq.stream:
             return "bad-message", "seq", f"sequence {row.seq!r} is a stream: send Commits, not Rounds"
-        if not 1 <= row.k <= lim.k:
-            return "limit", "k", f"k={row.k}: draft 1 to {lim.k} tokens a round"
-        if not 1 <= len(row.tokens) <= lim.tokens_per_row:
-            return "limit", "tokens", (f"{len(row.tokens)} new tokens in a row: send 1 to {lim.tokens_per_row} (a longer "
-                                       f"context is a new Open)")
-        bad = next((t for t in row.tokens if not 0 <= t < self.welcome.vocab_size), None)
-        if bad is not None:
-            return "bad-message", "tokens", f"token id {bad} outside the vocabulary [0, {self.welcome.vocab_size})"
         if any(s is seq for s, _, _ in c.waiting):
             return "desync", "seq", f"sequence {row.seq!r} already has a round waiting: wait for its Drafts"
-        if row.have + row.accepted + len(row.tokens) + row.k > lim.context - 1:
-            return "limit", "context", (f"sequence {row.seq!r} would reach {row.have + row.accepted + len(row.tokens)} "
-                                        f"tokens plus {row.k} drafts, past this server's {lim.context}: end it")
-        return None
+        return row_bounds(row, self.limits, self.welcome.vocab_size)
 
     def handle_commits(self, c: Client, msg: protocol.Commits, t1: float) -> list:
         """Pipelined: the client's settled tokens; a mismatch restarts that stream (its drafts past the position
