@@ -315,3 +315,45 @@ def test_an_unpaced_flood_above_the_budget_leaves_a_neighbours_rounds_near_alone
             p.kill()
     assert rate > 4000                                          # past the per-client budget
     assert ratio["p50"] <= 1.6 and ratio["p99"] <= 2.2, (ratio, ms)
+
+
+# ------------------------------------------------------------------ nothing lost through all of it
+
+def test_through_idle_holders_a_reclaim_and_a_full_client_table_an_active_client_loses_nothing():
+    """One server (6 rows, idle_s 0.4, 22 client slots): X holds 5 rows and goes quiet after a round, 19 connections
+    only said Hello, and N decodes three prompts through the server; meanwhile a new client's Hello takes a silent
+    connection's slot and its Open takes one of X's rows by reclaim. N's outputs equal target-only, every token of
+    them came with a draft, and N was never refused."""
+    import threading
+    from sdeth.runtime.engine import Engine
+    from sdeth.runtime.loop import generate_target_only
+    from sdeth.wire.draft_client import DraftServerClient
+    from test_draft_server import _client_runs, serving, tiny_pair
+    target, draft = tiny_pair()
+    server = tiny_server(draft, rows=6, capacity=CAP, idle_s=0.4, limits=ServerLimits(clients=22, reserve=0))
+    addr = serving(server, 120)
+    x = DraftServerClient(addr, HELLO)
+    xs = [x.open(f"x{i}", _prompt(i)) for i in range(5)]
+    assert all(not r.error for r in x.rounds([(t, 0, [5], 3) for t in xs]))
+    silent = [DraftServerClient(addr, HELLO) for _ in range(19)]
+    prompts = [_prompt(20 + i, 12) for i in range(3)]
+    runs: list = []
+    n = threading.Thread(target=lambda: runs.extend(_client_runs(addr, target, prompts, Sampling(), 48, 3)))
+    n.start()
+    t0 = time.perf_counter()
+    while server.drafter.held() < 6 and time.perf_counter() - t0 < 10:     # N holds the sixth row
+        time.sleep(0.01)
+    time.sleep(0.5)                                            # X's rows idle past idle_s
+    y = DraftServerClient(addr, HELLO)                         # the 22nd client
+    assert len(server.clients) == 22
+    z = DraftServerClient(addr, HELLO)                         # the 23rd: a silent one's slot
+    tz = z.open("z", _prompt(9))
+    assert not z.rounds([(tz, 0, [5], 3)])[0].error
+    n.join()
+    eng = Engine(target, "t")
+    want = [generate_target_only(eng, p, 48, Sampling(), None).output_ids for p in prompts]
+    assert [r.output_ids for r in runs] == want
+    assert all(r.tokens_without_draft == 0 for r in runs) and sum(r.accepted_tokens for r in runs) > 0
+    assert len(server.clients) == 22 and server.drafter.held() <= 6
+    for c in [x, y, z] + silent:
+        c.close()
