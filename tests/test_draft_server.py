@@ -136,7 +136,7 @@ def test_four_clients_interleaved_through_one_draft_each_get_the_target_output(p
     from sdeth.study.runs import experiment
     from sdeth.wire.draft_server import pair_server
     server = pair_server(pair, DraftServerConfig(rows=8, capacity=1024))
-    me = server.me
+    me = server.welcome
     addr = serving(server)
     cfg = experiment.RunConfig(mode="sd", **REF)
     prompts = experiment.encode_prompts(cfg, pair.tokenizer)
@@ -157,7 +157,7 @@ def test_four_clients_interleaved_through_one_draft_each_get_the_target_output(p
     assert [r.output_ids for r in runs] == want
     assert sum(r.accepted_tokens for r in runs) > 0 and server.steps > 0
     assert max(server.batches) > 1          # rows of several clients shared a step
-    assert not server.d.seqs                # every sequence ended
+    assert not server.drafter.seqs                # every sequence ended
 
 
 def test_four_clients_sampled_reproduce_the_target_distribution():
@@ -210,13 +210,13 @@ def test_a_killed_clients_sequences_are_freed_within_the_ttl(capsys):
     c = DraftServerClient(addr, HELLO)
     tracks = [c.open(f"s{i}", [1, 2, 3, 4]) for i in range(3)]
     c.rounds([(t, 0, [5], 3) for t in tracks])
-    assert len(server.d.seqs) == 3
+    assert len(server.drafter.seqs) == 3
     c.close()                               # gone without End
     t0 = time.time()
-    while server.d.seqs and time.time() - t0 < 5:
+    while server.drafter.seqs and time.time() - t0 < 5:
         time.sleep(0.05)
-    assert not server.d.seqs and time.time() - t0 < 3.0
-    assert sorted(server.d.free_rows) == list(range(8))
+    assert not server.drafter.seqs and time.time() - t0 < 3.0
+    assert sorted(server.drafter.free_rows) == list(range(8))
     assert "freed 3 sequences: no word from the client for 1 s" in capsys.readouterr().out
 
 
@@ -270,7 +270,7 @@ def test_clients_take_turns_when_a_step_is_capped():
         for i in range(2):
             server.dispatch(c, W.Open(f"s{i}", 0, [1, 2]), time.time(), "p")
         server.dispatch(c, W.Rounds([W.Row(f"s{i}", 0, 2, 0, [3], 2) for i in range(2)]), time.time(), "p")
-    while server.d.prefill():
+    while server.drafter.prefill():
         pass
     steps = [server.step() for _ in range(3)]
     assert [[ident for ident, _ in st] for st in steps] == [[b"a"], [b"b"], [b"c"]]
@@ -295,11 +295,11 @@ def test_a_long_prompt_is_fed_in_chunks_and_pings_are_answered_between():
     server.idle(Sock())                     # feeds the short prompt first, then a chunk of the long one
     server.idle(Sock())
     assert [r.seq for m in sent for r in m.rows] == ["short"]       # drafted while the long prompt waits
-    assert server.d.seqs[(ident, "long")].fed < 200
+    assert server.drafter.seqs[(ident, "long")].fed < 200
     assert isinstance(server.dispatch(ident, W.Ping(1.0), time.time(), "p")[0], W.Pong)
     while not any(r.seq == "long" for m in sent for r in m.rows):
         server.idle(Sock())
-    assert server.d.seqs[(ident, "long")].n == 201
+    assert server.drafter.seqs[(ident, "long")].n == 201
 
 
 def test_target_workers_share_a_draft_server_over_the_wire(pair, target_only_ref):
@@ -400,7 +400,7 @@ def test_four_pipelined_clients_through_one_draft_each_get_the_target_output():
     assert all(r.output_ids == ref.output_ids for r, ref, _ in runs)
     assert all(r.tokens_without_draft == 0 and streamed > 0 for r, _, streamed in runs)
     assert sum(r.accepted_tokens for r, _, _ in runs) > 0 and max(server.batches) > 1
-    assert not server.d.seqs
+    assert not server.drafter.seqs
 
 
 def test_a_client_forgotten_past_the_ttl_says_hello_again_and_drafts_on():
@@ -414,10 +414,10 @@ def test_a_client_forgotten_past_the_ttl_says_hello_again_and_drafts_on():
     first = c.rounds([(t, 0, [5], 3)])[0]
     assert not first.error and len(first.tokens) == 3
     time.sleep(2.5)                         # past the TTL and a sweep
-    assert not server.d.seqs
+    assert not server.drafter.seqs
     again = c.rounds([(t, 1, [7], 3)])[0]
     assert not again.error and len(again.tokens) == 3
-    assert t.reopened == 1 and t.gen == 1 and len(server.d.seqs) == 1
+    assert t.reopened == 1 and t.gen == 1 and len(server.drafter.seqs) == 1
     c.close()
 
 
@@ -427,26 +427,29 @@ def test_the_welcome_carries_the_limits_each_client_is_held_to():
     server = tiny_server(tiny_qwen3(0), limits=ServerLimits(sequences_per_client=3, k=5))
     me = server.dispatch(b"a", HELLO, time.time(), "p")[0]
     assert me.limits["sequences_per_client"] == 3 and me.limits["k"] == 5
-    assert me.limits["sequences"] == me.sequences == server.d.dec.rows and me.limits["context"] == server.d.dec.capacity
+    assert me.limits["sequences"] == me.sequences == server.drafter.dec.rows and me.limits["context"] == server.drafter.dec.capacity
     assert W.decode(W.encode(me)).limits == me.limits          # it survives the wire
 
 
 def test_connections_are_bounded_and_a_silent_one_is_forgotten(capsys, monkeypatch):
     """Nothing is kept for a peer before its Hello; after it, one Client per connection, at most limits.clients of
-    them, and a connection that said Hello and nothing more is forgotten after the TTL like any other."""
-    import sdeth.wire.draft_server as ds
+    them (a full table makes room only by a client that holds no row: tests/test_server_shared.py), and a
+    connection silent past the TTL is forgotten like any other."""
+    import sdeth.wire.clients as ds
     monkeypatch.setattr(ds, "SWEEP_S", 0.0)
     server = tiny_server(tiny_qwen3(0), limits=ServerLimits(clients=2), ttl_s=0.2)
     for i in range(50):                                     # unwelcomed peers: refused, nothing stored
         assert server.dispatch(b"x%d" % i, W.Open("s", 0, [1]), time.time(), "p")[0].code == "version"
     assert not server.clients
     _welcomed(server, b"a"), _welcomed(server, b"b")
+    for ident in (b"a", b"b"):                              # each holds a row: no room is made
+        server.dispatch(ident, W.Open("s", 0, [1, 2]), time.time(), "p")
     third = server.dispatch(b"c", HELLO, time.time(), "10.0.0.3")[0]
     assert third.code == "limit" and third.message.startswith("clients:")
     assert "peer=10.0.0.3: refused (limit): Hello: clients:" in capsys.readouterr().out
     assert isinstance(server.dispatch(b"a", HELLO, time.time(), "p")[0], W.Welcome)    # a known one says it again
     time.sleep(0.3)
-    server.expire()
+    server.clients.expire()
     assert not server.clients
     _welcomed(server, b"c")
 
@@ -465,10 +468,10 @@ def test_a_keys_quotas_count_across_its_connections():
     out = server.dispatch(b"1", W.Open("s2", 0, [1, 2]), time.time(), a1)
     assert _rows(out)[0].error == "limit" and "sequences_per_client: this client key holds 2" in _rows(out)[0].message
     server.dispatch(b"1", W.Open("s0", 1, [1, 2, 3]), time.time(), a1)          # re-opening its own: no new one
-    assert (b"1", "s0") in server.d.seqs and server.d.seqs[(b"1", "s0")].gen == 1
+    assert (b"1", "s0") in server.drafter.seqs and server.drafter.seqs[(b"1", "s0")].gen == 1
     for i in range(2):                                                          # b is counted apart
         assert not _rows(server.dispatch(b"3", W.Open(f"t{i}", 0, [1, 2]), time.time(), b1))
-    assert sum(1 for ident, _ in server.d.seqs if ident == b"3") == 2
+    assert sum(1 for ident, _ in server.drafter.seqs if ident == b"3") == 2
 
 
 def test_the_shared_deployment_key_leaves_each_connection_its_own_quota():
@@ -479,7 +482,7 @@ def test_the_shared_deployment_key_leaves_each_connection_its_own_quota():
     for ident, peer in ((b"1", p1), (b"2", p2)):
         assert isinstance(server.dispatch(ident, HELLO, time.time(), peer)[0], W.Welcome)
         assert not _rows(server.dispatch(ident, W.Open("s", 0, [1, 2]), time.time(), peer))
-    assert len(server.d.seqs) == 2
+    assert len(server.drafter.seqs) == 2
     old = W.Hello(W.PROTOCOL_VERSION + 1, "target", "tiny", VOCAB, "sha", "float32")
     assert server.dispatch(b"3", old, time.time(), p1)[0].code == "version"
     assert server.dispatch(b"3", HELLO, time.time(), p1)[0].code == "limit"

@@ -29,7 +29,7 @@ def test_pipelined_points_against_a_real_draft_server():
         assert p["offered_mean"] > 0 and p["accepted_mean"] > 0           # drafts arrived and some were accepted
         assert p["tpot_ms"]["mean"] < 8.0 + sb.PIPELINED_K                # faster than one token a target step
         assert p["server_batch"]["max"] >= 1
-    assert not server.d.seqs                                       # every stream ended (End, Ended)
+    assert not server.drafter.seqs                                       # every stream ended (End, Ended)
 
 
 def test_the_emulated_targets_play_the_step_policy_named():

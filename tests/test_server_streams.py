@@ -63,7 +63,7 @@ def test_four_pipelined_clients_of_two_streams_keep_drafts_on_offer(pair, target
     from sdeth.study.runs import experiment
     from sdeth.wire.draft_server import DraftServerConfig, pair_server
     server = pair_server(pair, DraftServerConfig(CLIENTS * B, 1024))
-    me = server.me
+    me = server.welcome
     addr = _serving(server)
     prompts = experiment.encode_prompts(experiment.RunConfig(mode="sd", **REF), pair.tokenizer)
     hello = W.Hello(W.PROTOCOL_VERSION, "target", "t", pair.vocab_size, me.tokenizer_sha, me.dtype)
@@ -71,12 +71,12 @@ def test_four_pipelined_clients_of_two_streams_keep_drafts_on_offer(pair, target
     assert [r.output_ids for r in runs] == [r["output_ids"] for r in target_only_ref["requests"]]
     assert all(r.tokens_without_draft == 0 for r in runs)
     assert max(server.batches) > B                    # streams of several clients shared a step
-    assert not server.d.seqs                          # every stream ended
+    assert not server.drafter.seqs                          # every stream ended
     rounds = sum(r.rounds for r in runs)
     verified = sum(sum(r.k_trace) for r in runs) / rounds
     accepted = sum(r.accepted_tokens for r in runs)
     alpha = accepted / (accepted + sum(r.rejections for r in runs))
-    step_s = server.d.dec.clock.seconds / server.d.dec.steps
+    step_s = server.drafter.dec.clock.seconds / server.drafter.dec.steps
     rtt = [r.link_rtt_ms for r in runs if r.link_rtt_ms]
     lo, hi = model_range(alpha, sum(r.verify_s for r in runs) / rounds, step_s, (min(rtt) if rtt else 0.3) / 1e3)
     print(f"verified/round {verified:.2f} model [{lo:.2f}, {hi:.2f}] alpha {alpha:.2f} step {step_s * 1e3:.2f} ms "

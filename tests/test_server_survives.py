@@ -118,7 +118,7 @@ def test_a_stream_near_the_cache_end_is_refused_at_open_or_stops_at_its_end():
             else:
                 errors += [r.message for r in m.rows if r.error]
         assert _answers(server)
-    seq = server.d.seqs.get((b"a", "t"))
+    seq = server.drafter.seqs.get((b"a", "t"))
     assert errors and all(e.startswith("context:") for e in errors)
     assert seq is None or seq.n <= CAP - 1
 
@@ -156,14 +156,14 @@ def test_an_error_inside_a_step_refuses_its_rows_and_the_server_serves_on(monkey
 
     def boom(batch):
         raise RuntimeError("device fault")
-    monkeypatch.setattr(server.d, "draft", boom)
+    monkeypatch.setattr(server.drafter, "draft", boom)
     for i in (b"a", b"b"):
         server.dispatch(i, W.Rounds([W.Row("s", 0, 3, 0, [4], 3)]), time.time(), "p")
     got = [(i, r) for i, m in _drive(server) for r in m.rows]
     assert sorted(i for i, _ in got) == [b"a", b"b"]
     assert all(r.error == "internal" and r.message.startswith("step: sequence 's': RuntimeError: device fault")
                for _, r in got)
-    assert not server.d.seqs and _answers(server)
+    assert not server.drafter.seqs and _answers(server)
     assert "2 sequences refused and freed: step: RuntimeError: device fault" in capsys.readouterr().out
     monkeypatch.undo()
     server.dispatch(b"a", W.Open("s", 1, [1, 2, 3]), time.time(), "p")
@@ -188,7 +188,7 @@ def _message(op, server, ident):
     """The walk's op as a message from client `ident` (rounds and commits follow the sequence's state, so that
     most are accepted and reach the step, near its limits)."""
     kind, seq = op[0], op[1] if len(op) > 1 else ""
-    held = server.d.seqs.get((ident, seq))
+    held = server.drafter.seqs.get((ident, seq))
     if kind == "open":
         _, _, n, stream, q_top, sampled = op
         return W.Open(seq, (held.gen + 1) if held else 0, [7] * n, temperature=0.8 if sampled else 0.0,
@@ -217,7 +217,7 @@ def test_random_requests_near_every_limit_from_several_clients_never_stop_the_se
         assert _answers(server, ident)
     _drive(server)
     assert _answers(server)
-    assert len(server.d.seqs) + len(server.d.free_rows) == 4
+    assert len(server.drafter.seqs) + len(server.drafter.free_rows) == 4
 
 
 
@@ -229,17 +229,17 @@ def test_an_error_feeding_one_prompt_refuses_that_prompt_only(monkeypatch):
         _hello(server, i)
     server.dispatch(b"a", W.Open("bad", 0, list(range(1, 12))), time.time(), "p")
     server.dispatch(b"b", W.Open("good", 0, list(range(1, 40))), time.time(), "p")
-    feed = server.d._feed
+    feed = server.drafter._feed
 
     def fails_on_bad(seq, ids):
         if seq.key == (b"a", "bad"):
             raise RuntimeError("device fault")
         feed(seq, ids)
-    monkeypatch.setattr(server.d, "_feed", fails_on_bad)
+    monkeypatch.setattr(server.drafter, "_feed", fails_on_bad)
     got = [(i, r) for i, m in _drive(server) for r in m.rows]
     assert [(i, r.seq, r.error) for i, r in got] == [(b"a", "bad", "internal")]
     assert got[0][1].message.startswith("prefill: sequence 'bad': RuntimeError: device fault")
-    assert sorted(server.d.seqs) == [(b"b", "good")] and server.d.seqs[(b"b", "good")].ready
+    assert sorted(server.drafter.seqs) == [(b"b", "good")] and server.drafter.seqs[(b"b", "good")].ready
     server.dispatch(b"b", W.Rounds([W.Row("good", 0, 39, 0, [4], 3)]), time.time(), "p")
     assert [len(r.tokens) for _, m in _drive(server) for r in m.rows] == [3]
 
@@ -259,7 +259,7 @@ def test_every_setting_travels_from_the_command_line_to_the_running_server():
                tokens_per_row=5, batch=3, clients=11, clients_per_key=4, clients_per_peer=6, reply_bytes=1 << 20)
     assert set(lim) == {f.name for f in fields(ServerLimits)}
     argv = ["--role", "draft-server", "--bind", "tcp://127.0.0.1:1", "--rows", "6", "--capacity", "80", "--ttl", "9",
-            "--prefill-chunk", "12", "--prefill-budget", "24", "--compile", "none", "--fast", "", "--no-warm",
+            "--idle", "7", "--prefill-chunk", "12", "--prefill-budget", "24", "--compile", "none", "--fast", "", "--no-warm",
             "--messages-per-s", "321", "--per-pass", "3"]
     argv += [x for name, v in lim.items() for x in (f"--limit-{name.replace('_', '-')}", str(v))]
     a = worker_parser().parse_args(argv)
@@ -273,10 +273,10 @@ def test_every_setting_travels_from_the_command_line_to_the_running_server():
     told = c.peer.limits
     c.close()
     assert {k: told[k] for k in lim} == lim and c.peer.sequences == 5
-    assert (told["rows"], told["capacity"], told["ttl_ms"], told["prefill_chunk"], told["prefill_budget"],
-            told["messages_per_s"], told["per_pass"]) == (6, 80, 9000, 12, 24, 321, 3)
+    assert (told["rows"], told["capacity"], told["ttl_ms"], told["idle_ms"], told["prefill_chunk"],
+            told["prefill_budget"], told["messages_per_s"], told["per_pass"]) == (6, 80, 9000, 7000, 12, 24, 321, 3)
     assert (server.cfg.compile_mode, server.cfg.fast, server.cfg.warm, server.cfg.spin_s) == ("none", "", False, 0.0)
-    assert asdict(server.cfg.limits) == lim and server.d.dec.rows == 6 and server.d.dec.capacity == 80
+    assert asdict(server.cfg.limits) == lim and server.drafter.dec.rows == 6 and server.drafter.dec.capacity == 80
 
 
 @pytest.mark.parametrize("lim,flag", [(dict(k=0), "--limit-k 0"),
@@ -312,7 +312,7 @@ def test_one_client_cannot_hold_every_row_and_freed_rows_pass_to_the_client_wait
     assert _open(server, b"b", "b1", "10.0.0.2") == ""
     log = capsys.readouterr().out
     assert "peer=10.0.0.1: refused (limit): fair_share:" in log and "peer=10.0.0.2: refused (limit): sequences:" in log
-    assert server.me.limits["reserve"] == 1 and server.me.limits["sequences_per_client"] == 7
+    assert server.welcome.limits["reserve"] == 1 and server.welcome.limits["sequences_per_client"] == 7
 
 
 def test_a_client_that_waited_stops_blocking_others_once_it_is_admitted_or_gone():
@@ -323,7 +323,7 @@ def test_a_client_that_waited_stops_blocking_others_once_it_is_admitted_or_gone(
         _hello(server, i, peer)
     assert [_open(server, b"a", f"a{i}", "10.0.0.1") for i in range(8)] == [""] * 8
     assert _open(server, b"b", "b0", "10.0.0.2").startswith("sequences:")           # b waits
-    server.forget(server.clients[b"b"], "left")
+    server.clients.forget(server.clients[b"b"], "left")
     server.dispatch(b"a", W.End("a0"), time.time(), "10.0.0.1")
     assert _open(server, b"a", "a8", "10.0.0.1") == ""                              # b left: nobody waits
     assert _open(server, b"c", "c0", "10.0.0.3").startswith("sequences:")           # c waits
@@ -351,13 +351,13 @@ def test_a_client_that_reconnects_under_its_client_id_takes_its_sequences_back()
     assert isinstance(server.dispatch(b"old", hello, time.time(), "10.0.0.1")[0], W.Welcome)
     assert _open(server, b"old", "s0", "10.0.0.1") == "" and _open(server, b"old", "s1", "10.0.0.1") == ""
     assert isinstance(server.dispatch(b"new", hello, time.time(), "10.0.0.1")[0], W.Welcome)
-    assert sorted(server.d.seqs) == [(b"new", "s0"), (b"new", "s1")] and b"old" not in server.clients
-    assert server.d.seqs[(b"new", "s0")].key == (b"new", "s0")
+    assert sorted(server.drafter.seqs) == [(b"new", "s0"), (b"new", "s1")] and b"old" not in server.clients
+    assert server.drafter.seqs[(b"new", "s0")].key == (b"new", "s0")
     _drive(server)
     server.dispatch(b"new", W.Rounds([W.Row("s0", 0, 3, 0, [4], 2)]), time.time(), "10.0.0.1")
     assert [len(r.tokens) for _, m in _drive(server) for r in m.rows] == [2]
     assert isinstance(server.dispatch(b"elsewhere", hello, time.time(), "10.0.0.9")[0], W.Welcome)
-    assert sorted(server.d.seqs) == [(b"new", "s0"), (b"new", "s1")] and b"new" in server.clients
+    assert sorted(server.drafter.seqs) == [(b"new", "s0"), (b"new", "s1")] and b"new" in server.clients
 
 
 def test_a_closed_connection_frees_its_rows_at_once_not_at_the_ttl(capsys):
@@ -367,11 +367,11 @@ def test_a_closed_connection_frees_its_rows_at_once_not_at_the_ttl(capsys):
     c = DraftServerClient(serving(server, 30), HELLO)
     for i in range(3):
         c.open(f"s{i}", [1, 2, 3, 4])
-    assert _wait(lambda: len(server.d.seqs) == 3)
+    assert _wait(lambda: len(server.drafter.seqs) == 3)
     t0 = time.time()
     c.client.sock.close(linger=0)                          # gone without End (a killed process closes its socket)
-    assert _wait(lambda: not server.d.seqs, 10)
-    assert time.time() - t0 < 5 and sorted(server.d.free_rows) == list(range(8))
+    assert _wait(lambda: not server.drafter.seqs, 10)
+    assert time.time() - t0 < 5 and sorted(server.drafter.free_rows) == list(range(8))
     assert "freed 3 sequences: its connection closed" in capsys.readouterr().out
 
 
@@ -385,18 +385,18 @@ def test_a_client_that_timed_out_says_hello_at_once_and_takes_its_sequences_back
     server = tiny_server(tiny_qwen3(0), rows=4, capacity=CAP, ttl_s=60)
     c = DraftServerClient(serving(server, 30), HELLO, timeout_s=0.5)
     t = c.open("s0", [1, 2, 3, 4])
-    assert _wait(lambda: server.d.seqs and server.d.seqs[next(iter(server.d.seqs))].ready)
-    draft = server.d.draft
+    assert _wait(lambda: server.drafter.seqs and server.drafter.seqs[next(iter(server.drafter.seqs))].ready)
+    draft = server.drafter.draft
 
     def slow(batch):
         time.sleep(1.0)
         return draft(batch)
-    monkeypatch.setattr(server.d, "draft", slow)
+    monkeypatch.setattr(server.drafter, "draft", slow)
     with pytest.raises(DraftUnavailable, match="no Drafts"):
         c.rounds([(t, 0, [5], 2)])
     new = c.client.sock.getsockopt(zmq.ROUTING_ID)
-    assert _wait(lambda: list(server.d.seqs) == [(new, "s0")] and list(server.clients) == [new], 1.5)
-    monkeypatch.setattr(server.d, "draft", draft)
+    assert _wait(lambda: list(server.drafter.seqs) == [(new, "s0")] and list(server.clients) == [new], 1.5)
+    monkeypatch.setattr(server.drafter, "draft", draft)
     assert [len(r.tokens) for r in c.rounds([(t, 0, [6], 2)]) if not r.error] == [2]
     c.close()
 
@@ -412,22 +412,22 @@ def _wait(ok, timeout_s: float = 5.0) -> bool:
 
 def test_the_ttl_counts_from_the_end_of_a_clients_own_work_and_a_silent_hello_is_forgotten_quietly(monkeypatch,
                                                                                                  capsys):
-    import sdeth.wire.draft_server as ds
+    import sdeth.wire.clients as ds
     monkeypatch.setattr(ds, "SWEEP_S", 0.0)
     server = tiny_server(tiny_qwen3(0), rows=4, capacity=256, ttl_s=0.3, prefill_budget=16)
     _hello(server, b"a"), _hello(server, b"quiet")
     server.dispatch(b"a", W.Open("long", 0, list(range(1, 200))), time.time(), "p")
     time.sleep(0.4)
-    server.expire()                                         # its prompt is being fed: not silent
+    server.clients.expire()                                         # its prompt is being fed: not silent
     assert b"a" in server.clients and b"quiet" not in server.clients
     sock = Sock()
-    while server.d.waiting():
+    while server.drafter.waiting():
         server.idle(sock)
-    server.expire()
+    server.clients.expire()
     assert b"a" in server.clients                           # the TTL counts from here
     time.sleep(0.4)
-    server.expire()
-    assert b"a" not in server.clients and not server.d.seqs
+    server.clients.expire()
+    assert b"a" not in server.clients and not server.drafter.seqs
     log = capsys.readouterr().out
     assert "freed 1 sequences: no word from the client for 0 s" in log and "freed 0" not in log
 
@@ -594,7 +594,7 @@ def test_a_killed_clients_last_messages_do_not_keep_its_rows_and_a_reused_fd_is_
     from test_draft_server import free_port
     server = tiny_server(tiny_qwen3(0), rows=4, capacity=CAP, ttl_s=60)
     addr = f"tcp://127.0.0.1:{free_port()}"
-    srv = _Server(addr, None, Log("test"), server.closed)
+    srv = _Server(addr, None, Log("test"), server.clients.closed)
     try:
         a = _dealer(addr)
         a.send(W.encode(HELLO))
@@ -627,10 +627,10 @@ def test_a_killed_clients_last_messages_do_not_keep_its_rows_and_a_reused_fd_is_
         b.send(W.encode(W.Open("t", 0, [1, 2, 3])))
         _take(srv, server)
         server.clients[ident_a].gone -= ds.GONE_S
-        server.t_sweep = 0
-        server.expire()
+        server.clients.t_sweep = 0
+        server.clients.expire()
         assert ident_a not in server.clients and ident_b in server.clients
-        assert sorted(server.d.seqs) == [(ident_b, "t")]
+        assert sorted(server.drafter.seqs) == [(ident_b, "t")]
         b.close()
     finally:
         srv.close()

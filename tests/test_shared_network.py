@@ -110,7 +110,7 @@ def test_two_keys_through_one_draft_server_each_reach_only_their_own_sequences(t
         assert len(first.rows[0].tokens) == 3 and not first.rows[0].error
         a.close()
         time.sleep(0.3)
-        seq = server.d.seqs[(ident, "s")]
+        seq = server.drafter.seqs[(ident, "s")]
         held = (seq.n, list(seq.prev))
         forger = _dealer(addr, keys["b"], ident)          # b's key, a's routing id
         for msg in (HELLO, W.Rounds([W.Row("s", 0, 5, 3, [6], 3)]), W.End("s")):
@@ -119,7 +119,7 @@ def test_two_keys_through_one_draft_server_each_reach_only_their_own_sequences(t
         forger.send(W.encode(W.Open("s", 1, [7, 7])))
         forger.close()
         time.sleep(0.3)
-        assert server.d.seqs[(ident, "s")] is seq and (seq.n, seq.prev) == held and seq.gen == 0
+        assert server.drafter.seqs[(ident, "s")] is seq and (seq.n, seq.prev) == held and seq.gen == 0
         again = _dealer(addr, keys["a"], ident)          # a again: its key, its routing id
         nxt = _ask(again, W.Rounds([W.Row("s", 0, 5, 3, [6], 3)]))
         assert not nxt.rows[0].error and len(nxt.rows[0].tokens) == 3

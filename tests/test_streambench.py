@@ -79,7 +79,7 @@ def test_remote_point_against_a_real_draft_server(fast):
     assert p["new_sequence"]["count"] > 0 and p["new_sequence"]["open_to_first_draft_ms_p50"] > 0
     em = p["emulation"]
     assert 0 <= em["t_v_over_intended_mean"] < 1.0          # loose: a shared CPU oversleeps, never undersleeps
-    assert not server.d.seqs                                # each target ended its sequences (End, Ended)
+    assert not server.drafter.seqs                                # each target ended its sequences (End, Ended)
 
 
 def test_a_sequences_own_tpot_leaves_out_its_first_round_and_counts_at_its_end():
@@ -139,7 +139,7 @@ def test_a_pipelined_point_carries_the_timeline_the_streams_held_and_the_model(f
     assert tl["sent_to_arrived"]["p50"] >= tl["sent_to_read"]["p50"]
     assert p["offered_mean"] > 0.3                     # the streams keep drafts on offer
     assert p["speedup"] > 1.0 and 0 < p["model"]["verified_per_round"] <= sb.PIPELINED_K
-    assert not server.d.seqs                           # every stream ended (End, Ended)
+    assert not server.drafter.seqs                           # every stream ended (End, Ended)
 
 
 def test_ranks_name_the_draft_choices_tokens():
@@ -183,7 +183,7 @@ def test_the_ssd_points_off_and_on_with_a_full_server(fast):
     assert on["verdict_cache"]["hit_rate_by_position"] and on["model_cached"]["terms"]["hit"] > 0.5
     assert off["verdict_cache"]["hits"] == 0 and not off["verdict_cache"]["branch_rows_per_step"]
     assert full["verdict_cache"]["hits"] == 0 and not full["verdict_cache"]["branch_rows_per_step"]
-    st = servers["4x4x8"][0].vc.stats       # full: a branch only on a row no stream has opened yet (the start), given
+    st = servers["4x4x8"][0].verdicts.stats       # full: a branch only on a row no stream has opened yet (the start), given
     assert st["hits"] == 0 and st["branches"] == st["evicted"] + st["dropped"]   # back to it; none at a turnover
     for p in (on, off, full):
         assert p["tokens_per_step"] >= 1 and p["model_cached"]["tokens_per_round"] >= 1

@@ -131,14 +131,14 @@ def test_a_failed_step_drops_its_branches_and_spares_their_streams():
     and its stream, when not in the step, keeps its row and is not refused."""
     from sdeth.wire.draft_server import DraftServerConfig
     server = tiny_server(tiny_pair()[1], rows=6, capacity=128, verdict_cache="2x3x4")
-    seq = server.d.open_stream((b"c", "s"), 0, PROMPT, Sampling(), 1, 0, window=6)
-    server.d.commit(seq, 0, 7)
-    stepped(server.d, server.vc, seq, 4)
-    branches = [b.row for b in server.vc.branches()]
+    seq = server.drafter.open_stream((b"c", "s"), 0, PROMPT, Sampling(), 1, 0, window=6)
+    server.drafter.commit(seq, 0, 7)
+    stepped(server.drafter, server.verdicts, seq, 4)
+    branches = [b.row for b in server.verdicts.branches()]
     assert branches and DraftServerConfig(6, 128, verdict_cache="2x3x4").check()
     server._fail(branches, "internal", "step", "a test's error")
-    assert server.d.seqs[(b"c", "s")] is seq and not server.vc.branches()
-    assert sorted(server.d.free_rows + [seq.row]) == list(range(6))
+    assert server.drafter.seqs[(b"c", "s")] is seq and not server.verdicts.branches()
+    assert sorted(server.drafter.free_rows + [seq.row]) == list(range(6))
 
 
 def test_a_branch_deeper_than_a_reply_is_sized_for_is_refused_at_the_start():
@@ -207,13 +207,13 @@ def test_four_clients_greedy_with_the_cache_on_give_the_target_output_and_hits_a
     eng = Engine(target, "ref")
     want = [generate_target_only(eng, p, 40, Sampling(), None).output_ids for p in prompts]
     assert all([r.output_ids for r in rs] == want for rs in runs)
-    s = server.vc.summary()
+    s = server.verdicts.summary()
     assert s["hits"] >= 1 and s["foreseen_tokens"] >= 1 and s["rows_stepped"] > 0, s    # (a branch adopted before
                                                                                         # its first step sends none)
     assert s["hit_rate"] is not None and s["hits"] + s["misses"] == sum(s["rejections_at"].values())
     time.sleep(0.5)
-    assert not server.d.seqs and not server.vc.branches(), (server.d.seqs, s)   # every stream ended, branches freed
-    assert sorted(server.d.free_rows) == list(range(16))
+    assert not server.drafter.seqs and not server.verdicts.branches(), (server.drafter.seqs, s)   # every stream ended, branches freed
+    assert sorted(server.drafter.free_rows) == list(range(16))
 
 
 def test_a_foreseen_verdict_is_answered_without_a_draft_step():
@@ -227,18 +227,18 @@ def test_a_foreseen_verdict_is_answered_without_a_draft_step():
     server.dispatch(ident, W.Open("s", 0, PROMPT, stream=True, window=6, q_top=0), time.time(), "p")
     server.dispatch(ident, W.Commits([W.CommitRow("s", 0, 0, 7)]), time.time(), "p")
     for _ in range(8):
-        server._prefill()
+        server.scheduler.prefill()
         server.stream_step()
-        server._plan()
-    seq = server.d.seqs[(ident, "s")]
+        server.scheduler.plan()
+    seq = server.drafter.seqs[(ident, "s")]
     alt = seq.alts[1][0]
-    steps = server.d.dec.steps
+    steps = server.drafter.dec.steps
     out = server.dispatch(ident, W.Commits([W.CommitRow("s", 0, 1, alt)]), time.time(), "p")
-    assert server.d.dec.steps == steps                         # no draft step ran
+    assert server.drafter.dec.steps == steps                         # no draft step ran
     m = out[0]
     assert isinstance(m, W.Streamed) and not m.missed and m.rows
     assert [r.pos for r in m.rows] == list(range(2, 2 + len(m.rows))) and all(r.epoch == 1 for r in m.rows)
-    assert m.rows[0].since == 1 and server.vc.stats["hits"] == 1
+    assert m.rows[0].since == 1 and server.verdicts.stats["hits"] == 1
     out = server.dispatch(ident, W.Commits([W.CommitRow("s", 0, 2, (m.rows[0].token + 1) % VOCAB)]), time.time(), "p")
     if out:                                      # a miss is told at once too (no branch there, or another token)
         assert out[0].missed == ["s"] and not out[0].rows
@@ -257,7 +257,7 @@ def test_four_clients_sampled_with_the_cache_on_reproduce_the_target_distributio
     counts = {}
     for r in (r for rs in runs for r in rs):
         counts[tuple(r.output_ids[:2])] = counts.get(tuple(r.output_ids[:2]), 0) + 1
-    assert server.vc.stats["branches"] > 0
+    assert server.verdicts.stats["branches"] > 0
     assert two_token_chi2(Engine(target, "ref"), prompt, s, counts) > 1e-3
 
 
@@ -272,11 +272,11 @@ def test_the_embedded_pair_through_the_cache_gives_the_target_only_output(pair, 
     server = pair_server(pair, DraftServerConfig(CLIENTS * B * 3, 1024, verdict_cache="4x4x8"))
     addr = _serving(server)
     prompts = experiment.encode_prompts(experiment.RunConfig(mode="sd", **REF), pair.tokenizer)
-    me = server.me
+    me = server.welcome
     hello = W.Hello(W.PROTOCOL_VERSION, "target", "t", pair.vocab_size, me.tokenizer_sha, me.dtype)
     runs = _streams(addr, hello, pair, prompts)
     assert [r.output_ids for r in runs] == [r["output_ids"] for r in target_only_ref["requests"]]
-    s = server.vc.summary()
+    s = server.verdicts.summary()
     print(s)
     assert s["branches"] > 0 and s["hits"] >= 1, s
 

@@ -187,7 +187,7 @@ def test_in_a_vllm_shaped_loop_streamed_drafts_continue_each_context_and_an_abor
             b.grow(i, got)
             outs[name] += got
         if s == abort_at + 4:                               # idle_steps (2) later, and a moment for the End
-            held = {key[1] for key in server.d.seqs}
+            held = {key[1] for key in server.drafter.seqs}
             assert aborted[0] not in held, (aborted, held)
         if s == abort_at:                                   # "b" aborted: gone from the batch for good
             i = names.index("b")
@@ -225,7 +225,7 @@ def test_in_a_vllm_shaped_loop_streamed_drafts_continue_each_context_and_an_abor
     for _ in range(4):                                      # the rest end idle_steps after their rows left
         p.propose(*Batch().args())
     time.sleep(0.3)
-    assert not [k for k in server.d.seqs if k[1].startswith(p.streams.prefix)]
+    assert not [k for k in server.drafter.seqs if k[1].startswith(p.streams.prefix)]
     p.propose(*Batch().args())                              # the server's Ended replies taken
     assert p.stats.confirmed == p.stats.ended == p.stats.opened
     p.close()
@@ -271,7 +271,7 @@ def test_with_a_slow_target_step_every_draft_the_server_has_drafted_past_the_con
                 if d is None or got[-1] != d:
                     break
             b.grow(0, got)
-        seq = next(iter(server.d.seqs.values()), None)
+        seq = next(iter(server.drafter.seqs.values()), None)
         ctx = b.rows[0][seq.base:] if seq is not None else None
         chain = list(seq.chain) if seq is not None else []
         held.append(min(3, len(chain) - len(ctx)) if seq is not None and chain[:len(ctx)] == ctx else 0)

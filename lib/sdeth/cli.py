@@ -471,6 +471,9 @@ def draft_server_arguments(ap) -> None:
     g.add_argument("--capacity", type=int, default=None, help="tokens per cache row (default: --config's capacity)")
     g.add_argument("--ttl", type=float, default=30.0, help="seconds of silence (no message, no work of its own in "
                    "flight) after which a client's sequences are freed")
+    g.add_argument("--idle", type=float, default=30.0, help="seconds a sequence may go without a draft step and keep "
+                   "its row while another client waits for one (then its row is reclaimed; its client is told "
+                   "'reclaimed' and opens it again)")
     g.add_argument("--prefill-chunk", type=int, default=0, help="prompt tokens per forward (0: 2048 on a GPU, 256 on a CPU)")
     g.add_argument("--prefill-budget", type=int, default=0, help="prompt tokens fed between two draft steps (0: a chunk)")
     g.add_argument("--compile", default="auto", help="torch.compile mode of the batched block: auto (default on a "
@@ -492,7 +495,7 @@ def draft_server_config(a, cfg, spin_s: float):
     from .wire.server_config import DraftServerConfig, ServerLimits, limit_fields
     limits = ServerLimits(**{n: getattr(a, f"limit_{n}") for n in limit_fields()})
     return DraftServerConfig(
-        rows=a.rows, capacity=a.capacity or cfg.capacity, ttl_s=a.ttl, prefill_chunk=a.prefill_chunk,
+        rows=a.rows, capacity=a.capacity or cfg.capacity, ttl_s=a.ttl, idle_s=a.idle, prefill_chunk=a.prefill_chunk,
         prefill_budget=a.prefill_budget, compile_mode=a.compile, fast=cfg.draft_fast if a.fast is None else a.fast,
         warm=not a.no_warm, spin_s=spin_s, messages_per_s=a.messages_per_s, per_pass=a.per_pass,
         verdict_cache=a.verdict_cache, limits=limits).check()

@@ -32,6 +32,7 @@ from .loop import draft_token, q_support
 from .verify import Sampling
 
 CATCH_UP = WIDTHS[-1]   # pending tokens a draft step feeds in its first forward; more (a prompt) are prefilled first
+WARM_S = 1.0            # a sequence that drafted within this many seconds is warm: it keeps a low cache row (see draft)
 
 
 class Desync(ValueError):
@@ -74,6 +75,7 @@ class Sequence:
     read_at: float = 0.0           # stream: when the newest commit was read (wall clock, time.time())
     read_pos: int = -1             # ... its position; -1 once the step after it has drafted (see stream_step)
     opened: float = field(default_factory=time.perf_counter)
+    stepped: float = 0.0           # when it last drafted (time.perf_counter; 0: never)
     prefill_s: float = 0.0         # the prompt's forwards
     drafted: int = 0               # proposals made
     seed: int = 0                  # its draws' seed (a branch's own generator is derived from it)
@@ -108,6 +110,8 @@ class BatchDrafter:
         self.last_batch = 0            # rows in the newest draft step
         self.alts = 0                  # the draft's next choices kept per drafted token (0: none)
         self.cache = None              # a runtime.verdictcache.VerdictCache: its branches hold free rows
+        self.warm_s = WARM_S           # see draft(): how recently a sequence drafted to keep a low row
+        self.moves = 0                 # sequences moved to a lower row (their cache copied) so far
 
     @property
     def device(self):
@@ -116,6 +120,41 @@ class BatchDrafter:
     def capacity_for(self, k: int) -> int:
         """The longest context a sequence may reach and still draft k tokens."""
         return self.dec.capacity - k - 1
+
+    def get(self, key: tuple) -> Sequence | None:
+        """The sequence under key (None: no such sequence)."""
+        return self.seqs.get(key)
+
+    def holds(self, seq: Sequence) -> bool:
+        """Whether seq is a sequence of the table (a verdict-cache branch is not)."""
+        return self.seqs.get(seq.key) is seq
+
+    def held(self) -> int:
+        """Sequences the table holds (each a cache row)."""
+        return len(self.seqs)
+
+    def sequences(self) -> list[Sequence]:
+        return list(self.seqs.values())
+
+    def streams(self) -> list[Sequence]:
+        return [s for s in self.seqs.values() if s.stream]
+
+    def keys_of(self, client) -> list[tuple]:
+        """The keys of one client's sequences (key[0] is the client)."""
+        return [key for key in self.seqs if key[0] == client]
+
+    def feeding(self) -> list[Sequence]:
+        """The sequences whose prompts wait to be prefilled."""
+        return [s for s in self.seqs.values() if len(s.pending) > CATCH_UP]
+
+    def rekey(self, old, new) -> int:
+        """Client old's sequences become client new's (same sequence ids, rows and state); returns how many."""
+        moved = self.keys_of(old)
+        for key in moved:
+            seq = self.seqs.pop(key)
+            seq.key = (new, key[1])
+            self.seqs[seq.key] = seq
+        return len(moved)
 
     def open(self, key: tuple, gen: int, prompt_ids: list[int], s: Sampling, seed: int, q_top: int) -> Sequence:
         """A new sequence (an old one under the same key is replaced). Its prompt is fed by prefill()."""
@@ -219,6 +258,7 @@ class BatchDrafter:
         seq.chain, seq.prev, seq.acked, seq.epoch = branch.chain, [], branch.acked, seq.epoch + 1
         seq.alts = {p: a for p, a in branch.alts.items() if p > pos}
         seq.read_at, seq.read_pos = time.time(), pos
+        seq.stepped = branch.stepped
 
     def release(self, branch: Sequence) -> None:
         """A branch's row back to the free rows."""
@@ -260,7 +300,7 @@ class BatchDrafter:
 
     def waiting(self) -> bool:
         """Whether a prompt waits to be prefilled."""
-        return any(len(s.pending) > CATCH_UP for s in self.seqs.values())
+        return bool(self.feeding())
 
     def draft(self, batch: list[tuple[Sequence, int]]) -> list[Drafted]:
         """One proposal of k tokens for each (sequence, k), all rows in the same steps; each sequence must be
@@ -272,6 +312,7 @@ class BatchDrafter:
         over = [(s, k) for s, k in batch if s.n + k > self.dec.capacity]
         if over:
             raise Overflow(over, self.dec.capacity)
+        self._pack(batch)
         R = max(s.row for s, _ in batch) + 1
         K = max(k for _, k in batch)
         W = width(max(len(s.pending) for s, _ in batch))
@@ -295,6 +336,45 @@ class BatchDrafter:
         host = HostCopy(torch.cat([tk[:, :, None], torch.stack(alts, 1)], 2) if alts else tk).value()
         self.last_batch = len(batch)
         return [self._settle(seq, k, host[seq.row], qs) for seq, k in batch]
+
+    def _pack(self, batch: list[tuple[Sequence, int]]) -> None:
+        """Before a step: every row of the batch below the count of warm sequences (those that drafted within
+        warm_s, and the batch's own), so that the step, which computes cache rows 0..max(row), computes no more
+        rows than are warm: a sequence whose client went quiet costs no one's step, whatever row it holds. A
+        batch row above that count trades rows (and caches: one slice copy per layer) with a cold sequence or a
+        free row below it; in steady traffic nothing moves."""
+        now, stepping = time.perf_counter(), {id(s) for s, _ in batch}
+        held = self._occupants()
+        warm = {id(s) for s in held.values() if id(s) in stepping or now - s.stepped < self.warm_s}
+        top = len(warm)
+        movers = [s for s, _ in batch if s.row >= top]
+        if not movers:
+            return
+        lows = [r for r in range(top) if r not in held or id(held[r]) not in warm]
+        for seq, row in zip(movers, lows):
+            self._trade(seq, row, held.get(row))
+
+    def _trade(self, seq: Sequence, row: int, other: Sequence | None) -> None:
+        """seq takes `row` (and its cache prefix); other, the cold sequence or branch there (None: a free row),
+        takes seq's old row."""
+        old = seq.row
+        n = min(max(seq.fed + seq.ahead, other.fed + other.ahead if other else 0) + 1, self.dec.capacity)
+        if other is None:
+            self.dec.copy_prefix([old], [row], n)
+            self.free_rows.remove(row)
+            self.free_rows.append(old)
+        else:
+            self.dec.copy_prefix([old, row], [row, old], n)           # (a swap: the source rows are read first)
+            other.row = old
+        seq.row = row
+        self.moves += 1
+
+    def _occupants(self) -> dict[int, Sequence]:
+        """Cache row -> the sequence or verdict-cache branch on it."""
+        held = {s.row: s for s in self.seqs.values()}
+        if self.cache is not None:
+            held.update({b.row.row: b.row for b in self.cache.branches()})
+        return held
 
     def _inputs(self, batch, R: int, W: int):
         """The first step's ids, positions and slots [R, W] (rows not in the batch write to the scratch
@@ -336,6 +416,7 @@ class BatchDrafter:
         seq.fed, seq.pending = seq.n, []
         seq.prev, seq.ahead = row_tokens[:k], min(k, len(row_tokens) - 1)
         seq.drafted += 1
+        seq.stepped = time.perf_counter()
         out = Drafted(seq.prev, alts=choices)
         if seq.row in qs[0]:
             top = q_support(torch.stack([qs[i][seq.row] for i in range(k)]), seq.q_top)

@@ -123,6 +123,7 @@ class BatchDecoder:
         self.pool = None
         self.clock = ForwardClock(self.device.type == "cuda")
         self.steps = 0
+        self.last_rows = 0           # cache rows the newest step computed (its bucket: rows 0..last_rows-1)
 
     def span_for(self, top: int) -> int:
         """The attention span (slots read) for rows whose highest position is top - 1."""
@@ -238,6 +239,7 @@ class BatchDecoder:
             out = self._forward(ids, positions, slots, 0, key[2], fused=True)
         self.clock.end(t0)
         self.steps += 1
+        self.last_rows = b
         return out[:R]
 
     def _replay(self, key, ids, positions, slots) -> torch.Tensor:

@@ -95,7 +95,7 @@ class VerdictCache:
     def __init__(self, drafter: BatchDrafter, spec: VerdictSpec):
         if not spec.on:
             raise ValueError("a verdict cache needs fanout >= 1 (VerdictSpec.parse('on'))")
-        self.d, self.spec = drafter, spec
+        self.drafter, self.spec = drafter, spec
         drafter.cache, drafter.alts = self, max(drafter.alts, spec.fanout)
         self.held: dict[Sequence, dict[tuple[int, int], Branch]] = {}
         self.seen: dict[Sequence, list[float]] = {}       # stream -> [positions settled as drafted, rejections]
@@ -123,7 +123,7 @@ class VerdictCache:
         now = time.monotonic()
         while self.given_back and now - self.given_back[0] >= HOLD_S:
             self.given_back.popleft()
-        return max(len(self.d.free_rows) - len(self.given_back), 0)
+        return max(len(self.drafter.free_rows) - len(self.given_back), 0)
 
     def opened(self) -> None:
         """A new sequence took a row: the oldest row held for an Open is no longer held."""
@@ -154,7 +154,7 @@ class VerdictCache:
             ranks.update({w: r + 1 for _, r, w in new})
             want += new[:room]
         want = [w for *_, w in sorted(want, key=lambda w: w[:2])][:self.spare()]   # nearest first, all streams
-        for (seq, j, t), row in zip(want, self.d.fork(want)):
+        for (seq, j, t), row in zip(want, self.drafter.fork(want)):
             self.held.setdefault(seq, {})[(j, t)] = Branch(row, j, t, j - seq.acked, ranks.get((seq, j, t), 1))
         self.stats["branches"] += len(want)
         return len(want)
@@ -181,7 +181,7 @@ class VerdictCache:
             self.stats["misses"] += 1
             self.stats["uncovered"] += not covered
             return None
-        self.d.adopt(seq, b.row)
+        self.drafter.adopt(seq, b.row)
         self.stats["hits"] += 1
         self.stats["foreseen_tokens"] += len(b.out)
         self.stats["hits_at"][at] = self.stats["hits_at"].get(at, 0) + 1
@@ -189,14 +189,14 @@ class VerdictCache:
         return b
 
     def _release(self, b: Branch) -> None:
-        self.d.release(b.row)
+        self.drafter.release(b.row)
         self.stats["dropped"] += 1
 
     def drop(self, seq: Sequence) -> None:
         """Every branch of seq (its stream restarted, ended or was freed: then its row is held for an Open)."""
         for b in self.held.pop(seq, {}).values():
             self._release(b)
-        if seq not in self.d.seqs.values():
+        if not self.drafter.holds(seq):
             self.seen.pop(seq, None)
             self.given_back.append(time.monotonic())
 
@@ -214,7 +214,7 @@ class VerdictCache:
         victims = sorted(((b.offset, id(b), seq, key) for seq, held in self.held.items() for key, b in held.items()),
                          key=lambda v: -v[0])[:n]
         for _, _, seq, key in victims:
-            self.d.release(self.held[seq].pop(key).row)
+            self.drafter.release(self.held[seq].pop(key).row)
             self.stats["evicted"] += 1
         return len(victims)
 

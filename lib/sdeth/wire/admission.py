@@ -19,6 +19,7 @@ class Client:
     key: str = ""                                   # the CURVE key's name that said Hello ('' on plain TCP)
     name: str = ""                                  # the client id it said Hello with ('' none)
     gone: float = 0.0                               # when its connection closed (0: open, or spoke since)
+    active: float = 0.0                             # when it last sent anything but a Ping (its Hello included)
     waiting: list = field(default_factory=list)     # (Sequence, k, arrival time) in arrival order
     refused: list = field(default_factory=list)     # RowDrafts refused since its last Drafts
 
@@ -59,11 +60,8 @@ def in_turn(groups: list, turn: int, cap: int) -> list:
 
 
 def no_room(clients: dict, lim: ServerLimits, key: str, peer: str, ttl_s: float) -> tuple[str, str]:
-    """(field, why) a new connection cannot say Hello (('', '') when it can): the clients in all, of one address,
-    or of its (own) key."""
-    if len(clients) >= lim.clients:
-        return "clients", (f"this server serves {lim.clients} connections, its most: close an idle one (each is "
-                           f"forgotten after {ttl_s:.0f} s of silence), or use another draft server")
+    """(field, why) a new connection cannot say Hello (('', '') when it can): the clients of one address, of its
+    (own) key, or in all (the last: the one a full table can make room for)."""
     addr = address_of(peer)
     if addr and sum(c.address == addr for c in clients.values()) >= lim.clients_per_peer:
         return "clients_per_peer", (f"address {addr} holds {lim.clients_per_peer} connections, the most one address "
@@ -71,6 +69,10 @@ def no_room(clients: dict, lim: ServerLimits, key: str, peer: str, ttl_s: float)
     if owner_key(key) and sum(c.key == key for c in clients.values()) >= lim.clients_per_key:
         return "clients_per_key", (f"key {key} holds {lim.clients_per_key} connections, the most one key may: "
                                    f"send over the ones it has (one connection carries many sequences)")
+    if len(clients) >= lim.clients:
+        return "clients", (f"this server serves {lim.clients} connections, its most, and each holds sequences or "
+                           f"spoke lately: close an idle one (each is forgotten after {ttl_s:.0f} s of silence), or "
+                           f"use another draft server")
     return "", ""
 
 

@@ -21,6 +21,7 @@ from .remote import q_from_pairs
 from .transport import Client, PeerGone
 
 DECODE = protocol.Decoder("a draft server's client", protocol.SERVER_SENDS)
+AGAIN = ("desync", "reclaimed")    # a row refused for these is opened again (next generation) and asked again
 
 
 @dataclass(eq=False)
@@ -86,7 +87,7 @@ class DraftServerClient:
         here (re-open, ask again)."""
         rows = [self._row(t, a, toks, k) for t, a, toks, k in items]
         got = self._exchange(rows, {t.seq: t for t, *_ in items})
-        again = [(t, k) for (t, *_, k), r in zip(items, got) if r.error == "desync"]
+        again = [(t, k) for (t, *_, k), r in zip(items, got) if r.error in AGAIN]
         if again:
             for t, _ in again:
                 t.gen, t.reopened, t.prev = t.gen + 1, t.reopened + 1, []
@@ -95,7 +96,7 @@ class DraftServerClient:
             redo = self._exchange([self._row(t, 0, t.context[-1:], k, fresh=True) for t, k in again],
                                   {t.seq: t for t, _ in again})
             fixed = {r.seq: r for r in redo}
-            got = [fixed.get(r.seq, r) if r.error == "desync" else r for r in got]
+            got = [fixed.get(r.seq, r) if r.error in AGAIN else r for r in got]
         for (t, *_), r in zip(items, got):
             t.prev = [] if r.error else list(r.tokens)
         return got

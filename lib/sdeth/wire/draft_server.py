@@ -20,7 +20,9 @@ whose prompt is fed in one batched step (runtime.batchdraft), taking clients in 
 `limits.batch` caps the rows of a step), and answers each client with one Drafts per step. Prompts are fed in
 chunks between steps, so a long prompt neither stalls other streams nor heartbeats (Ping is answered between
 any two steps). A client silent for `ttl_s` (no message, and no work of its own in flight: a prompt being fed,
-a round waiting) loses its sequences and its handshake. Limits (ServerLimits) bound what each client may ask for,
+a round waiting) loses its sequences and its handshake; a sequence that has not drafted for `idle_s` loses its row
+when a client under its fair share is refused one (its client is told `reclaimed` and opens it again to resume);
+a Hello that finds the client table full takes the place of the idlest client that holds no row. Limits (ServerLimits) bound what each client may ask for,
 and how many clients there are (nothing is stored for a peer before its Hello); the Welcome carries them; each
 refusal names the limit and is logged with the peer and the field. The admission policy (fair shares, a reserve
 for new clients, connections per address) is wire.server_config's; a client that says Hello again with the same
@@ -34,6 +36,10 @@ stream's) and is answered at once with the branch's drafts (a new epoch); one no
 and restarts as without the cache. Live streams are stepped first, and an Open evicts branches for its row.
 Open.watch asks for the draft's next choices with each streamed token (StreamRow.alts).
 
+The parts: wire.clients.ClientTable (who said Hello, take-over, the TTL, quotas), wire.scheduler.Scheduler (which
+rows step next, the prefill budget, branch planning), wire.bounds (what one request may ask for), and this class's
+handlers and steps; the sequences are the drafter's (runtime.batchdraft, which also keeps the stepping rows low).
+
 No request within the limits ends the process: a row drafts only within its own room (runtime.batchdraft), and an
 error in a step is contained to the rows that caused it (refused `internal` and freed); the server serves on.
 docs/reliability.md lists what is guaranteed, each with its test.
@@ -44,21 +50,21 @@ import collections
 import time
 from dataclasses import asdict
 
-from ..runtime.batchdraft import CATCH_UP, BatchDrafter, Desync, Full, Overflow
+from ..runtime.batchdraft import BatchDrafter, Desync, Full, Overflow
 from ..runtime.verdictcache import VerdictCache, VerdictSpec
 from ..runtime.verify import Sampling
 from . import protocol
-from .admission import Client, Shares, address_of, in_turn, no_room
-from .draft_worker import welcome
+from .admission import Client
+from .bounds import open_bounds, row_bounds
+from .clients import GONE_S, ClientTable
+from .draft_worker import welcome as welcome_of
+from .scheduler import Scheduler
 from .server_config import DraftServerConfig, ServerLimits
 from .transport import Log, PeerLimits, key_of, reply, serve_requests
 
-__all__ = ["DraftServer", "DraftServerConfig", "ServerLimits", "build_server", "pair_server", "serve_draft_server"]
+__all__ = ["DraftServer", "DraftServerConfig", "ServerLimits", "GONE_S", "build_server", "pair_server",
+           "serve_draft_server"]
 DECODE = protocol.Decoder("a draft server", protocol.SERVER_TAKES)
-SWEEP_S = 1.0            # how often the TTL sweep runs
-WATCH_MOST = 8           # a stream's Open.watch: the draft's next choices sent with each token, at most
-GONE_S = 2.0             # a closed connection's client is forgotten this long after (unless it speaks again: a
-                         # reconnection under the same routing id)
 
 
 def refusal(seq: str, gen: int, code: str, message: str) -> protocol.RowDraft:
@@ -66,26 +72,24 @@ def refusal(seq: str, gen: int, code: str, message: str) -> protocol.RowDraft:
 
 
 class DraftServer:
-    """A BatchDrafter behind the wire: a handler per message, a step per idle call. Built by build_server."""
+    """A BatchDrafter behind the wire: a handler per message, a step per idle call; its clients in a ClientTable,
+    what steps next decided by a Scheduler. Built by build_server."""
 
-    def __init__(self, drafter: BatchDrafter, me: protocol.Welcome, cfg: DraftServerConfig):
+    def __init__(self, drafter: BatchDrafter, welcome: protocol.Welcome, cfg: DraftServerConfig):
         """cfg: resolved (DraftServerConfig.resolved; build_server does it)."""
-        self.d, self.me, self.cfg, self.limits, self.ttl_s = drafter, me, cfg, cfg.limits, cfg.ttl_s
-        self.me.sequences = cfg.limits.sequences                        # (told in the Welcome)
-        self.me.limits = {**asdict(cfg.limits), "rows": cfg.rows, "capacity": cfg.capacity,
-                          "ttl_ms": round(cfg.ttl_s * 1e3), "prefill_chunk": cfg.prefill_chunk,
+        self.drafter, self.welcome, self.cfg, self.limits = drafter, welcome, cfg, cfg.limits
+        self.welcome.sequences = cfg.limits.sequences                   # (told in the Welcome)
+        self.welcome.limits = {**asdict(cfg.limits), "rows": cfg.rows, "capacity": cfg.capacity,
+                          "ttl_ms": round(cfg.ttl_s * 1e3), "idle_ms": round(cfg.idle_s * 1e3), "prefill_chunk": cfg.prefill_chunk,
                           "prefill_budget": cfg.prefill_budget or cfg.prefill_chunk,
                           "messages_per_s": cfg.messages_per_s, "per_pass": cfg.per_pass}
         self.log = Log("draft server")
-        self.shares = Shares(cfg.limits)
-        self.clients: dict[bytes, Client] = {}        # routing id -> the client that said Hello with it
-        self.turn = 0                  # round-robin: the client order's starting point for the next step
-        self.stream_turn = 0           # ... and for the next stream step
-        self.t_sweep = time.time()
+        self.clients = ClientTable(drafter, cfg.limits, cfg.ttl_s, self.log)
         self.steps = 0
         self.batches: collections.deque = collections.deque(maxlen=4096)    # sequences per step, newest last
         spec = VerdictSpec.parse(cfg.verdict_cache)
-        self.vc = VerdictCache(drafter, spec) if spec.on else None          # verdict speculation (streams)
+        self.verdicts = VerdictCache(drafter, spec) if spec.on else None    # verdict speculation (streams)
+        self.scheduler = Scheduler(drafter, self.verdicts, cfg, self.log)
         self.handlers = {protocol.Ping: self.handle_ping, protocol.Hello: self.handle_hello,
                          protocol.Open: self.handle_open, protocol.Rounds: self.handle_rounds,
                          protocol.Commits: self.handle_commits, protocol.End: self.handle_end}
@@ -93,10 +97,10 @@ class DraftServer:
     # ------------------------------------------------------------------ messages
 
     def serve(self, bind: str, max_seconds: float = 0, keys=None) -> None:
-        self.log.line(f"{self.me.model_id} for up to {self.limits.sequences} sequences on {bind}")
+        self.log.line(f"{self.welcome.model_id} for up to {self.limits.sequences} sequences on {bind}")
         for sock, ident, msg, t1, peer in serve_requests(bind, DECODE, self.log, max_seconds, self.idle,
                                                          self.cfg.spin_s, keys, PeerLimits(self.cfg.messages_per_s),
-                                                         per_pass=self.cfg.per_pass, closed=self.closed,
+                                                         per_pass=self.cfg.per_pass, closed=self.clients.closed,
                                                          urgent=(protocol.Commits, protocol.End)):
             for m in self.dispatch(ident, msg, t1, peer):
                 reply(sock, ident, m)
@@ -115,6 +119,7 @@ class DraftServer:
         else:
             if c is not None:
                 c.seen, c.gone = t1, 0.0
+                c.active = c.active if isinstance(msg, protocol.Ping) else t1      # (Pings keep no slot)
             try:
                 out = self.handlers[type(msg)](c, msg, t1)
             except Exception as e:     # this message failed; the server serves on
@@ -129,51 +134,19 @@ class DraftServer:
     def _hello(self, ident: bytes, msg: protocol.Hello, t1: float, peer: str) -> list:
         """A new connection's Hello: the handshake's answer, then room for it (a client that said Hello before
         under the same client id, from the same address or key, takes its old connection's place)."""
-        why = protocol.check_hello(msg, self.me)
+        why = protocol.check_hello(msg, self.welcome)
         if why is not None:
             return [why]
-        key = key_of(peer)
-        old = next((c for c in self.clients.values() if msg.client and c.name == msg.client
-                    and (c.key == key if key else c.address == address_of(peer))), None)
-        if old is None:
-            field_, full = no_room(self.clients, self.limits, key, peer, self.ttl_s)
-            if full:
-                return [protocol.Error("limit", f"{field_}: {full}")]
-        self.clients[ident] = Client(ident, peer, t1, key, msg.client)
-        if old is not None:
-            self._take_over(old, self.clients[ident])
-        return [self.me]
-
-    def _take_over(self, old: Client, new: Client) -> None:
-        """new (the same client, reconnected) takes old's sequences, waiting rounds and refusals; old is forgotten."""
-        moved = [key for key in self.d.seqs if key[0] == old.ident]
-        for key in moved:
-            seq = self.d.seqs.pop(key)
-            seq.key = (new.ident, key[1])
-            self.d.seqs[seq.key] = seq
-        new.waiting, new.refused = old.waiting, old.refused
-        del self.clients[old.ident]
-        if moved:
-            self.log.line(f"took back {len(moved)} sequences from its earlier connection", new.peer)
-
-    def closed(self, ident: bytes) -> None:
-        """The connection that carried ident closed (transport's monitor): its client is forgotten GONE_S later
-        unless it speaks again first over a live connection (the transport drops the closed one's last messages,
-        naming it again: the first close counts)."""
-        c = self.clients.get(ident)
-        if c is not None and not c.gone:
-            c.gone = time.time()
-
-    def owned(self, c: Client, but: str = "") -> int:
-        """The sequences c's owner holds (its own key's, across its connections; else c's), less `but`."""
-        mine = {i for i, o in self.clients.items() if o.owner == c.owner}
-        return sum(1 for ident, seq in self.d.seqs if ident in mine and (ident, seq) != (c.ident, but))
+        full = self.clients.hello(ident, msg.client, t1, peer)
+        if full:
+            return [protocol.Error("limit", full)]
+        return [self.welcome]
 
     def handle_ping(self, c, msg: protocol.Ping, t1: float) -> list:
         return [protocol.Pong(msg.t0, t1, time.time())]
 
     def handle_hello(self, c, msg: protocol.Hello, t1: float) -> list:
-        return [protocol.check_hello(msg, self.me) or self.me]
+        return [protocol.check_hello(msg, self.welcome) or self.welcome]
 
     def _refuse(self, c: Client, seq: str, gen: int, code: str, field_: str, message: str) -> None:
         self.log.refused(c.peer, code, f"{field_}: {message}")
@@ -181,6 +154,8 @@ class DraftServer:
 
     def handle_open(self, c: Client, msg: protocol.Open, t1: float) -> list:
         why = self._open_error(c, msg)
+        if why and why[1] == "sequences" and self._reclaim(c):
+            why = self._open_error(c, msg)
         if why:
             self._refuse(c, msg.seq, msg.gen, *why)
             return []
@@ -188,39 +163,39 @@ class DraftServer:
         s = Sampling(*protocol.sampling_args(msg))
         try:
             if msg.stream:
-                seq = self.d.open_stream((c.ident, msg.seq), msg.gen, msg.prompt_ids, s, msg.seed, msg.q_top,
+                seq = self.drafter.open_stream((c.ident, msg.seq), msg.gen, msg.prompt_ids, s, msg.seed, msg.q_top,
                                          msg.window)
                 seq.watch = msg.watch
-                self.d.alts = max(self.d.alts, msg.watch)
+                self.drafter.alts = max(self.drafter.alts, msg.watch)
             else:
-                self.d.open((c.ident, msg.seq), msg.gen, msg.prompt_ids, s, msg.seed, msg.q_top)
+                self.drafter.open((c.ident, msg.seq), msg.gen, msg.prompt_ids, s, msg.seed, msg.q_top)
         except Full as e:
             self._refuse(c, msg.seq, msg.gen, "limit", "sequences", str(e))
         return []
 
+    def _reclaim(self, c: Client) -> bool:
+        """A row for c, refused one for want of free rows: the oldest idle sequence past cfg.idle_s (of another
+        owner, while c holds less than its fair share) is freed, and its holder told `reclaimed`."""
+        seq = self.clients.idle_row(c, self.cfg.idle_s)
+        if seq is None:
+            return False
+        idle_s = time.perf_counter() - max(seq.stepped, seq.opened)
+        self.drafter.free(seq.key)
+        holder = self.clients.get(seq.key[0])
+        if holder is not None:
+            self._refuse(holder, seq.key[1], seq.gen, "reclaimed", "idle_s", (
+                f"sequence {seq.key[1]!r} drafted nothing for {idle_s:.1f} s (the server's idle_s is "
+                f"{self.cfg.idle_s:g}) while another client waited for a row: open it again to resume"))
+        return True
+
     def _open_error(self, c: Client, msg: protocol.Open) -> tuple | None:
         """(code, field, message) for an Open that cannot be served; None when it can."""
-        lim, n = self.limits, len(msg.prompt_ids)
-        why = protocol.check_open(msg, self.me.vocab_size)
+        why = open_bounds(msg, self.limits, self.welcome.vocab_size)
         if why:
-            return "bad-message", why[0], why[1]
-        if n + 1 > lim.context - 1:
-            return "limit", "context", (f"a context of {n} tokens: this server drafts within {lim.context} tokens a "
-                                        f"sequence; open a shorter context")
-        if msg.stream and not 0 <= msg.watch <= WATCH_MOST:
-            return "bad-message", "watch", f"watch {msg.watch}: send 0 to {WATCH_MOST} next choices a token"
-        if msg.stream and n + msg.window + 1 > lim.context - 1:
-            return "limit", "window", (f"a stream of {n} tokens drafting {msg.window} ahead would pass this server's "
-                                       f"{lim.context} tokens a sequence: open a shorter context or a smaller window")
-        s = Sampling(*protocol.sampling_args(msg))
-        most = lim.q_top_most(self.me.vocab_size)
-        if not s.greedy and s.draft_sampled and (msg.q_top or self.me.vocab_size) > most:
-            return "limit", "q_top", (f"q_top {msg.q_top or 'whole vocabulary'} ({msg.q_top or self.me.vocab_size} "
-                                      f"pairs a token): a sampled draft's reply of {lim.sequences_per_client} rows x "
-                                      f"k {lim.k} must fit {lim.reply_bytes} bytes, so use q_top 1 to {most}")
-        if (c.ident, msg.seq) in self.d.seqs:          # its own sequence again: no new row
+            return why
+        if self.drafter.get((c.ident, msg.seq)) is not None:      # its own sequence again: no new row
             return None
-        field_, full = self.shares.refusal(c, self.clients, len(self.d.seqs), self.owned(c))
+        field_, full = self.clients.open_refusal(c)
         return ("limit", field_, full) if full else None
 
     def handle_rounds(self, c: Client, msg: protocol.Rounds, t1: float) -> list:
@@ -233,11 +208,11 @@ class DraftServer:
             if why:
                 self._refuse(c, row.seq, row.gen, *why)
                 continue
-            seq = self.d.seqs[(c.ident, row.seq)]
+            seq = self.drafter.get((c.ident, row.seq))
             try:
-                self.d.apply(seq, row.have, row.accepted, row.tokens)
+                self.drafter.apply(seq, row.have, row.accepted, row.tokens)
             except Desync as e:
-                self.d.free(seq.key)
+                self.drafter.free(seq.key)
                 self._refuse(c, row.seq, row.gen, "desync", "have", f"{e}: open the sequence again (next generation)")
                 continue
             c.waiting.append((seq, row.k, t1))
@@ -245,26 +220,15 @@ class DraftServer:
 
     def _row_error(self, c: Client, row: protocol.Row) -> tuple | None:
         """(code, field, message) for a row that cannot be drafted; None when it can."""
-        lim, seq = self.limits, self.d.seqs.get((c.ident, row.seq))
+        seq = self.drafter.get((c.ident, row.seq))
         if seq is None or seq.gen != row.gen:
             held = "no such sequence" if seq is None else f"this draft holds generation {seq.gen}"
             return "desync", "gen", f"sequence {row.seq!r} generation {row.gen}: {held}; open it again"
         if seq.stream:
             return "bad-message", "seq", f"sequence {row.seq!r} is a stream: send Commits, not Rounds"
-        if not 1 <= row.k <= lim.k:
-            return "limit", "k", f"k={row.k}: draft 1 to {lim.k} tokens a round"
-        if not 1 <= len(row.tokens) <= lim.tokens_per_row:
-            return "limit", "tokens", (f"{len(row.tokens)} new tokens in a row: send 1 to {lim.tokens_per_row} (a longer "
-                                       f"context is a new Open)")
-        bad = next((t for t in row.tokens if not 0 <= t < self.me.vocab_size), None)
-        if bad is not None:
-            return "bad-message", "tokens", f"token id {bad} outside the vocabulary [0, {self.me.vocab_size})"
         if any(s is seq for s, _, _ in c.waiting):
             return "desync", "seq", f"sequence {row.seq!r} already has a round waiting: wait for its Drafts"
-        if row.have + row.accepted + len(row.tokens) + row.k > lim.context - 1:
-            return "limit", "context", (f"sequence {row.seq!r} would reach {row.have + row.accepted + len(row.tokens)} "
-                                        f"tokens plus {row.k} drafts, past this server's {lim.context}: end it")
-        return None
+        return row_bounds(row, self.limits, self.welcome.vocab_size)
 
     def handle_commits(self, c: Client, msg: protocol.Commits, t1: float) -> list:
         """Pipelined: the client's settled tokens; a mismatch restarts that stream (its drafts past the position
@@ -274,31 +238,31 @@ class DraftServer:
                                             f"is {self.limits.rows_per_message}: send them in several")]
         foreseen, missed = [], []
         for row in msg.rows:
-            seq = self.d.seqs.get((c.ident, row.seq))
+            seq = self.drafter.get((c.ident, row.seq))
             if seq is None or seq.gen != row.gen or not seq.stream:
                 what = "no such stream" if seq is None or not seq.stream else f"this draft holds generation {seq.gen}"
                 self._refuse(c, row.seq, row.gen, "desync", "gen", f"stream {row.seq!r} generation {row.gen}: {what}; "
                              "open it again")
-            elif not 0 <= row.token < self.me.vocab_size:
+            elif not 0 <= row.token < self.welcome.vocab_size:
                 self._refuse(c, row.seq, row.gen, "bad-message", "token", f"token id {row.token} outside the "
-                             f"vocabulary [0, {self.me.vocab_size})")
+                             f"vocabulary [0, {self.welcome.vocab_size})")
             elif seq.base + row.pos + 2 > self.limits.context - 1:      # (a stream drafts one token a step)
                 self._refuse(c, row.seq, row.gen, "limit", "context", f"stream {row.seq!r} reaches position "
                              f"{seq.base + row.pos}, past this server's {self.limits.context} tokens: end it")
             else:
                 try:
-                    hit = self.vc.on_commit(seq, row.pos, row.token) if self.vc else None
+                    hit = self.verdicts.on_commit(seq, row.pos, row.token) if self.verdicts else None
                     if hit is not None:            # a foreseen verdict: the branch's drafts go out at once
                         foreseen = [r for r in foreseen if r.seq != row.seq]
                         foreseen += [self._stream_row(seq, p, d) for p, d in hit.out]
-                    elif self.d.commit(seq, row.pos, row.token) and self.vc:
+                    elif self.drafter.commit(seq, row.pos, row.token) and self.verdicts:
                         missed.append(row.seq)
                 except Desync as e:
-                    self.d.free(seq.key)
+                    self.drafter.free(seq.key)
                     self._refuse(c, row.seq, row.gen, "desync", "pos", f"{e}: open the stream again")
         if not (foreseen or missed):
             return []
-        return [protocol.Streamed(foreseen, 0, 0.0, time.time(), sum(s.stream for s in self.d.seqs.values()), 0,
+        return [protocol.Streamed(foreseen, 0, 0.0, time.time(), len(self.drafter.streams()), 0,
                                   missed)]
 
     @staticmethod
@@ -312,7 +276,7 @@ class DraftServer:
 
     def handle_end(self, c: Client, msg: protocol.End, t1: float) -> list:
         self._drop_waiting(c, msg.req)
-        self.d.free((c.ident, msg.req))
+        self.drafter.free((c.ident, msg.req))
         return [protocol.Ended(msg.req)]
 
     def _drop_waiting(self, c: Client, seq: str) -> None:
@@ -323,51 +287,16 @@ class DraftServer:
     def idle(self, sock) -> bool:
         """Between messages: the TTL sweep, one draft step over the waiting rows (and one over the streams), the
         refusals a step made, one chunk of prefill. True while work remains (refusals the prefill made included)."""
-        self.expire()
+        self.clients.expire()
         out = self.step() + self.stream_step()
         out += [(c.ident, self._drafts(c, [])) for c in self.clients.values() if c.refused]
         for ident, m in out:
             reply(sock, ident, m)
-        self._plan()                     # (after the step's tokens went out: the live streams wait for nothing)
-        fed = self._prefill()
-        return (bool(fed) or any(c.refused or any(s.ready for s, _, _ in c.waiting) for c in self.clients.values())
-                or any(self._may_stream(s) for s in self.d.seqs.values()) or bool(self._branch_rows(1)))
-
-    def _plan(self) -> None:
-        """The verdict cache's new branches on the free rows; an error there drops every branch (logged), and the
-        streams serve on without them."""
-        if self.vc is None:
-            return
-        try:
-            self.vc.plan([s for s in self.d.seqs.values() if s.stream])
-        except Exception as e:         # contained: branches only, never a live stream
-            self.log.line(f"verdict cache: {type(e).__name__}: {e}; its branches dropped")
-            self.vc.evict(len(self.vc.branches()))
-
-    def _branch_rows(self, room: int) -> list:
-        """The verdict cache's branches for the next stream step (after its live streams: `room` rows left)."""
-        if self.vc is None:
-            return []
-        return [b for b in self.vc.rows(room) if b.n + 1 <= self.limits.context - 1]
-
-    def _prefill(self) -> int:
-        """One budget of prompt tokens fed; an error there refuses (and frees) the prompt being fed, the others
-        wait on."""
-        if not self.d.waiting():
-            return 0
-        try:
-            return self.d.prefill(self.cfg.prefill_budget or self.cfg.prefill_chunk)
-        except Exception as e:       # contained: the prompt it was feeding is refused, the server serves on
-            # (BatchDrafter.prefill feeds the waiting prompts shortest first, each until it is fed: the one it failed
-            # on is the shortest still waiting, as it was the shortest when the call began)
-            waiting = [s for s in self.d.seqs.values() if len(s.pending) > CATCH_UP]
-            seq = min(waiting, key=lambda s: len(s.pending), default=None)
-            self._fail([seq] if seq else [], "internal", "prefill", f"{type(e).__name__}: {e}")
-            return 0
-
-    def _may_stream(self, seq) -> bool:
-        """A stream with room that may draft its next token within the context (n + 1 tokens)."""
-        return seq.room and seq.n + 1 <= self.limits.context - 1
+        self.scheduler.plan()            # (after the step's tokens went out: the live streams wait for nothing)
+        fed, failed, why = self.scheduler.prefill()
+        if why:
+            self._fail([failed] if failed else [], "internal", "prefill", why)
+        return bool(fed) or self.scheduler.more(self.clients)
 
     def _contained(self, batch: list, draft) -> dict:
         """draft(batch) with its errors contained, {id(sequence): Drafted}: rows past their own room (Overflow)
@@ -387,41 +316,33 @@ class DraftServer:
     def _fail(self, seqs: list, code: str, field_: str, why: str) -> None:
         """A step's error: its sequences refused and freed; its verdict-cache branches (they carry their stream's
         key, not its row) are only dropped."""
-        branches = [s for s in seqs if self.d.seqs.get(s.key) is not s]
-        if branches and self.vc is not None:
-            self.vc.discard(branches)
-        seqs = [s for s in seqs if self.d.seqs.get(s.key) is s]
+        branches = [s for s in seqs if not self.drafter.holds(s)]
+        if branches and self.verdicts is not None:
+            self.verdicts.discard(branches)
+        seqs = [s for s in seqs if self.drafter.holds(s)]
         dropped = f" ({len(branches)} verdict-cache branches dropped)" if branches else ""
         self.log.line(f"{len(seqs)} sequences refused and freed{dropped}: {field_}: {why}")
         for seq in seqs:
-            self.d.free(seq.key)
+            self.drafter.free(seq.key)
             c = self.clients.get(seq.key[0])
             if c is not None:
                 self._drop_waiting(c, seq.key[1])
                 self._refuse(c, seq.key[1], seq.gen, code, field_, f"sequence {seq.key[1]!r}: {why}; open it again")
 
     def stream_step(self) -> list[tuple[bytes, protocol.Streamed]]:
-        """One batched step over every stream with room (clients in turn when limits.batch caps it): one token
-        each, one Streamed per client."""
-        by_client: dict[bytes, list] = {}
-        for seq in self.d.seqs.values():
-            if self._may_stream(seq):
-                by_client.setdefault(seq.key[0], []).append(seq)
-        rows = [seq for _, seqs in in_turn(sorted(by_client.items()), self.stream_turn, self.limits.batch)
-                for seq in seqs]
-        self.stream_turn += 1
-        extra = self._branch_rows(self.limits.batch - len(rows))      # live streams first, branches on what is left
+        """One batched step over the scheduler's streams and branches: one token each, one Streamed per client."""
+        rows, extra = self.scheduler.streams()
         if not rows and not extra:
             return []
-        c0 = self.d.dec.clock.seconds
+        c0 = self.drafter.dec.clock.seconds
         positions = {id(seq): len(seq.chain) for seq in rows}
-        out = self._contained([(seq, 1) for seq in rows + extra], lambda b: self.d.stream_step([s for s, _ in b]))
-        draft_ms = (self.d.dec.clock.seconds - c0) * 1e3
+        out = self._contained([(seq, 1) for seq in rows + extra], lambda b: self.drafter.stream_step([s for s, _ in b]))
+        draft_ms = (self.drafter.dec.clock.seconds - c0) * 1e3
         self.steps += 1
         self.batches.append(len(rows) + len(extra))
-        if self.vc is not None:
-            self.vc.took(out)
-        stepped, held = time.time(), sum(s.stream for s in self.d.seqs.values())
+        if self.verdicts is not None:
+            self.verdicts.took(out)
+        stepped, held = time.time(), len(self.drafter.streams())
         msgs: dict[bytes, list] = {}
         for seq in rows:
             if (d := out.get(id(seq))) is not None:
@@ -429,24 +350,16 @@ class DraftServer:
         return [(ident, protocol.Streamed(m, len(rows), draft_ms, stepped, held, len(extra)))
                 for ident, m in msgs.items()]
 
-    def pick(self) -> list[tuple[Client, list]]:
-        """The rows of the next step: every waiting row whose prompt is fed, clients in turn from `turn`, whole
-        clients until limits.batch rows (at least one client)."""
-        groups = [(c, [w for w in c.waiting if w[0].ready]) for c in self.clients.values()]
-        picked = in_turn(groups, self.turn, self.limits.batch)
-        self.turn += 1
-        return picked
-
     def step(self) -> list[tuple[bytes, protocol.Drafts]]:
-        """One batched draft step over pick()'s rows: one Drafts per client."""
-        picked = self.pick()
+        """One batched draft step over the scheduler's rows: one Drafts per client."""
+        picked = self.scheduler.rounds(self.clients)
         if not picked:
             return []
         t0 = time.time()
-        c0 = self.d.dec.clock.seconds
+        c0 = self.drafter.dec.clock.seconds
         batch = [(seq, k) for _, rows in picked for seq, k, _ in rows]
-        done = self._contained(batch, self.d.draft)
-        draft_s = self.d.dec.clock.seconds - c0
+        done = self._contained(batch, self.drafter.draft)
+        draft_s = self.drafter.dec.clock.seconds - c0
         self.steps += 1
         self.batches.append(len(batch))
         sent = []
@@ -467,49 +380,24 @@ class DraftServer:
         return protocol.Drafts(rows, batch, draft_s * 1e3, queued_s * 1e3, held,
                                max(held - queued_s * 1e3 - draft_s * 1e3, 0.0) if first else 0.0)
 
-    def expire(self) -> None:
-        """Free the sequences of clients silent for ttl_s (gone without End); a client whose own work is in
-        flight (a prompt being fed, a round waiting) is not silent: its TTL counts from that work's end."""
-        now = time.time()
-        if now - self.t_sweep < SWEEP_S:
-            return
-        self.t_sweep = now
-        busy = {key[0] for key, s in self.d.seqs.items() if len(s.pending) > CATCH_UP}
-        for ident, c in list(self.clients.items()):
-            if c.gone and now - c.gone >= GONE_S:
-                self.forget(c, "its connection closed")
-            elif ident in busy or c.waiting:
-                c.seen = now
-            elif now - c.seen > self.ttl_s:
-                self.forget(c, f"no word from the client for {self.ttl_s:.0f} s")
 
-    def forget(self, c: Client, why: str) -> None:
-        """c's sequences freed and its handshake forgotten (logged when it held any)."""
-        keys = [key for key in self.d.seqs if key[0] == c.ident]
-        for key in keys:
-            self.d.free(key)
-        self.clients.pop(c.ident, None)
-        if keys:
-            self.log.line(f"freed {len(keys)} sequences: {why}", c.peer)
-
-
-def build_server(fast, me: protocol.Welcome, cfg: DraftServerConfig) -> DraftServer:
+def build_server(fast, welcome: protocol.Welcome, cfg: DraftServerConfig) -> DraftServer:
     """The one constructor of a draft server: `fast` (a runtime.fastmodel.FastDecoder: the draft's weights) under
     a BatchDecoder of cfg.rows x cfg.capacity (compiled as cfg.compile_mode says; measured on an H200 with the
-    Qwen3-1.7B shape: 2.4 ms a 16-row step compiled, 5.5 ms eager), its graphs captured when cfg.warm; me: the
-    Welcome it answers Hellos with (its vocabulary is the drafter's)."""
+    Qwen3-1.7B shape: 2.4 ms a 16-row step compiled, 5.5 ms eager), its graphs captured when cfg.warm; welcome:
+    the Welcome it answers Hellos with (its vocabulary is the drafter's)."""
     from ..runtime.batchmodel import BatchDecoder
     cfg = cfg.check().resolved(fast.device.type)
     dec = BatchDecoder(fast, cfg.rows, cfg.capacity, compile_mode=None if cfg.compile_mode == "none" else cfg.compile_mode)
     if cfg.warm:
         dec.warm()
-    return DraftServer(BatchDrafter(dec, me.vocab_size, cfg.prefill_chunk), me, cfg)
+    return DraftServer(BatchDrafter(dec, welcome.vocab_size, cfg.prefill_chunk), welcome, cfg)
 
 
 def pair_server(pair, cfg: DraftServerConfig) -> DraftServer:
     """build_server over a model pair's draft (the fast decoder with cfg.fast's options)."""
     from ..runtime.fastmodel import FastDecoder
-    return build_server(FastDecoder(pair.draft, 8, cfg.fast or None), welcome(pair, pair.config.draft), cfg)
+    return build_server(FastDecoder(pair.draft, 8, cfg.fast or None), welcome_of(pair, pair.config.draft), cfg)
 
 
 def serve_draft_server(bind: str, pair, cfg: DraftServerConfig, max_seconds: float = 0, keys=None) -> None:

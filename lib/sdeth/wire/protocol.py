@@ -208,7 +208,8 @@ class RowDraft(msgspec.Struct, array_like=True):
     tokens: list[int]
     q_idx: list[list[int]] | None = None
     q_val: list[list[float]] | None = None
-    error: str = ""          # a row refused: desync (open the sequence again) | limit | bad-message | internal
+    error: str = ""          # a row refused: desync (open the sequence again) | limit | bad-message | internal |
+                             # reclaimed (idle while another client waited for a row: open it again to resume)
     message: str = ""
 
 
@@ -298,6 +299,20 @@ _enc = msgspec.msgpack.Encoder()
 
 def encode(msg: Message) -> bytes:
     return _enc.encode(msg)
+
+
+def tag_of(data) -> str:
+    """A frame's message type read from its first bytes, without decoding it ('' when they are not a tagged
+    message's): the transport's look at a message it may drop unread."""
+    b = bytes(data[:24])
+    if len(b) < 8 or not 0x80 <= b[0] <= 0x8f or b[1:6] != b"\xa4type" or not 0xa0 <= b[6] <= 0xbf:
+        return ""
+    return b[7:7 + (b[6] & 0x1f)].decode("ascii", "replace")
+
+
+def tag(msg_type) -> str:
+    """A message type's tag (what tag_of reads)."""
+    return msg_type.__struct_config__.tag
 
 
 class Decoder:

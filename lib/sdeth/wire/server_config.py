@@ -7,7 +7,11 @@ Admission policy (wire.draft_server applies it; docs/reliability.md states it wi
   to a client holding fewer than its fair share (sequences / the clients that said Hello);
 - while a client under its fair share waits (it was refused a row within the last few seconds), a client at or
   over its fair share is refused new sequences (`fair_share`), so freed rows pass to the one waiting;
-- connections: `clients` in all, `clients_per_peer` from one address, `clients_per_key` of one CURVE key;
+- a sequence that has not drafted for `idle_s` loses its row when a client under its fair share is refused one
+  (the oldest idle first; its client is told `reclaimed` and opens it again when it resumes);
+- connections: `clients` in all, `clients_per_peer` from one address, `clients_per_key` of one CURVE key; a Hello
+  that finds the table full takes the place of the connection idle longest (Pings do not count) that holds no
+  sequence, never a per-client key's last connection (a slot reserved per key);
 - a sampled draft's reply is bounded: rows x k x q_top together fit `reply_bytes` (q_top 0, the whole vocabulary,
   is refused where it would not).
 """
@@ -60,6 +64,8 @@ class DraftServerConfig:
     capacity: int = 4096           # tokens per cache row
     ttl_s: float = 30.0            # seconds of silence (no message, no work of its own in flight) before a client
                                    # is forgotten and its sequences freed
+    idle_s: float = 30.0           # seconds a sequence may go without a draft step and keep its row while another
+                                   # client waits for one (then reclaimed: its client is told 'reclaimed')
     prefill_chunk: int = 0         # prompt tokens per forward (0: 2048 on a GPU, 256 on a CPU)
     prefill_budget: int = 0        # prompt tokens fed between two draft steps (0: one chunk)
     compile_mode: str = "auto"     # torch.compile mode of the batched block ('auto': 'default' on a GPU, eager on
@@ -83,9 +89,9 @@ class DraftServerConfig:
     def check(self) -> "DraftServerConfig":
         bad = [(n, v) for n, v in (("rows", self.rows), ("capacity", self.capacity), ("per_pass", self.per_pass),
                                    ("messages_per_s", self.messages_per_s)) if v < 1]
-        if bad or not 1 <= self.rows <= 128 or self.ttl_s <= 0:
-            raise ValueError(f"draft server config {bad or (self.rows, self.ttl_s)}: rows 1 to 128, capacity, "
-                             f"per_pass and messages_per_s at least 1, ttl_s above 0")
+        if bad or not 1 <= self.rows <= 128 or self.ttl_s <= 0 or self.idle_s <= 0:
+            raise ValueError(f"draft server config {bad or (self.rows, self.ttl_s, self.idle_s)}: rows 1 to 128, "
+                             f"capacity, per_pass and messages_per_s at least 1, ttl_s and idle_s above 0")
         from ..runtime.verdictcache import VerdictSpec
         spec = VerdictSpec.parse(self.verdict_cache)     # (its error names the flag's forms)
         if spec.on and spec.depth > self.limits.k:

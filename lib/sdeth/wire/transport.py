@@ -124,6 +124,38 @@ DRAIN = 64               # messages taken off the socket in one pass (serve_requ
 QUEUED = 64              # ... and held for one connection at most (more are refused, told once a second)
 QUEUED_URGENT = 4096     # ... of the `urgent` types (stream state: never refused below this; the per-second
                          # budget bounds how fast a connection can fill it)
+DROPS_LOG_S = 10.0       # a flooding connection's dropped messages: one log line per this many seconds
+
+
+class Drops:
+    """A flooding connection's messages dropped unread (its queue was full): counted per connection, the sender
+    told once a second, one log line per DROPS_LOG_S with the count."""
+
+    def __init__(self, log: Log):
+        self.log = log
+        self.seen: dict[bytes, list] = {}        # ident -> [messages dropped since the last line, when logged, told]
+        self.total = 0
+
+    def drop(self, sock, ident: bytes, peer: str, now: float) -> None:
+        d = self.seen.setdefault(ident, [0, 0.0, 0])
+        d[0] += 1
+        self.total += 1
+        if int(now) != d[2]:
+            d[2] = int(now)
+            reply(sock, ident, protocol.Error("limit", self.why()))
+        if now - d[1] >= DROPS_LOG_S:
+            self.log.refused(peer, "limit", f"{d[0]} messages dropped unread since the last line: {self.why()}",
+                             kind="dropped")
+            d[0], d[1] = 0, now
+
+    @staticmethod
+    def why() -> str:
+        return (f"per_pass: {QUEUED} messages of this connection wait to be served (the server takes per_pass of each "
+                f"connection's in turn and holds {QUEUED} at most): wait for the answers you have asked for (messages "
+                f"past it are dropped unread)")
+
+    def forget(self, ident: bytes) -> None:
+        self.seen.pop(ident, None)
 
 
 def serve_requests(bind: str, decode: protocol.Decoder, log: Log, max_seconds: float = 0, idle=None,
@@ -189,10 +221,11 @@ def _in_turn(server, decode, log, limits, idle, spin_s, max_seconds, per_pass, c
     """serve_requests' passes (per_pass messages of each connection, in turn, then idle once)."""
     t_end = time.time() + max_seconds if max_seconds else float("inf")
     queues: dict[bytes, collections.deque] = {}
-    told: dict[bytes, int] = {}
+    drops, peers = Drops(log), {}            # peers: a queued connection's peer (for the drops' log line)
+    urgent_tags = {protocol.tag(t) for t in urgent}
 
     def gone(ident: bytes) -> None:          # a closed connection's queued messages are dropped, never served
-        queues.pop(ident, None), told.pop(ident, None)
+        queues.pop(ident, None), drops.forget(ident), peers.pop(ident, None)
         if closed is not None:
             closed(ident)
     server.closed = gone
@@ -209,19 +242,20 @@ def _in_turn(server, decode, log, limits, idle, spin_s, max_seconds, per_pass, c
                 break
             frames = server.sock.recv_multipart(copy=False)
             t_recv, t_last = time.time(), time.perf_counter()
+            q = queues.get(frames[0].bytes)
+            if q is not None and len(q) >= QUEUED and (len(q) >= QUEUED_URGENT or len(frames) != 2
+                                                       or protocol.tag_of(frames[1].buffer) not in urgent_tags):
+                drops.drop(server.sock, frames[0].bytes, peers.get(frames[0].bytes, ""), t_recv)   # unread: cheap
+                continue
             got = screen(server.sock, frames, decode, log, limits, t_recv)
             if got is None or not server.note_fd(got[0], frames[-1]):
                 continue
             q = queues.setdefault(got[0], collections.deque())
+            peers[got[0]] = got[2]
             if len(q) < (QUEUED_URGENT if isinstance(got[1], urgent) else QUEUED):
                 q.append((got[1], t_recv, got[2]))
-            elif told.get(got[0]) != int(t_recv):
-                told[got[0]] = int(t_recv)
-                why = (f"per_pass: {QUEUED} messages of this connection wait to be served (the server takes per_pass "
-                       f"of each connection's in turn and holds {QUEUED} at most): wait for the answers you have asked "
-                       f"for (messages past it are refused)")
-                log.refused(got[2], "limit", why)
-                reply(server.sock, got[0], protocol.Error("limit", why))
+            else:                            # (a message that said it was urgent and was not)
+                drops.drop(server.sock, got[0], got[2], t_recv)
         for ident in list(queues):
             q, served = queues[ident], 0
             while q and queues.get(ident) is q and (served < per_pass or isinstance(q[0][0], urgent)):
@@ -230,7 +264,7 @@ def _in_turn(server, decode, log, limits, idle, spin_s, max_seconds, per_pass, c
                 yield server.sock, ident, msg, t_recv, peer
             if not q and queues.get(ident) is q:     # (gone() may have dropped it while its messages were served)
                 del queues[ident]
-                told.pop(ident, None)
+                peers.pop(ident, None)
         busy = _idle(idle, server.sock, log)
         server.read_events()
 

@@ -79,7 +79,7 @@ def interleaved_clients(pair, clients: int = 4, prompts: str = "sharegpt:8", max
 
     def run(i: int) -> None:
         try:
-            results[i] = _client(addr, pair, server.me, encoded[i::clients], k, max_tokens, Sampling())
+            results[i] = _client(addr, pair, server.welcome, encoded[i::clients], k, max_tokens, Sampling())
         except Exception as e:        # reported below, with the client
             errors.append(f"client {i}: {type(e).__name__}: {e}")
     t0 = time.perf_counter()
@@ -100,7 +100,7 @@ def interleaved_clients(pair, clients: int = 4, prompts: str = "sharegpt:8", max
             "server": {"steps": server.steps, "sequences_per_step_mean": statistics.fmean(batches) if batches else 0,
                        "sequences_per_step_max": max(batches, default=0),
                        "steps_by_sequences": {n: batches.count(n) for n in sorted(set(batches))},
-                       "sequences_left": len(server.d.seqs)},
+                       "sequences_left": server.drafter.held()},
             "server_log": server.log.lines[-50:]}
 
 

@@ -164,7 +164,7 @@ def measure(pair, cfg: LinkConfig, progress=print) -> dict:
                      daemon=True, name="draft-server").start()
     time.sleep(0.3)
     hello = protocol.Hello(protocol.PROTOCOL_VERSION, "target", pair.config.target, pair.vocab_size,
-                           server.me.tokenizer_sha, server.me.dtype)
+                           server.welcome.tokenizer_sha, server.welcome.dtype)
     recs: dict = {}
     for rtt in cfg.rtts_ms:
         addr = _relay(port, rtt)

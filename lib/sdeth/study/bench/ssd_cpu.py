@@ -135,7 +135,7 @@ def _components(recs: list, server, c0: float, s0: int, ping_ms: float) -> dict:
     verify = {m: w[1] / w[0] for m, w in sorted(widths.items()) if w[0]}
     steps = server.steps - s0
     return {"verify_s": {str(m): round(v, 6) for m, v in verify.items()},
-            "draft_period_ms": round((server.d.dec.clock.seconds - c0) * 1e3 / steps, 3) if steps else None,
+            "draft_period_ms": round((server.drafter.dec.clock.seconds - c0) * 1e3 / steps, 3) if steps else None,
             "link_rtt_ms": round(ping_ms, 3)}
 
 
@@ -144,9 +144,9 @@ def point(pair, prompts: list, ref: dict, spec: str, n: int, cfg: SsdCpuConfig, 
     checked."""
     server, addr = _serve(pair, cfg.rows, spec, 900, _cores(cfg, True))
     hello = protocol.Hello(protocol.PROTOCOL_VERSION, "target", pair.config.target, pair.vocab_size,
-                           server.me.tokenizer_sha, server.me.dtype)
+                           server.welcome.tokenizer_sha, server.welcome.dtype)
     ping_ms = _ping_ms(addr, hello)
-    c0, s0 = server.d.dec.clock.seconds, server.steps
+    c0, s0 = server.drafter.dec.clock.seconds, server.steps
     t0 = time.perf_counter()
     recs = _streams(addr, pair, hello, [prompts[i::n] for i in range(n)], cfg, policy)
     wall = time.perf_counter() - t0
@@ -165,8 +165,8 @@ def point(pair, prompts: list, ref: dict, spec: str, n: int, cfg: SsdCpuConfig, 
          "wall_ms_per_token": round(sum(r.e2e_s for _, r in recs) * 1e3 / tokens, 2) if tokens else None,
          "wall_ms_per_token_all_streams": round(wall * 1e3 / tokens, 2) if tokens else None,
          "components": _components([r for _, r in recs], server, c0, s0, ping_ms)}
-    if server.vc is not None:
-        s = server.vc.summary()
+    if server.verdicts is not None:
+        s = server.verdicts.summary()
         rej_at = {k: s["rejections_at"][k] for k in sorted(s["rejections_at"], key=int)}
         p["verdict_cache"] = {
             "spec": s["spec"], "branches": s["branches"], "hits": s["hits"], "misses": s["misses"],

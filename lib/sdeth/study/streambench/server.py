@@ -28,7 +28,7 @@ def serve_random(name: str, device: str, addr: str, ready, seconds: float, rows:
         server = build_server(fast, welcome(name, fast.vocab, rows), DraftServerConfig(
             rows, capacity, ttl_s=120, prefill_chunk=PREFILL_CHUNK, compile_mode=compile_mode or "none", warm=False,
             spin_s=spin_s, verdict_cache=verdict_cache, limits=ServerLimits(sequences_per_client=rows, reserve=0, clients=4096, clients_per_peer=4096)))
-        dec = server.d.dec
+        dec = server.drafter.dec
         dec.warm(spans=(dec.span_for(CONTEXT),))
         prefill_ms = prompt_prefill_ms(dec)
         ready.put({"vocab": fast.vocab, "build_and_warm_s": round(time.perf_counter() - t0, 1),
