@@ -237,13 +237,22 @@ def test_sampled_decoding_over_the_link_reproduces_the_target(mode, draft_sample
     assert link_sampling_pvalue(mode, draft_sampled) > 1e-3
 
 
+COMES_BACK = RunConfig(mode="sd", k=3, placement="ethernet", prompts="sharegpt:3", max_tokens=16)
+
+
+@pytest.fixture(scope="module")
+def alone(pair):
+    """COMES_BACK's requests target-only, colocated (outputs and times), once for both of its faults."""
+    cfg = replace(COMES_BACK, mode="target-only", placement="colocated")
+    return experiment.run(cfg, pair, progress=False)["requests"]
+
+
 @pytest.mark.parametrize("fault", ["draft restarted", "link cut"])
-def test_the_draft_comes_back(pair, fault):
+def test_the_draft_comes_back(pair, alone, fault):
     """The draft goes away (its worker killed, or the link cut at the relay): requests decode alone, identical,
     and after the first none waits for the draft; when it is back, a request 2 s later uses it again."""
-    cfg = RunConfig(mode="sd", k=3, placement="ethernet", prompts="sharegpt:3", max_tokens=16)
+    cfg = COMES_BACK
     prompts = experiment.encode_prompts(cfg, pair.tokenizer)
-    alone = experiment.run(replace(cfg, mode="target-only", placement="colocated"), pair, progress=False)["requests"]
     ref = [r["output_ids"] for r in alone]
     with experiment.testbed_for(cfg, relay=True, draft_timeout_s=5.0) as tb:
         reqs, _ = experiment.run_requests(cfg, prompts, tb)
