@@ -18,15 +18,23 @@ def target_only_ref(pair):
     return experiment.run(experiment.RunConfig(mode="target-only", **REF), pair, progress=False)
 
 
-@pytest.fixture(scope="session")
-def greedy_ref(pair) -> dict:
-    """The target's greedy output of the vLLM SD runs' prompts (test_vllm_proposer's vllm_inputs: PROMPTS,
-    MAX_TOKENS, max_len 512), as each of their phases has them: {"c1"|"c4"|"c8": {"outputs": [...]}} (c8: each
-    prompt twice). From sdeth's target-only, not a vLLM engine of its own: vLLM target-only gave the same tokens at
-    concurrency 1, 4 and 8 (compared when this replaced it), and test_vllm_baseline checks vLLM's SD against
-    sdeth's target-only on these prompts; one vLLM engine start fewer per run."""
+def ref_outputs(target_only_ref, pair, prompts: str, max_tokens: int) -> list[list[int]]:
+    """target_only_ref's greedy outputs of `prompts` (REF's first ones), each cut to max_tokens (at most REF's): a
+    target-only run of those prompts and tokens at REF's max_len, without running it (a greedy output cut short is
+    the shorter run's output). KeyError: a prompt not in REF."""
     from sdeth.study.runs import experiment
+    by_id = {r["prompt_id"]: r["output_ids"][:max_tokens] for r in target_only_ref["requests"]}
+    cfg = experiment.RunConfig(prompts=prompts, max_tokens=max_tokens)
+    return [by_id[pid] for pid, _ in experiment.encode_prompts(cfg, pair.tokenizer)]
+
+
+@pytest.fixture(scope="session")
+def greedy_ref(pair, target_only_ref) -> dict:
+    """The target's greedy output of the vLLM SD runs' prompts (test_vllm_proposer's PROMPTS and MAX_TOKENS), as
+    each of their phases has them: {"c1"|"c4"|"c8": {"outputs": [...]}} (c8: each prompt twice), from
+    target_only_ref (ref_outputs). The same tokens as sdeth's target-only at max_len 512, and as vLLM target-only at
+    concurrency 1, 4 and 8 (compared when this replaced vLLM's engine); test_vllm_baseline checks vLLM's SD against
+    sdeth's target-only on these prompts. No vLLM engine of its own, and in a whole-suite run no run of its own."""
     from test_vllm_proposer import MAX_TOKENS, PROMPTS
-    cfg = experiment.RunConfig(mode="target-only", prompts=PROMPTS, max_tokens=MAX_TOKENS, max_len=512)
-    outputs = [r["output_ids"] for r in experiment.run(cfg, pair, progress=False)["requests"]]
+    outputs = ref_outputs(target_only_ref, pair, PROMPTS, MAX_TOKENS)
     return {"c1": {"outputs": outputs}, "c4": {"outputs": outputs}, "c8": {"outputs": outputs * 2}}
