@@ -881,8 +881,8 @@ def test_a_draft_server_restarted_under_a_running_vllm_drafts_again(vllm_runs):
 @pytest.fixture(scope="module")
 def openai_runs(pair, tmp_path_factory):
     """vLLM's OpenAI server target-only, then with the remote proposer (sync mode) over a draft server of the
-    embedded pair (k=3): vllm_server.run_both_servers; and sdeth's own runtime on the same prompts and k, greedy and at
-    T=0.8 with the draft's probabilities sent (draft_sampled)."""
+    embedded pair (k=3): vllm_server.run_both_servers; and sdeth's own runtime on the same prompts and k, greedy
+    and at T=0.8 with the draft's probabilities sent (draft_sampled)."""
     from sdeth.study.runs import experiment
     tmp = tmp_path_factory.mktemp("openai")
     runs = run_both_servers(pair, tmp, "sync", env={VP.DEADLINE_ENV: "2000"})

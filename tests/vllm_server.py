@@ -15,7 +15,7 @@ SERVER_PROMPTS, SAMPLES, SAMPLE_TOKENS, TEMPERATURE = "sharegpt:8", 600, 3, 0.8
 server_gate = pytest.mark.skipif(not os.environ.get("SDETH_VLLM_SERVER_TESTS"), reason="vLLM's OpenAI server with "
                                  "and without the remote proposer (~10 min on 2 cores): `make test-vllm-server`")
 SAMPLE_TEXT = "The capital of France is"       # short: the test's samples are cheap, its distribution concentrated
-KV_BYTES = 256 * 2**20                          # the servers' KV cache: room for concurrency 8 without preemption
+KV_BYTES = 256 * 2**20                          # the servers' KV cache: fixed, not sized from the run
 
 
 def _complete(base: str, model: str, ids: list[int], max_tokens: int, temperature: float, seed: int, eos: int):
@@ -79,17 +79,17 @@ def run_both_servers(pair, tmp: Path, mode: str, sample_tokens: int = SAMPLE_TOK
     engine, prompts, sample_ids, eos = openai_setup(pair)
     cores, runs = os.sched_getaffinity(0), {}
     for name in ("target-only", mode):
-        draft, env_, eng = None, {**os.environ, **(env or {})}, dict(engine)
+        draft, server_env, eng = None, {**os.environ, **(env or {})}, dict(engine)
         try:
             if name != "target-only":
                 draft, addr = _start_draft_server(tmp / "draft-server.log")
                 if pin:
                     os.sched_setaffinity(draft.pid, DRAFT_CORES)
-                env_[VP.ADDR_ENV], eng["speculative_config"] = addr, VP.speculative_config(K, mode)
+                server_env[VP.ADDR_ENV], eng["speculative_config"] = addr, VP.speculative_config(K, mode)
             try:
                 if pin:
                     os.sched_setaffinity(0, VLLM_CORES)     # vLLM's server and its engine processes inherit it
-                proc, endpoint, _ = start_vllm(eng, env_, tmp / f"vllm-{name}.log")
+                proc, endpoint, _ = start_vllm(eng, server_env, tmp / f"vllm-{name}.log")
             finally:
                 os.sched_setaffinity(0, cores)
             try:
