@@ -41,7 +41,7 @@ test test-fast: export OMP_WAIT_POLICY = PASSIVE
 test: prepare
 	$(PY) -m pytest -q --durations=15 tests
 	rm -rf $(VENV)/nbtest && $(PY) -m sdeth.study.pages.report --test-copies $(VENV)/nbtest
-	SDETH_REPORTS=$(VENV)/test-reports $(PY) -m pytest -q --nbval-lax $(VENV)/nbtest
+	SDETH_REPORTS=$(VENV)/test-reports $(PY) -m pytest -q --durations=15 --nbval-lax $(VENV)/nbtest
 
 soak: prepare
 	$(PY) -m sdeth soak --requests 2000 --clients 4 --json $(VENV)/soak.json

@@ -18,18 +18,23 @@ def target_only_ref(pair):
     return experiment.run(experiment.RunConfig(mode="target-only", **REF), pair, progress=False)
 
 
+def ref_outputs(target_only_ref, pair, prompts: str, max_tokens: int) -> list[list[int]]:
+    """target_only_ref's greedy outputs of `prompts` (REF's first ones), each cut to max_tokens (at most REF's): a
+    target-only run of those prompts and tokens at REF's max_len, without running it (a greedy output cut short is
+    the shorter run's output). KeyError: a prompt not in REF."""
+    from sdeth.study.runs import experiment
+    by_id = {r["prompt_id"]: r["output_ids"][:max_tokens] for r in target_only_ref["requests"]}
+    cfg = experiment.RunConfig(prompts=prompts, max_tokens=max_tokens)
+    return [by_id[pid] for pid, _ in experiment.encode_prompts(cfg, pair.tokenizer)]
+
+
 @pytest.fixture(scope="session")
-def vllm_target_only(pair, tmp_path_factory) -> dict:
-    """vLLM target-only through test_vllm_proposer's runner, on its prompts and settings (vllm_inputs: greedy,
-    float32), at concurrency 1, 4 and 8 (each prompt twice): {"c1"|"c4"|"c8": phase}. One engine start for every
-    vLLM SD run compared with it (test_vllm_proposer's vllm_runs, test_vllm_stream's stream_runs). vLLM binds its
-    threads itself (the test process's environment): test_vllm_stream pins its SD engine to core 0
-    (VLLM_CPU_OMP_THREADS_BIND=0), which on two cores is where vLLM's own binding puts it too (one core, one
-    thread), and its greedy float32 tokens are the same either way in every phase."""
-    import os
-    from test_vllm_proposer import _run_vllm, vllm_inputs
-    base, engine = vllm_inputs(pair)
-    phases = [{"name": "c1", "concurrency": 1}, {"name": "c4", "concurrency": 4},
-              {"name": "c8", "concurrency": 8, "repeat": 2}]
-    return _run_vllm({**base, "engine": engine, "phases": phases}, dict(os.environ),
-                     tmp_path_factory.mktemp("vllm-target-only"))
+def greedy_ref(pair, target_only_ref) -> dict:
+    """The target's greedy output of the vLLM SD runs' prompts (test_vllm_proposer's PROMPTS and MAX_TOKENS), as
+    each of their phases has them: {"c1"|"c4"|"c8": {"outputs": [...]}} (c8: each prompt twice), from
+    target_only_ref (ref_outputs). The same tokens as sdeth's target-only at max_len 512, and as vLLM target-only at
+    concurrency 1, 4 and 8 (compared when this replaced vLLM's engine); test_vllm_baseline checks vLLM's SD against
+    sdeth's target-only on these prompts. No vLLM engine of its own, and in a whole-suite run no run of its own."""
+    from test_vllm_proposer import MAX_TOKENS, PROMPTS
+    outputs = ref_outputs(target_only_ref, pair, PROMPTS, MAX_TOKENS)
+    return {"c1": {"outputs": outputs}, "c4": {"outputs": outputs}, "c8": {"outputs": outputs * 2}}

