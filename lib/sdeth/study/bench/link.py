@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import threading
 import time
@@ -180,6 +181,18 @@ def measure(pair, cfg: LinkConfig, progress=print) -> dict:
     return out
 
 
+def agreement(points: list[dict], mode: str) -> str:
+    """How the measured curve and the model agree, in words: at how many round trips the model lies within the
+    measured 95% interval, and within 10% of the measured speedup."""
+    pts = [p for p in points if p["mode"] == mode and p.get("model_speedup") is not None]
+    inside = sum(p["speedup_ci95"][0] <= p["model_speedup"] <= p["speedup_ci95"][1] for p in pts)
+    near = sum(abs(p["model_speedup"] / p["speedup"] - 1) <= 0.10 for p in pts)
+    rtts = ", ".join(f"{p['injected_rtt_ms']:g}" for p in pts)
+    return (f"{mode}: measured at {len(pts)} injected round trips ({rtts} ms); the model lies within the measured 95% "
+            f"interval at {inside} of them and within 10% of the measured speedup at {near} (it passes through the lowest "
+            "point by construction)")
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m sdeth bench link", description=__doc__.split("\n")[0])
     ap.add_argument("--prompts", default=LinkConfig.prompts, help="prompt set (default %(default)s)")
@@ -197,7 +210,10 @@ def main(argv=None) -> dict:
            "hardware": hardware.describe("cpu"), "models": {"target": pair.config.target, "draft": pair.config.draft},
            "definition": "TPOT per request: (end - first token) / (tokens - 1); speedup: the target alone's mean "
                          "TPOT over the option's, 95% paired bootstrap interval over the prompts",
-           "modes": ["sync", "pipelined"], **measure(pair, cfg)}
+           "load_avg_1min_at_start": round(os.getloadavg()[0], 2), "modes": ["sync", "pipelined"],
+           **measure(pair, cfg)}
+    res["load_avg_1min_at_end"] = round(os.getloadavg()[0], 2)
+    res["summary"] = {m: agreement(res["points"], m) for m in res["modes"]}
     res["wall_s"] = round(time.time() - t0, 1)
     path = REPO / a.json
     path.write_text(json.dumps(res, indent=1) + "\n")

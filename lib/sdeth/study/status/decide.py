@@ -130,9 +130,12 @@ def link_rows(root: Path) -> list[Cell]:
     doc = load(root, src.LINK_CPU)
     if not doc:
         return []
-    out = []
+    out, col = [], ("colocated",)
     for mode in doc.get("modes", []):
-        figs = []
+        figs = [fig(root, src.LINK_CPU, ("target_only", "tpot_ms", "mean"), "the target alone: TPOT (per request)",
+                    "{:.1f} ms", "measured"),
+                fig(root, src.LINK_CPU, col + ("speedup",), "colocated SD, same prompts: over the target alone",
+                    "{:.2f}x", "measured", interval=col + ("speedup_ci95",))]
         for p in [p for p in doc["points"] if p["mode"] == mode]:
             at = ("points", {"mode": mode, "injected_rtt_ms": p["injected_rtt_ms"]})
             lab = f"{mode} at {p['injected_rtt_ms']:g} ms injected round trip"
@@ -140,7 +143,8 @@ def link_rows(root: Path) -> list[Cell]:
                          interval=at + ("speedup_ci95",)),
                      fig(root, src.LINK_CPU, at + ("model_speedup",), f"{lab}: event model", "{:.2f}x", "modelled")]
         out.append(Cell("testbed", f"the link curve, {mode} (embedded pair, CPU)", "testbed", None,
-                        [f for f in figs if f], doc.get("summary", {}).get(mode, "")))
+                        [f for f in figs if f], "; ".join(x for x in (doc.get("summary", {}).get(mode, ""),
+                                                                      doc.get("host_load_note", "")) if x)))
     return out
 
 
