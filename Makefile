@@ -81,7 +81,8 @@ bench-gpu:
 # harness (emulated target, real draft steps in series) is not a part of `bench streams` yet.
 bench-baseline-h200:
 	$(BENCH_PY) -m sdeth bench streams --call 9 --big-targets Qwen3-32B,Qwen2.5-72B \
-		--big-points 1:1,1:4,4:1,4:4,16:1,16:4 --remote-s 20 --json reports/gpu/bench_streams_server_9.json
+		--big-points 1:1,1:4,4:1,4:4,16:1,16:4 --remote-s 20 --colocated-ks 3 \
+		--colocated-emulated Qwen3-8B,Qwen3-32B,Qwen2.5-72B --json reports/gpu/bench_streams_server_9.json
 	$(BENCH_PY) -m sdeth bench rtt --pair random-qwen3-8b/1.7b --synthetic-alpha 0.71 --device cuda:0 \
 		--draft-device cuda:1 --impl fast --compile default --requests 16 --context 512 --max-tokens 128 \
 		--k 3 --k-max 8 --rtts 0.02,0.5,2,5 --json reports/gpu/bench_rtt_1.7b_link.json

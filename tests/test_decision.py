@@ -185,3 +185,25 @@ def test_testbed_figures_have_their_own_rows():
     bed = status.testbed()
     assert bed and all(c.target == "testbed" for c in bed)
     assert "testbed (not an H200 row)" in status.decision_markdown()
+
+
+def test_colocated_in_the_remote_harness_is_an_option_on_the_rows_baseline(tmp_path):
+    """A `bench streams` call with --colocated-emulated: its colocated points (the same emulated target, real draft
+    steps) join the row's options on the row's own baseline, and the rule may pick them."""
+    import json
+
+    from sdeth.study.results import SERVER_STREAMS
+    from sdeth.study.status.options import target_big
+    rel = SERVER_STREAMS[-1]
+    doc = json.loads((REPO / rel).read_text())
+    t1 = doc["big_targets"]["Qwen3-32B"]["t_v_ms"]["1,0"]
+    doc["colocated_emulated"] = {"Qwen3-32B": {"points": [
+        {"B": 1, "k": 3, "alpha": 0.71, "rounds": 400, "seconds": 20.0, "tpot_ms": {"mean": t1 / 1.6},
+         "tokens_per_s_per_gpu": 1000 * 1.6 / t1}]}}
+    (tmp_path / rel).parent.mkdir(parents=True)
+    (tmp_path / rel).write_text(json.dumps(doc))
+    t = target_big(tmp_path, "32B", "Qwen3-32B", "bf16")
+    same = [o for o in t.options if o.name == "colocated SD"]
+    assert len(same) == 1 and "same harness" in same[0].mode and same[0].baseline == t.baseline
+    assert abs(same[0].ratio.value - 1.6) < 1e-6 and same[0].ratio.interval[0] < 1.6 < same[0].ratio.interval[1]
+    assert decide.baselines_differ(t) == []

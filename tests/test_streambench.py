@@ -52,6 +52,27 @@ def test_draft_step_target_and_colocated_records(fast):
     assert sb.best_k([p])[0]["k"] == 3
 
 
+def test_colocated_against_an_emulated_target_waits_its_tv_in_series(fast):
+    """Colocated SD in the remote options' harness: real draft steps, then the emulated target's t_v(B, k) in
+    series; a round costs the draft plus t_v, and each sequence's per-request TPOT is recorded as serving
+    benchmarks count it."""
+    from sdeth.study.streambench.colocated import emulated_label, emulated_tables
+    tv = {(1, 3): 30.0, (2, 3): 40.0}
+    drafter = BatchDrafter(BatchDecoder(fast, 2, CONTEXT + sb.SLACK), 300)
+    p = sb.colocated_point(drafter, None, 2, 3, 0.7, 0.3, prompt=PROMPT, context=24, min_rounds=8, tv_ms=tv,
+                           label=emulated_label("Qwen3-32B"))
+    assert p["target"] == "emulated" and "emulated target" in p["label"] and "Qwen3-32B" in p["label"]
+    assert p["verify_ms_mean"] >= 40.0 and p["round_ms"]["p50"] >= 40.0 + 0.5 * p["draft_ms_mean"]
+    r = p["request_tpot_ms"]
+    assert r["n"] >= 2 and r["p50"] <= r["p99"] and "(tokens - 1)" in r["definition"]
+    assert r["mean"] >= 40.0 / (sb.PIPELINED_K + 1)          # a round's tokens at most k + 1 = 4 a stream
+    assert not drafter.seqs and sorted(drafter.free_rows) == [0, 1]
+    with pytest.raises(ValueError, match="no t_v for B=4 k=3"):
+        sb.colocated_point(drafter, None, 4, 3, 0.7, 0.1, tv_ms=tv)
+    tabs = emulated_tables((sb.TARGET, "no-such-model"), tv, (1, 2), 3)
+    assert tabs[sb.TARGET] is tv and "no-such-model" in tabs["no-such-model"]
+
+
 def test_remote_point_against_a_real_draft_server(fast):
     addr = f"tcp://127.0.0.1:{free_port()}"
     server = build_server(fast, sb.welcome("tiny", 300, 8), DraftServerConfig(8, 64, ttl_s=30,

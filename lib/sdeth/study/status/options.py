@@ -190,6 +190,22 @@ def _stream_option(root: Path, rel: str, model: str, mode: str, p: dict, t1: Fig
                       "{:.1f} tok/s per GPU", "emulated", hw), ratio, key, note, [d for d in details if d])
 
 
+def _colocated_same(root: Path, rel: str, model: str, p: dict, t1: Figure, key: str, hw: str) -> Option:
+    """Colocated SD in the remote options' harness (`bench streams --colocated-emulated`): real draft steps on the
+    GPU, the emulated target's t_v(B, k) in series, one GPU."""
+    at = ("colocated_emulated", model, "points", {"B": p["B"], "k": p["k"]})
+    what = f"k = {p['k']}, B={p['B']}, the same harness (the target's t_v in series after the draft)"
+    lab = f"colocated SD, {what}"
+    ratio = fig(root, rel, t1.path, f"{lab}: over t(1)", "{:.2f}x", "emulated", hw, per=at + ("tpot_ms", "mean"))
+    verifies = p.get("rounds", 0) * p["B"]
+    ratio.interval = acceptance_interval(ratio.value, p["alpha"], p["k"], verifies)
+    return Option("colocated SD", what, fig(root, rel, at + ("tpot_ms", "mean"), f"{lab}: TPOT", "{:.1f} ms",
+                                             "emulated", hw),
+                  fig(root, rel, at + ("tokens_per_s_per_gpu",), f"{lab}: tokens/s per GPU", "{:.1f} tok/s per GPU",
+                      "emulated", hw), ratio, key,
+                  f"{p.get('seconds', 0):.0f} s window, {verifies} verifies; interval from the acceptance sample")
+
+
 def _colocated_apart(root: Path, name: str, model: str, weights: str) -> Option | None:
     """Colocated SD of `bench targets` (real target and draft on one H200): 1000 / tok/s with a 512-token prefill
     spread over 64 tokens, against its own target alone: another baseline."""
@@ -226,6 +242,8 @@ def target_big(root: Path, name: str, model: str, weights: str) -> Target | None
     for mode, points in doc["big_targets"][model].items():
         if isinstance(points, list):
             opts += [_stream_option(root, rel, model, mode, p, t1, key, hw) for p in points]
+    same = ((doc.get("colocated_emulated") or {}).get(model) or {}).get("points", [])
+    opts += [_colocated_same(root, rel, model, p, t1, key, hw) for p in same if "tpot_ms" in p]
     return Target(name, f"{model} shape, {weights}; {harness}", t1, opts, key, "stream",
                   "one H200, emulated targets against the real draft server on loopback",
                   [o for o in (_colocated_apart(root, name, model, weights),) if o])

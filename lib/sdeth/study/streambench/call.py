@@ -13,7 +13,7 @@ from ...costmodel import POLICIES
 from ...models.presets import shape
 from ..bench.targets import DRAFT_ALPHA
 from ..bench.step import copy_bandwidth
-from .colocated import colocated_part
+from .colocated import colocated_emulated_part, colocated_part
 from .common import (CONTEXT, CONTEXTS, DRAFT_K, GOALS, SERVER_ROWS, TARGET, Grid, allow_recompiles,
                      build_fast, compiled, free)
 from .draftstep import draft_step, goal_check
@@ -64,6 +64,8 @@ def run_call(call: int, json_path: str, grid: Grid, drafts=("Qwen3-1.7B",), devi
     progress("target t_v(B, k) ms (replay): " + " ".join(f"B{p['B']}k{p['k'] or 0}={p.get('replay_ms')}" for p in pts))
     save()
     colocated_part(res, dfast, first, tdec, g, g.colocated_ks, t_end, progress, save)
+    if g.colocated_emulated:
+        colocated_emulated_part(res, dfast, first, tv_table(pts), g, t_end, progress, save)
     free()
     remote_part(res, first, device, tv_table(pts), g, t_end, progress, save)
     extras(res, dfast, first, tdec, g, device, t_end, progress, save)
@@ -129,7 +131,8 @@ def grid_of(a) -> Grid:
     """The command line's grid (--quick: the small one, then any point lists given)."""
     g = Grid(models_compile=a.models_compile or None, colocated_s=a.colocated_s, remote_s=a.remote_s, sync=not a.no_sync,
              extra_drafts=tuple(x for x in a.drafts.split(",") if x)[1:],
-             big_targets=tuple(x for x in a.big_targets.split(",") if x))
+             big_targets=tuple(x for x in a.big_targets.split(",") if x),
+             colocated_emulated=tuple(x for x in a.colocated_emulated.split(",") if x))
     g = g.quick() if a.quick else g
     g.only_ssd, g.ssd_s, g.ssd_rows = a.only_ssd, a.ssd_s, a.ssd_rows or g.ssd_rows
     g.policy = a.policy
@@ -168,6 +171,9 @@ def parser() -> argparse.ArgumentParser:
                     "4, 8 with B*N <= 32)")
     ap.add_argument("--big-targets", default="Qwen3-32B,Qwen2.5-72B", help="bigger targets emulated from their t_v "
                     "in reports/gpu/bench_targets_*.json, comma-separated ('' none)")
+    ap.add_argument("--colocated-emulated", default="", help="colocated SD against emulated targets too (real draft "
+                    "steps, the target's t_v in series: the remote options' harness), comma-separated, e.g. "
+                    "Qwen3-8B,Qwen3-32B,Qwen2.5-72B ('' none)")
     ap.add_argument("--big-points", default=None, help="their (B, N) points as B:N,... (default 1:1,1:4,2:4,4:4)")
     ap.add_argument("--remote-batches", default=None, help="sync rounds: B values, comma-separated (default 1..32)")
     ap.add_argument("--remote-ns", default=None, help="sync rounds: N values (default 1, 2, 4, 8, 16)")

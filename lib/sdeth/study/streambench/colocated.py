@@ -1,4 +1,8 @@
-"""colocated: B streams in lockstep on one GPU (the draft and the target shape in one process)."""
+"""colocated: B streams in lockstep on one GPU (the draft and the target shape in one process).
+
+Two targets: the real target shape's batched verify (`target`), or an emulated one that waits its t_v(B, k) in
+series after the real draft steps (`tv_ms`): the same emulated target, with the same t_v table, as the remote
+options (remote.py), so colocated and remote SD are measured in one harness."""
 from __future__ import annotations
 
 import random
@@ -10,18 +14,34 @@ from ...runtime.batchdraft import BatchDrafter
 from ...runtime.batchmodel import BatchDecoder
 from ...runtime.verify import Sampling
 from ..bench.targets import DRAFT_ALPHA
-from .common import COLOCATED_LABEL, CONTEXT, PREFILL_CHUNK, PROMPT, SLACK, coins, compiled, free, mean, pct
+from .common import (COLOCATED_LABEL, CONTEXT, PREFILL_CHUNK, PROMPT, REQUEST_LEAST, SLACK, coins, compiled, free,
+                     mean, pct, wait_until)
 from .report import colocated_row
 from .server import prompt_prefill_ms
 
-class Colocated:
-    """B streams in lockstep over a BatchDrafter and the target's BatchDecoder (columns='all') in this process."""
+def emulated_label(target: str) -> str:
+    return (f"emulated target (measured t_v of the {target} shape, in series after the draft), colocated SD, real "
+            "draft steps on the same device")
 
-    def __init__(self, drafter: BatchDrafter, target: BatchDecoder, B: int, k: int, alpha: float, seed: int,
-                 prompt: int = PROMPT, context: int = CONTEXT):
-        self.d, self.t, self.B, self.k, self.alpha = drafter, target, B, k, alpha
+
+class Colocated:
+    """B streams in lockstep over a BatchDrafter and the target's BatchDecoder (columns='all') in this process, or,
+    with tv_ms ((B, k) -> ms), an emulated target that waits t_v(B, k) after the draft steps and takes a random
+    token (acceptance is synthetic either way: coins with alpha)."""
+
+    def __init__(self, drafter: BatchDrafter, target: BatchDecoder | None, B: int, k: int, alpha: float, seed: int,
+                 prompt: int = PROMPT, context: int = CONTEXT, tv_ms: dict | None = None):
+        if target is None and tv_ms is None:
+            raise ValueError("colocated SD needs a target: its BatchDecoder, or tv_ms for an emulated one")
+        if tv_ms is not None and (B, k) not in tv_ms:
+            raise ValueError(f"the emulated target has no t_v for B={B} k={k}: measure it (its table has "
+                             f"{sorted(tv_ms)})")
+        self.d, self.t, self.B, self.k, self.alpha, self.tv_ms = drafter, target, B, k, alpha, tv_ms
         self.prompt, self.context = prompt, context
         self.rng, self.gen, self.new = random.Random(seed), 0, 0
+        self.seq_at: list[float | None] = [None] * B   # per-request TPOT: each slot's first round's end ...
+        self.seq_n = [0] * B                           # ... and its tokens since the first
+        self.request_tpot: list[float] = []            # ms, one per sequence ended (or cut with REQUEST_LEAST)
         self.seqs = [self.fresh(i) for i in range(B)]
         while self.d.prefill():
             pass
@@ -37,19 +57,18 @@ class Colocated:
         t0 = time.perf_counter()
         drafts = self.d.draft([(s, self.k) for s in self.seqs])
         t1 = time.perf_counter()
-        dev = self.t.device
-        ids = torch.tensor([[self.last[i]] + d.tokens for i, d in enumerate(drafts)], device=dev)
-        pos = torch.tensor([list(range(s.n - 1, s.n + self.k)) for s in self.seqs], device=dev)
-        chosen = self.t.step(ids, pos, pos, max(s.n for s in self.seqs) + self.k).argmax(-1).cpu().tolist()
+        chosen = self._verify(drafts)
         t2 = time.perf_counter()
         toks = []
         for i, s in enumerate(self.seqs):
             a = coins(self.rng, self.k, self.alpha)
-            tok = chosen[i][a] % self.d.vocab
+            tok = (chosen[i][a] if chosen else self.rng.randrange(self.d.vocab)) % self.d.vocab
             self.d.apply(s, s.n, a, [tok])
             self.last[i] = tok
             toks.append(a + 1)
-            if s.n + self.k > self.context:                     # its next round would pass the context: a new one
+            ends = s.n + self.k > self.context                  # its next round would pass the context: a new one
+            self.per_request(i, a + 1, t2, ends)
+            if ends:
                 self.d.free(s.key)
                 self.seqs[i] = self.fresh(i)
                 self.new += 1
@@ -60,19 +79,49 @@ class Colocated:
                 self.last[i] = s.pending[-1]
         return toks, (t1 - t0) * 1e3, (t2 - t1) * 1e3
 
+    def _verify(self, drafts) -> list | None:
+        """The target's tokens after each row's drafts (the real target), or None after waiting t_v (emulated)."""
+        if self.tv_ms is not None:
+            wait_until(time.perf_counter() + self.tv_ms[(self.B, self.k)] / 1e3)
+            return None
+        dev = self.t.device
+        ids = torch.tensor([[self.last[i]] + d.tokens for i, d in enumerate(drafts)], device=dev)
+        pos = torch.tensor([list(range(s.n - 1, s.n + self.k)) for s in self.seqs], device=dev)
+        return self.t.step(ids, pos, pos, max(s.n for s in self.seqs) + self.k).argmax(-1).cpu().tolist()
+
+    def per_request(self, i: int, tokens: int, t_end: float, ends: bool) -> None:
+        """Slot i's sequence as serving benchmarks count TPOT ((last token - first token) / (tokens - 1)): from the
+        end of its first round (its first token; that round's other tokens count after it) to its last token,
+        recorded when it ends."""
+        if self.seq_at[i] is None:
+            self.seq_at[i], self.seq_n[i] = t_end, tokens - 1
+        else:
+            self.seq_n[i] += tokens
+        if ends:
+            self.cut(i, t_end, 1)
+
+    def cut(self, i: int, t_end: float, least: int) -> None:
+        """Slot i's TPOT recorded (with at least `least` tokens after its first), and the slot's count reset."""
+        if self.seq_at[i] is not None and self.seq_n[i] >= max(least, 1):
+            self.request_tpot.append((t_end - self.seq_at[i]) * 1e3 / self.seq_n[i])
+        self.seq_at[i], self.seq_n[i] = None, 0
+
     def close(self) -> None:
-        for s in self.seqs:
+        t_end = time.perf_counter()
+        for i, s in enumerate(self.seqs):
+            self.cut(i, t_end, REQUEST_LEAST)                   # a sequence cut by the point's end, when long enough
             self.d.free(s.key)
 
 
 def colocated_point(drafter, target, B: int, k: int, alpha: float, seconds: float, seed: int = 0,
-                    warm_rounds: int = 3, prompt: int = PROMPT, context: int = CONTEXT, min_rounds: int = 1) -> dict:
-    """Rounds of B lockstep streams for `seconds` and at least min_rounds (after warm_rounds untimed): TPOT and
-    tokens/s on one GPU."""
-    run = Colocated(drafter, target, B, k, alpha, seed, prompt, context)
+                    warm_rounds: int = 3, prompt: int = PROMPT, context: int = CONTEXT, min_rounds: int = 1,
+                    tv_ms: dict | None = None, label: str = COLOCATED_LABEL) -> dict:
+    """Rounds of B lockstep streams for `seconds` and at least min_rounds (after warm_rounds untimed): TPOT (per
+    round, and per request as serving benchmarks count it) and tokens/s on one GPU. tv_ms: an emulated target."""
+    run = Colocated(drafter, target, B, k, alpha, seed, prompt, context, tv_ms)
     for _ in range(warm_rounds):
         run.round()
-    run.new = 0
+    run.new, run.request_tpot, run.seq_at, run.seq_n = 0, [], [None] * B, [0] * B
     rounds, tpot, drafts, verifies, tokens = [], [], [], [], 0
     t_start = time.perf_counter()
     while time.perf_counter() - t_start < seconds or len(rounds) < min_rounds:
@@ -84,10 +133,15 @@ def colocated_point(drafter, target, B: int, k: int, alpha: float, seconds: floa
         tokens += sum(toks)
     wall = time.perf_counter() - t_start
     run.close()
-    return {"label": COLOCATED_LABEL, "B": B, "k": k, "alpha": alpha, "gpus": 1, "rounds": len(rounds),
+    req = run.request_tpot
+    return {"label": label, "B": B, "k": k, "alpha": alpha, "gpus": 1, "rounds": len(rounds),
             "seconds": round(wall, 3), "tokens": tokens, "tokens_per_round": round(tokens / len(rounds) / B, 3),
             "tokens_per_s": round(tokens / wall, 1), "tokens_per_s_per_gpu": round(tokens / wall, 1),
             "tpot_ms": {"p50": pct(tpot, 50), "p99": pct(tpot, 99), "mean": round(wall * 1e3 * B / tokens, 4)},
+            "request_tpot_ms": {"p50": pct(req, 50), "p99": pct(req, 99), "mean": mean(req), "n": len(req),
+                                "definition": "(last token - first token) / (tokens - 1) per sequence; the first "
+                                              "token at its first round's end"},
+            "target": "emulated" if tv_ms is not None else "real",
             "round_ms": {"p50": pct(rounds, 50), "p99": pct(rounds, 99)}, "draft_ms_mean": mean(drafts),
             "verify_ms_mean": mean(verifies), "new_sequences": run.new}
 
@@ -129,5 +183,49 @@ def colocated_part(res, dfast, name, tdec, g, ks, t_end, progress, save) -> None
     res["colocated"].append({"draft": name, "compile": compiled(g), "prompt_prefill_ms": prefill_ms, "points": pts,
                              "best_k": best_k(pts)})
     save()
+    del ddec, drafter
+    free()
+
+
+def emulated_tables(targets: tuple, own_tv: dict, batches, k: int) -> dict:
+    """target -> its (B, k) -> ms table: the call's own target shape from the target part's t_v (as the remote
+    options use it), a bigger one from `bench targets` (target.big_tv); a target with no measured t_v -> its error."""
+    from .common import TARGET
+    from .target import big_tv
+    out = {}
+    for name in targets:
+        try:
+            out[name] = own_tv if name == TARGET else big_tv(name, batches, k)
+        except ValueError as e:
+            out[name] = str(e)
+    return out
+
+
+def colocated_emulated_part(res, dfast, name, own_tv, g, t_end, progress, save) -> None:
+    """Colocated SD against each emulated target of g.colocated_emulated (real draft steps, the target's t_v in
+    series): the remote options' harness, so that each row compares like with like."""
+    batches, ks = sorted(set(g.colocated_batches)), g.colocated_ks
+    ddec = BatchDecoder(dfast, max(batches), CONTEXT + SLACK, compile_mode=g.models_compile)
+    ddec.warm(buckets=tuple(batches), widths=(1, 2), spans=(ddec.span_for(CONTEXT),))
+    drafter = BatchDrafter(ddec, dfast.vocab, chunk=PREFILL_CHUNK)
+    out = res["colocated_emulated"] = {}
+    for target, tv in emulated_tables(g.colocated_emulated, own_tv, batches, max(ks)).items():
+        if isinstance(tv, str):
+            out[target] = {"error": tv}
+            progress(f"colocated (emulated {target}): {tv}")
+            continue
+        pts = out.setdefault(target, {"draft": name, "t_v_ms": {f"{b},{m}": v for (b, m), v in tv.items()},
+                                      "points": []})["points"]
+        for b in batches:
+            for k in ks:
+                if time.time() + g.colocated_s + 5 > t_end:
+                    res["skipped"].append(f"colocated emulated {target} B={b} k={k}: out of time")
+                    continue
+                pts.append({"draft": name, "emulated": target, **colocated_point(
+                    drafter, None, b, k, DRAFT_ALPHA[name], g.colocated_s, seed=b * 10 + k, tv_ms=tv,
+                    label=emulated_label(target))})
+                progress(colocated_row(pts[-1]))
+        out[target]["best_k"] = best_k(pts)
+        save()
     del ddec, drafter
     free()

@@ -57,6 +57,7 @@ class Grid:
     policy: str = "policy"             # the pipelined targets' step policy (costmodel.POLICIES; the ssd part: offered)
     big_targets: tuple = ()            # emulated bigger targets (t_v from bench targets), pipelined and sync
     big_points: tuple = ((1, 1), (1, 4), (2, 4), (4, 4))   # their (B, N)
+    colocated_emulated: tuple = ()     # colocated SD against these emulated targets (t_v in series), B and k as colocated
     prompt: int = PROMPT
     context: int = CONTEXT
     verdict_caches: tuple = ()         # the ssd part's server settings, e.g. ("off", "on"); () leaves it out
