@@ -486,3 +486,50 @@ def test_the_shared_deployment_key_leaves_each_connection_its_own_quota():
     old = W.Hello(W.PROTOCOL_VERSION + 1, "target", "tiny", VOCAB, "sha", "float32")
     assert server.dispatch(b"3", old, time.time(), p1)[0].code == "version"
     assert server.dispatch(b"3", HELLO, time.time(), p1)[0].code == "limit"
+
+
+def test_a_commits_that_comes_during_a_step_is_read_then_and_restarts_the_stream_in_the_next():
+    """read_while_stepping: a draft step runs on a thread of its own while the loop takes messages off the socket.
+    A stream's steps are slowed to 0.4 s; a Commits that rejects its drafted token is sent in the middle of one:
+    the server reads it during that step (its receive time inside the step's span, and the timeline's read stamp
+    with it), and the step right after drafts the new epoch's first token. The same with the setting off: read
+    only after the step."""
+    def run(read_while_stepping: bool):
+        server = tiny_server(tiny_pair()[1], read_while_stepping=read_while_stepping)
+        inner = server.drafter.stream_step
+
+        def slow(seqs):
+            time.sleep(0.4)                         # (sleeps as a device step does: the GIL released)
+            return inner(seqs)
+        server.drafter.stream_step = slow
+        c = DraftServerClient(serving(server, 30), HELLO, timeout_s=10)
+        c.client.send(W.Open("s", 0, [3, 1, 4, 1, 5], stream=True, window=4))
+        c.client.send(W.Commits([W.CommitRow("s", 0, 0, 7)]))
+        first = None                                # (a step may draft pos 0 before the first commit is read:
+        while first is None:                        # that restart is epoch 1; take a token drafted after it)
+            m = c.client.recv(10)
+            rows = [r for r in (m.rows if isinstance(m, W.Streamed) else []) if r.pos >= 1]
+            first = rows[0] if rows else None
+        t_sent = time.time()
+        time.sleep(0.15)                            # the next step is under way
+        c.client.send(W.Commits([W.CommitRow("s", 0, first.pos, (first.token + 1) % VOCAB)]))
+        while True:
+            m = c.client.recv(10)
+            rows = [r for r in (m.rows if isinstance(m, W.Streamed) else [])
+                    if r.epoch == first.epoch + 1 and r.since == first.pos]
+            if rows:
+                break
+        c.client.send(W.End("s"))
+        c.close()
+        return server, rows[0], m.stepped_at, t_sent
+    server, row, stepped_at, t_sent = run(True)
+    assert server.overlap.read >= 1 and row.read_at >= t_sent
+    spans = list(server.overlap.spans)
+    during = [(a, b) for a, b in spans if a <= row.read_at <= b]
+    assert during, (row.read_at, spans[-4:])          # read while a step ran ...
+    after = [a for a, _ in spans if a >= during[0][1]]
+    assert after and stepped_at - after[0] < 0.6      # ... and drafted by the step right after it
+    print(f"read {row.read_at - t_sent:.3f} s after the send, inside a step of "
+          f"{during[0][1] - during[0][0]:.3f} s; its first new draft stepped at +{stepped_at - t_sent:.3f} s")
+    off, *_ = run(False)
+    assert off.overlap.read == 0 and off.overlap.take is None

@@ -57,6 +57,7 @@ from . import protocol
 from .admission import Client
 from .bounds import open_bounds, row_bounds
 from .clients import GONE_S, ClientTable
+from .overlap import Overlap
 from .draft_worker import welcome as welcome_of
 from .scheduler import Scheduler
 from .server_config import DraftServerConfig, ServerLimits
@@ -86,6 +87,8 @@ class DraftServer:
         self.log = Log("draft server")
         self.clients = ClientTable(drafter, cfg.limits, cfg.ttl_s, self.log)
         self.steps = 0
+        dev = drafter.device
+        self.overlap = Overlap(dev if dev.type == "cuda" else None)   # a step on its own thread while the loop reads
         self.batches: collections.deque = collections.deque(maxlen=4096)    # sequences per step, newest last
         spec = VerdictSpec.parse(cfg.verdict_cache)
         self.verdicts = VerdictCache(drafter, spec) if spec.on else None    # verdict speculation (streams)
@@ -98,12 +101,16 @@ class DraftServer:
 
     def serve(self, bind: str, max_seconds: float = 0, keys=None) -> None:
         self.log.line(f"{self.welcome.model_id} for up to {self.limits.sequences} sequences on {bind}")
-        for sock, ident, msg, t1, peer in serve_requests(bind, DECODE, self.log, max_seconds, self.idle,
-                                                         self.cfg.spin_s, keys, PeerLimits(self.cfg.messages_per_s),
-                                                         per_pass=self.cfg.per_pass, closed=self.clients.closed,
-                                                         urgent=(protocol.Commits, protocol.End)):
-            for m in self.dispatch(ident, msg, t1, peer):
-                reply(sock, ident, m)
+        pump_to = self.overlap.start if self.cfg.read_while_stepping else None
+        try:
+            for sock, ident, msg, t1, peer in serve_requests(bind, DECODE, self.log, max_seconds, self.idle,
+                                                             self.cfg.spin_s, keys, PeerLimits(self.cfg.messages_per_s),
+                                                             per_pass=self.cfg.per_pass, closed=self.clients.closed,
+                                                             urgent=(protocol.Commits, protocol.End), pump_to=pump_to):
+                for m in self.dispatch(ident, msg, t1, peer):
+                    reply(sock, ident, m)
+        finally:
+            self.overlap.close()
 
     def dispatch(self, ident: bytes, msg, t1: float, peer: str) -> list:
         """The immediate replies to one message (Drafts come from steps); an Error is logged with the peer."""
@@ -257,6 +264,8 @@ class DraftServer:
                         foreseen += [self._stream_row(seq, p, d) for p, d in hit.out]
                     elif self.drafter.commit(seq, row.pos, row.token) and self.verdicts:
                         missed.append(row.seq)
+                    if seq.read_pos == row.pos:
+                        seq.read_at = t1           # (the timeline: read off the socket, perhaps during a step)
                 except Desync as e:
                     self.drafter.free(seq.key)
                     self._refuse(c, row.seq, row.gen, "desync", "pos", f"{e}: open the stream again")
@@ -336,7 +345,8 @@ class DraftServer:
             return []
         c0 = self.drafter.dec.clock.seconds
         positions = {id(seq): len(seq.chain) for seq in rows}
-        out = self._contained([(seq, 1) for seq in rows + extra], lambda b: self.drafter.stream_step([s for s, _ in b]))
+        out = self._contained([(seq, 1) for seq in rows + extra],
+                              lambda b: self.overlap.run(self.drafter.stream_step, [s for s, _ in b]))
         draft_ms = (self.drafter.dec.clock.seconds - c0) * 1e3
         self.steps += 1
         self.batches.append(len(rows) + len(extra))
@@ -358,7 +368,7 @@ class DraftServer:
         t0 = time.time()
         c0 = self.drafter.dec.clock.seconds
         batch = [(seq, k) for _, rows in picked for seq, k, _ in rows]
-        done = self._contained(batch, self.drafter.draft)
+        done = self._contained(batch, lambda b: self.overlap.run(self.drafter.draft, b))
         draft_s = self.drafter.dec.clock.seconds - c0
         self.steps += 1
         self.batches.append(len(batch))

@@ -160,7 +160,8 @@ class Drops:
 
 def serve_requests(bind: str, decode: protocol.Decoder, log: Log, max_seconds: float = 0, idle=None,
                    spin_s: float = 0.0, keys: Keys | None = None, limits: PeerLimits | None = None,
-                   idle_every_s: float = IDLE_EVERY_S, per_pass: int = 0, closed=None, urgent: tuple = ()):
+                   idle_every_s: float = IDLE_EVERY_S, per_pass: int = 0, closed=None, urgent: tuple = (),
+                   pump_to=None):
     """The server loop the workers share: bind a ROUTER to exactly `bind`, yield (sock, ident, message,
     receive time, peer) for each well-formed message of the types `decode` takes; anything else gets an
     Error reply here, and a log line. idle(sock) -> bool: background work (the pipelined draft's run-ahead,
@@ -177,13 +178,15 @@ def serve_requests(bind: str, decode: protocol.Decoder, log: Log, max_seconds: f
     for its own messages, not its neighbours' (docs/reliability.md). urgent: message types that carry a client's
     state and need no reply (a stream's Commits, End): in their connection's order, but served in the same pass
     whatever per_pass, and held up to QUEUED_URGENT (a refused one would leave the server's state behind the
-    client's)."""
+    client's). pump_to(take), with per_pass: take(timeout_ms) -> messages taken off the socket into those queues,
+    decoded and screened but not served (they are served after idle() returns, urgent ones first in their pass):
+    idle() calls it while a step runs, so that a message that comes during the step is read then."""
     limits = limits or PeerLimits()
     server = None
     try:
         server = _Server(bind, keys, log, closed)
         args = (server, decode, log, limits, idle, spin_s, max_seconds, per_pass or idle_every_s, closed)
-        yield from (_in_turn(*args, urgent) if per_pass else _in_order(*args))
+        yield from (_in_turn(*args, urgent, pump_to) if per_pass else _in_order(*args))
     finally:
         if server is not None:
             server.close()
@@ -217,7 +220,7 @@ def _in_order(server, decode, log, limits, idle, spin_s, max_seconds, idle_every
             yield server.sock, got[0], got[1], t_recv, got[2]
 
 
-def _in_turn(server, decode, log, limits, idle, spin_s, max_seconds, per_pass, closed, urgent=()):
+def _in_turn(server, decode, log, limits, idle, spin_s, max_seconds, per_pass, closed, urgent=(), pump_to=None):
     """serve_requests' passes (per_pass messages of each connection, in turn, then idle once)."""
     t_end = time.time() + max_seconds if max_seconds else float("inf")
     queues: dict[bytes, collections.deque] = {}
@@ -229,19 +232,16 @@ def _in_turn(server, decode, log, limits, idle, spin_s, max_seconds, per_pass, c
         if closed is not None:
             closed(ident)
     server.closed = gone
-    busy, t_last = False, 0.0
-    while time.time() < t_end:
-        spinning = spin_s and time.perf_counter() - t_last < spin_s
-        if not server.wait(0 if busy or spinning or queues else 500):
-            busy = _idle(idle, server.sock, log)
-            server.read_events()
-            if not queues:
-                continue
+    last = [0.0]                             # when the newest message was taken (spin_s counts from it)
+
+    def take(timeout_ms: float = 0) -> int:
+        """Up to DRAIN waiting messages into their connections' queues (waiting up to timeout_ms for the first)."""
+        n = 0
         for _ in range(DRAIN):
-            if not server.sock.poll(0):
+            if not server.sock.poll(timeout_ms if n == 0 else 0):
                 break
             frames = server.sock.recv_multipart(copy=False)
-            t_recv, t_last = time.time(), time.perf_counter()
+            t_recv, last[0], n = time.time(), time.perf_counter(), n + 1
             q = queues.get(frames[0].bytes)
             if q is not None and len(q) >= QUEUED and (len(q) >= QUEUED_URGENT or len(frames) != 2
                                                        or protocol.tag_of(frames[1].buffer) not in urgent_tags):
@@ -256,6 +256,19 @@ def _in_turn(server, decode, log, limits, idle, spin_s, max_seconds, per_pass, c
                 q.append((got[1], t_recv, got[2]))
             else:                            # (a message that said it was urgent and was not)
                 drops.drop(server.sock, got[0], got[2], t_recv)
+        return n
+    if pump_to is not None:
+        take.sock = server.sock
+        pump_to(take)
+    busy = False
+    while time.time() < t_end:
+        if not queues:                       # (messages taken during the last step are served before the next)
+            spinning = spin_s and time.perf_counter() - last[0] < spin_s
+            if not server.wait(0 if busy or spinning else 500):
+                busy = _idle(idle, server.sock, log)
+                server.read_events()
+                continue
+        take()
         for ident in list(queues):
             q, served = queues[ident], 0
             while q and queues.get(ident) is q and (served < per_pass or isinstance(q[0][0], urgent)):
