@@ -168,7 +168,7 @@ def pipelined_model(reqs: list[dict], cfg: RunConfig, t: Seconds, alpha: float) 
         c.target_step = c.verify(1) if len(widths) > 1 else min(widths.values())
     out, terms = cache_model(reqs, cfg)
     sim = costmodel.simulate_pipelined(alpha, c, cfg.k, n_tokens=4000, seed=cfg.seed, adaptive=cfg.adapts,
-                                       cache=terms)
+                                       cache=terms, policy=cfg.step_policy)   # (the setting the run played)
     if terms:
         out["predicted_cache_hit_rate"] = sim["cache_hit_rate"]
     out.update(plain_steps=sum(r.get("plain_steps", 0) for r in reqs), drafted_tokens=streamed, model_pipeline=sim)
