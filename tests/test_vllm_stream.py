@@ -388,16 +388,21 @@ def grow(b: Batch, out: list[list[int]]) -> None:
         b.grow(i, list(drafts) + [f(len(b.rows[i]) + len(drafts))])
 
 
+@pytest.mark.parametrize("mode", ["stream", "policy"])
 @pytest.mark.parametrize("requests", [8, 32])
-def test_propose_never_waits_on_a_server_slowed_by_a_second_a_reply(requests):
+def test_propose_never_waits_on_a_server_slowed_by_a_second_a_reply(requests, mode):
     """8 or 32 requests, every Streamed a second late: no call waits (wall time: each returns within 50 ms, a
     blocking read would take the server's second; the sync mode would wait its whole deadline for each step's
     Drafts), and propose's host work stays small: p99 of the thread's CPU time in propose over a run of 1.2 s, the
     best of three runs, under 2 ms (work that grew with the context or the steps would pass it). The goal's own
     figure (p99 <= 0.5 ms at 8 requests) is printed against the measured p99, not asserted: on a shared 2-core
-    machine other work moves it by more than its margin."""
+    machine other work moves it by more than its margin. Policy mode: with measured costs that say not to wait (a
+    fast target step, a 100 ms draft period), so that each step asks the step policy and takes what is on offer."""
     server = StreamStub(delay_s=1.0)
-    p = stream_proposer(server.addr, max_len=2000)
+    p = stream_proposer(server.addr, max_len=2000, mode=mode)
+    if mode == "policy":
+        p.steps_s.extend([0.004] * VP.STEP_WINDOW)
+        p.draft_steps_s.extend([0.1] * 8)
     b = Batch(width=2000, rows=requests)
     for r in range(requests):
         b.add([10 + r, 20 + r, 30 + r])
@@ -416,11 +421,11 @@ def test_propose_never_waits_on_a_server_slowed_by_a_second_a_reply(requests):
         cpu.sort()
         runs.append((cpu[int(0.99 * (len(cpu) - 1))], cpu[len(cpu) // 2], len(cpu)))
     best = min(p99 for p99, *_ in runs)
-    print(f"{requests} requests: host CPU p99 {best * 1e3:.2f} ms, best of 3, against the goal's 0.5 ms (set at 8 "
+    print(f"{mode}, {requests} requests: host CPU p99 {best * 1e3:.2f} ms, best of 3, against the goal's 0.5 ms (set at 8 "
           f"requests); (p99, p50 s, steps) per run {runs}, wall max {max(wall) * 1e3:.1f} ms, streamed "
           f"{p.stats.streamed}")
     assert min(n for *_, n in runs) > 100 and p.stats.streamed > 0 and p.stats.opened == requests
-    assert best <= 2e-3 and max(wall) < 0.05
+    assert best <= 2e-3 and max(wall) < 0.05 and p.stats.waited == 0
     p.close()
     server.kill()
 

@@ -341,6 +341,7 @@ class StepPolicy(AdaptivePolicy):
     not its own ratio. A restart whose drafts are OVERDUE times later than due (a draft still prefilling, a stall)
     is covered by plain steps. The event model (simulate_pipelined) plays this very object."""
     holds = True     # the step's first choice stands while its drafts are on their way (runtime.pipeline.DraftFeed)
+    alpha_step = 0.01    # alpha is rounded to this before a rule is chosen (coarser: fewer distinct tables to score)
     _rule: tuple[int, int, WaitRule] | None = None      # (steps until it is chosen again, for k, the rule)
 
     def rule(self, m_max: int) -> WaitRule | None:
@@ -356,7 +357,8 @@ class StepPolicy(AdaptivePolicy):
         tv = tuple(_q(c.verify(m + 1) + c.overhead) for m in range(k + 1))
         d = _q(self.period or c.draft_step)
         link = _q(self.link if self.link is not None else c.rtt)
-        self._rule = (RULE_EVERY - 1, k, best_rule(round(self.alpha, 2), tv, d, link)[0])
+        alpha = round(round(self.alpha / self.alpha_step) * self.alpha_step, 2)
+        self._rule = (RULE_EVERY - 1, k, best_rule(alpha, tv, d, link)[0])
         return self._rule[2]
 
     def due_s(self, m: int, available: int = 0) -> float:
