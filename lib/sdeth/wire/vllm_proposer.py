@@ -29,7 +29,8 @@ mode). "sync" (above) waits for each step's Drafts. "stream" never waits: each r
 server that drafts up to `window` tokens ahead of what the target settled; `propose` sends the step's commits, takes
 whatever Streamed rows have arrived, and offers each row the drafts that continue its context exactly
 (wire.vllm_streams has the rules), [] when none has arrived. "policy" (the default) streams as stream mode does and
-decides per step, with the step policy (costmodel.StepPolicy), whether to take what is on offer or wait for more. With $SDETH_PROPOSER_STEPS set to a
+decides per step, with the step policy (costmodel.StepPolicy), whether to take what is on offer or wait for more.
+With $SDETH_PROPOSER_STEPS set to a
 path, each step's host time, rows, rows offered drafts and drafts offered (and, streaming, the server's draft
 steps received since the step before, with their compute) are appended there (JSON lines, written once a second),
 for benchmarks.
@@ -75,7 +76,7 @@ STEPS_ENV = "SDETH_DRAFT_DEADLINE_STEPS"  # ... or this many of the target's ste
 STEP_RATIO = 1.0
 STEP_WINDOW = 16         # target steps the deadline's median is taken over
 IDLE_GAP_S = 5.0         # a longer time between two propose calls is vLLM idle, not a step
-CLASS_PATH = "sdeth.wire.vllm_proposer.RemoteDraftProposer"           # the mode $SDETH_DRAFT_MODE names (default: policy)
+CLASS_PATH = "sdeth.wire.vllm_proposer.RemoteDraftProposer"   # the mode $SDETH_DRAFT_MODE names (default: policy)
 STREAM_CLASS_PATH = "sdeth.wire.vllm_proposer.StreamingDraftProposer"
 CLASS_PATHS = {"policy": "sdeth.wire.vllm_proposer.PolicyDraftProposer",
                "sync": "sdeth.wire.vllm_proposer.SyncDraftProposer", "stream": STREAM_CLASS_PATH}
@@ -470,7 +471,8 @@ class RemoteDraftProposer:
                     self.refusal = str(e)
                     self.log.line(self.refusal, self.addr)
                     return
-                self.log.line(f"drafting with {m.model_id} at {self.addr} ({self.mode} mode, k={self.bounds.k}, deadline "
+                self.log.line(f"drafting with {m.model_id} at {self.addr} ({self.mode} mode, k={self.bounds.k}, "
+                              f"deadline "
                               f"{self.deadline_s * 1e3:.0f} ms or {self.step_ratio:g} target steps if longer)")
             self.peer, self.backoff_s = m, 0.0
         elif isinstance(m, protocol.Streamed):
