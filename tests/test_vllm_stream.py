@@ -421,7 +421,7 @@ def test_propose_never_waits_on_a_server_slowed_by_a_second_a_reply(requests, mo
         cpu.sort()
         runs.append((cpu[int(0.99 * (len(cpu) - 1))], cpu[len(cpu) // 2], len(cpu)))
     best = min(p99 for p99, *_ in runs)
-    print(f"{mode}, {requests} requests: host CPU p99 {best * 1e3:.2f} ms, best of 3, against the goal's 0.5 ms (set at 8 "
+    print(f"{mode}, {requests} requests: host CPU p99 {best * 1e3:.2f} ms, best of 3, against the goal's 0.5 ms (at 8 "
           f"requests); (p99, p50 s, steps) per run {runs}, wall max {max(wall) * 1e3:.1f} ms, streamed "
           f"{p.stats.streamed}")
     assert min(n for *_, n in runs) > 100 and p.stats.streamed > 0 and p.stats.opened == requests
@@ -548,6 +548,56 @@ def test_prefix_cached_requests_and_n2_at_t08_stream_and_every_finished_requests
         assert "desync" not in (tmp / log).read_text(), log
 
 
+@pytest.fixture(scope="module")
+def policy_runs(pair, vllm_target_only, tmp_path_factory):
+    """vLLM with the proposer in policy mode (the default) over a draft server of the embedded pair: conftest's
+    prompts at concurrency 1, 4 and 8 (each prompt twice at 8), as vllm_target_only runs them; greedy, 24 tokens,
+    k=3, the step log kept; vLLM on core 0, the draft server on core 1. One engine start of its own (target-only's
+    is shared): a mode is the class vLLM loads, so it cannot change inside an engine."""
+    import os
+    from test_vllm_proposer import K, _run_vllm, _start_draft_server, vllm_inputs
+    from sdeth.study.vllm.stream import DRAFT_CORES, PIN, VLLM_CORES
+    base, engine = vllm_inputs(pair)
+    cores, tmp = os.sched_getaffinity(0), tmp_path_factory.mktemp("policy")
+    server, addr = _start_draft_server(tmp / "draft-server.log")
+    os.sched_setaffinity(server.pid, DRAFT_CORES)
+    env = {**os.environ, **PIN, VP.ADDR_ENV: addr, VP.STEPS_LOG_ENV: str(tmp / "steps.jsonl")}
+    try:
+        os.sched_setaffinity(0, VLLM_CORES)
+        got = _run_vllm({**base, "engine": {**engine, "speculative_config": VP.speculative_config(K, "policy")},
+                         "phases": [{"name": "c1", "concurrency": 1}, {"name": "c4", "concurrency": 4},
+                                    {"name": "c8", "concurrency": 8, "repeat": 2}]}, env, tmp)
+    finally:
+        os.sched_setaffinity(0, cores)
+        server.kill()
+        server.wait(30)
+    return vllm_target_only, got, tmp
+
+
+@pytest.mark.slow
+def test_policy_mode_greedy_outputs_equal_vllm_target_only_at_concurrency_1_4_and_8(policy_runs):
+    """Outputs identical at every concurrency; drafts offered and accepted within vLLM's bounds; every step's
+    decision in the step log (drafts waited for, the longest wait, the time waited)."""
+    import json
+    from test_vllm_proposer import K
+    ref, got, tmp = policy_runs
+    steps = [json.loads(x) for x in (tmp / "steps.jsonl").read_text().splitlines()]
+    for c in ("c1", "c4", "c8"):
+        ph = got[c]
+        mine = [s for s in steps if ph["t0"] <= s["t"] <= ph["t1"] and s["rows"]]
+        waited = [s["waited_ms"] for s in mine if s["waited_ms"] > 0]
+        same = sum(a == b for a, b in zip(ph["outputs"], ref[c]["outputs"]))
+        print(f"policy mode, concurrency {c[1]}: identical {same}/{len(ref[c]['outputs'])}, drafts {ph['drafts']}, "
+              f"accepted {ph['accepted']}, steps {len(mine)}, "
+              f"waited in {len(waited)} (median {sorted(waited)[len(waited) // 2] if waited else 0:.1f} ms), wall "
+              f"{ph['wall_s']:.1f} s (target-only {ref[c]['wall_s']:.1f} s)")
+        assert ph["outputs"] == ref[c]["outputs"], c
+        assert ph["accepted"] <= ph["draft_tokens"] <= K * ph["drafts"]
+    assert sum(got[c]["drafts"] for c in ("c1", "c4", "c8")) > 0
+    assert steps and all({"wait_for", "wait_max_ms", "waited_ms"} <= set(s) for s in steps)
+    assert "policy mode" in (tmp / "log.txt").read_text()
+
+
 # ------------------------------------------------------------------ through vLLM's OpenAI server (slow, gated)
 
 STREAM_SAMPLE_TOKENS = 8   # T=0.8 samples in stream mode: a 3-token request ends before its stream has drafts
@@ -556,9 +606,10 @@ STREAM_SAMPLE_TOKENS = 8   # T=0.8 samples in stream mode: a 3-token request end
 
 @pytest.fixture(scope="module")
 def openai_stream_runs(pair, tmp_path_factory):
-    """vLLM's OpenAI server target-only, then with the streaming proposer over a draft server of the embedded pair
-    (k=3): test_vllm_proposer's _openai_phases through each (greedy at concurrency 1, 4, 8; T=0.8 samples of
-    STREAM_SAMPLE_TOKENS tokens), every vLLM process on core 0 and the draft server on core 1 (as stream_runs)."""
+    """vLLM's OpenAI server target-only, then with the proposer in stream mode, then in policy mode, each over a
+    draft server of the embedded pair (k=3): test_vllm_proposer's _openai_phases through each (greedy at concurrency
+    1, 4, 8; T=0.8 samples of STREAM_SAMPLE_TOKENS tokens, each server with seeds of its own), every vLLM process on
+    core 0 and the draft server on core 1 (as stream_runs). Three server starts."""
     import os
     import signal
     from test_vllm_proposer import K, SAMPLES, _openai_phases, _serve, _start_draft_server, openai_setup
@@ -566,12 +617,12 @@ def openai_stream_runs(pair, tmp_path_factory):
     engine, prompts, sample_ids, eos = openai_setup(pair)
     tmp = tmp_path_factory.mktemp("openai-stream")
     cores, runs = os.sched_getaffinity(0), {}
-    for name in ("target-only", "stream"):
+    for i, name in enumerate(("target-only", "stream", "policy")):
         draft, env, eng = None, {**os.environ, **PIN}, dict(engine)
-        if name == "stream":
-            draft, addr = _start_draft_server(tmp / "draft-server.log")
+        if name != "target-only":
+            draft, addr = _start_draft_server(tmp / f"draft-server-{name}.log")
             os.sched_setaffinity(draft.pid, DRAFT_CORES)
-            env[VP.ADDR_ENV], eng["speculative_config"] = addr, VP.speculative_config(K, "stream")
+            env[VP.ADDR_ENV], eng["speculative_config"] = addr, VP.speculative_config(K, name)
         try:
             os.sched_setaffinity(0, VLLM_CORES)             # vLLM's server and its engine processes inherit it
             proc, base = _serve(eng, env, tmp / f"vllm-{name}.log")
@@ -579,7 +630,7 @@ def openai_stream_runs(pair, tmp_path_factory):
             os.sched_setaffinity(0, cores)
         try:
             runs[name] = _openai_phases(base, engine["model"], prompts, sample_ids, eos, STREAM_SAMPLE_TOKENS,
-                                        seed0=1000 if name == "target-only" else 1000 + SAMPLES)   # independent
+                                        seed0=1000 + i * SAMPLES)   # independent samples
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
@@ -591,39 +642,42 @@ def openai_stream_runs(pair, tmp_path_factory):
 
 @pytest.mark.slow
 @openai_gate
-def test_openai_server_greedy_outputs_through_the_streaming_proposer_equal_target_only(openai_stream_runs):
+@pytest.mark.parametrize("mode", ["stream", "policy"])
+def test_openai_server_greedy_outputs_through_the_streaming_proposer_equal_target_only(openai_stream_runs, mode):
     from test_vllm_proposer import K
     runs, tmp = openai_stream_runs
-    ref, sd = runs["target-only"], runs["stream"]
+    ref, sd = runs["target-only"], runs[mode]
     for c in ("c1", "c4", "c8"):
         same = sum(a == b for a, b in zip(sd[c]["outputs"], ref[c]["outputs"]))
         n = sd[c]["counters"]
         drafts, tokens = n.get("vllm:spec_decode_num_drafts", 0), n.get("vllm:spec_decode_num_draft_tokens", 0)
         accepted = n.get("vllm:spec_decode_num_accepted_tokens", 0)
-        print(f"OpenAI server, stream mode, concurrency {c[1]}: identical {same}/{len(ref[c]['outputs'])}, drafts "
+        print(f"OpenAI server, {mode} mode, concurrency {c[1]}: identical {same}/{len(ref[c]['outputs'])}, drafts "
               f"{drafts:.0f}, draft tokens {tokens:.0f}, accepted {accepted:.0f}, wall {sd[c]['wall_s']:.1f} s "
               f"(target-only {ref[c]['wall_s']:.1f} s)")
         assert sd[c]["outputs"] == ref[c]["outputs"] and all(len(o) > 0 for o in sd[c]["outputs"])
         assert drafts > 0 and accepted <= tokens <= K * drafts
-    assert "desync" not in (tmp / "draft-server.log").read_text()
+    assert "desync" not in (tmp / f"draft-server-{mode}.log").read_text()
 
 
 @pytest.mark.slow
 @openai_gate
-def test_at_t08_the_streaming_proposers_output_distribution_is_target_onlys(openai_stream_runs):
-    """test_vllm_proposer's T=0.8 chi-square (SAMPLES seeds of one short prompt, one seed each) in stream mode, on
+@pytest.mark.parametrize("mode", ["stream", "policy"])
+def test_at_t08_the_streaming_proposers_output_distribution_is_target_onlys(openai_stream_runs, mode):
+    """test_vllm_proposer's T=0.8 chi-square (SAMPLES seeds of one short prompt, one seed each) in stream and policy
+    mode, on
     samples of STREAM_SAMPLE_TOKENS tokens: the first three tokens jointly (as in sync mode), and the token at each
     position on its own (Bonferroni over the positions: drafts land mostly past the third). Each engine draws with
     its own seeds, so the samples are independent; the test has power where drafts were verified, and the bounds on
     drafts and accepted tokens in the phase say they were."""
     from test_vllm_proposer import SAMPLES, TEMPERATURE, homogeneity_p
     runs, _ = openai_stream_runs
-    a, b = runs["target-only"]["samples"]["outputs"], runs["stream"]["samples"]["outputs"]
+    a, b = runs["target-only"]["samples"]["outputs"], runs[mode]["samples"]["outputs"]
     p3, cells, distinct = homogeneity_p([o[:3] for o in a], [o[:3] for o in b])
     at = [homogeneity_p([o[j:j + 1] for o in a], [o[j:j + 1] for o in b])[0] for j in range(STREAM_SAMPLE_TOKENS)]
-    n = runs["stream"]["samples"]["counters"]
+    n = runs[mode]["samples"]["counters"]
     drafts, accepted = n.get("vllm:spec_decode_num_drafts", 0), n.get("vllm:spec_decode_num_accepted_tokens", 0)
-    print(f"T={TEMPERATURE}, stream mode, {STREAM_SAMPLE_TOKENS}-token samples: {len(a)} + {len(b)}, first three "
+    print(f"T={TEMPERATURE}, {mode} mode, {STREAM_SAMPLE_TOKENS}-token samples: {len(a)} + {len(b)}, first three "
           f"tokens {distinct} distinct, {cells} cells (+ folded), chi-square p = {p3:.3f}; per position p "
           f"{[round(float(x), 3) for x in at]}; drafts {drafts:.0f}, accepted {accepted:.0f}")
     assert len(a) == len(b) == SAMPLES and cells >= 3
