@@ -135,11 +135,17 @@ def test_a_sync_step_with_no_round_to_answer_waits_not_at_all():
 
 def measured_as(p: VP.RemoteDraftProposer, step_s: float, period_s: float, alpha_high: bool) -> None:
     """p's measurements as if long taken: the target's step, the server's draft step, and verdicts that put alpha
-    near 0.9 (nine accepted, then a rejection, each round) or near 0 (every round rejected at its first draft)."""
+    near 0.9 (nine accepted, then a rejection, each round) or near 0 (every round rejected at its first draft); and
+    the rule for them scored (as over the steps that follow: one rule a step)."""
     p.steps_s.extend([step_s] * VP.STEP_WINDOW)
     p.draft_steps_s.extend([period_s] * 8)
     for _ in range(300):
         p.policy.observe_round(*((9, 10) if alpha_high else (0, 3)))
+    p._feed()
+    steps = 0
+    while p._rule() is None or p.scoring is not None:
+        steps += 1
+    assert 20 < steps < 40                                   # k = 3: 31 rules, one a step
 
 
 def test_the_mode_is_policy_by_default_sync_and_stream_by_name_and_a_bad_name_says_the_choices(monkeypatch):
@@ -165,6 +171,9 @@ def test_policy_mode_waits_where_the_measured_costs_say_waiting_pays_and_not_whe
     offer waits for none. A fast target (10 ms), a slow draft (100 ms) and alpha near 0: it takes what is on offer."""
     p = VP.PolicyDraftProposer(vllm_config(3), addr="tcp://127.0.0.1:1", deadline_ms=500, step_ratio=0)
     assert p._decide([0, 0]) == (0, 0.0)
+    p.steps_s.extend([0.3] * VP.STEP_WINDOW)
+    p.draft_steps_s.extend([0.01] * 8)
+    assert p._decide([0, 0]) == (0, 0.0) and p.scoring is not None      # the first rule is being scored
     measured_as(p, 0.3, 0.01, alpha_high=True)
     m, wait_s = p._decide([0, 3])
     assert m == 3 and 0.5 * 3 * 3.5 * 0.01 < wait_s < 2 * 3 * 3.5 * 0.01

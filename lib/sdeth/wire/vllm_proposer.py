@@ -44,9 +44,10 @@ read only inside propose), and the drafts verified and accepted so far. Policy m
 (rounded, so that the rule it scores is mostly a cached one): alpha from each row's verdicts, the target's step as
 t_v(m) for every m (one vLLM step verifies m drafts for every row at about the cost of one: the proposer cannot time
 it per m), the draft period, and the restart less 1.5 periods as the link; until the target's step and the draft
-period are measured it takes what is on offer. Its rule (costmodel.WaitRule) is applied to the row with the fewest
-drafts on offer: the step waits until every row has the rule's m (or all its room), at most OVERDUE times as long as
-they are due and never past the deadline. Each step's decision (drafts waited for beyond those on offer, the longest
+period are measured it takes what is on offer, and so while the first rule is scored (one rule a step, about 30
+steps at k = 3; a later scoring keeps the last rule meanwhile). Its rule (costmodel.WaitRule) is applied to the row
+with the fewest drafts on offer: the step waits until every row has the rule's m (or all its room), at most OVERDUE
+times as long as they are due and never past the deadline. Each step's decision (drafts waited for beyond those on offer, the longest
 wait) and the time it waited go in the step log.
 """
 from __future__ import annotations
@@ -61,7 +62,7 @@ from typing import NamedTuple
 
 import zmq
 
-from ..costmodel import OVERDUE, StepPolicy
+from ..costmodel import OVERDUE, StepPolicy, WaitRule, best_rule_steps
 from . import protocol, vllm_cpu_expand
 from .auth import Keys
 from .transport import Client, Log, PeerGone
@@ -84,7 +85,9 @@ MODE_ENV = "SDETH_DRAFT_MODE"            # policy | sync | stream
 MODES = ("policy", "sync", "stream")
 DEFAULT_MODE = "policy"
 POLICY_ROUNDING = 0.1    # policy mode: measured times are rounded to about 10% before the step policy sees them
-POLICY_ALPHA_STEP = 0.05  # ... and alpha to 0.05 (each distinct set of costs costs a rule scoring, ~0.3-6 ms for k=3)
+POLICY_ALPHA_STEP = 0.05  # ... and alpha to 0.05 (each distinct set of costs costs a rule scoring, 0.3-10 ms for k=3,
+                          # spread over the steps, a rule a step)
+RULES_KEPT = 1024        # policy mode: rules kept, one per set of rounded costs met
 WINDOW_ENV = "SDETH_DRAFT_WINDOW"        # stream: tokens the server drafts past what the target settled
 STEPS_LOG_ENV = "SDETH_PROPOSER_STEPS"   # a path: each step's figures appended there (JSON lines)
 RETRY_S = 1.0            # Hello again (a fresh socket) at most this often while the server does not answer
@@ -197,6 +200,9 @@ class RemoteDraftProposer:
         self.policy = StepPolicy() if self.mode == "policy" else None
         if self.policy is not None:
             self.policy.alpha_step = POLICY_ALPHA_STEP
+        self.rules: dict[tuple, WaitRule] = {}        # policy mode: the rule chosen for each set of rounded costs
+        self.scoring: tuple | None = None              # ... (the costs being scored, the scoring: a rule a step)
+        self.rule_now: WaitRule | None = None          # ... the rule of the last costs scored
         self.steplog = StepLog(os.environ.get(STEPS_LOG_ENV, ""))
         self.bounds = Bounds.of(self.k, self.max_len, None)    # within the server's limits once it says them
         self.log = Log("vllm proposer")
@@ -272,11 +278,36 @@ class RemoteDraftProposer:
             return self.bounds.k, self.deadline()
         if self.policy is None or not offered or not self._feed():
             return 0, 0.0
+        rule = self._rule()
+        if rule is None:
+            return 0, 0.0
         est, k, least = self.policy, self.bounds.k, min(offered)
-        m = est.rule(k).m(least, k)
+        m = rule.m(least, k)
         if m <= least:
             return 0, 0.0
         return m, min(OVERDUE * est.due_s(m, least), self.deadline())
+
+    def _rule(self) -> WaitRule | None:
+        """The step policy's wait rule for the costs now (StepPolicy.rule_key), scored one rule a step
+        (costmodel.best_rule_steps: a whole scoring costs 0.3 to 10 ms at k = 3, too much for one step); meanwhile,
+        the rule of the last costs scored (None before the first: take what is on offer). A scoring once begun is
+        finished, whatever the costs do meanwhile."""
+        if self.scoring is None:
+            key = self.policy.rule_key(self.bounds.k)
+            if key is None:
+                return self.rule_now
+            if key in self.rules:
+                self.rule_now = self.rules[key]
+                return self.rule_now
+            self.scoring = (key, best_rule_steps(*key))
+        key, steps = self.scoring
+        done = next(steps)
+        if done is not None:
+            if len(self.rules) >= RULES_KEPT:
+                self.rules.clear()
+            self.rules[key] = self.rule_now = done[0]
+            self.scoring = None
+        return self.rule_now
 
     def _feed(self) -> bool:
         """The step policy's costs from `measured()`, rounded (POLICY_ROUNDING); whether they are measured (the
