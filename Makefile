@@ -49,10 +49,10 @@ soak: prepare
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow" tests
 
-test-vllm-server: prepare   # vLLM's OpenAI server with the remote proposer, sync and stream modes: greedy identity, T=0.8, counters (~20 min)
+test-vllm-server: prepare   # vLLM's OpenAI server with the remote proposer, sync, stream and policy modes: greedy identity, T=0.8, counters (~30 min)
 	SDETH_VLLM_SERVER_TESTS=1 $(PY) -m pytest -q -s tests/test_vllm_proposer.py tests/test_vllm_stream.py -k "(openai_server or t08 or counters_agree) and not prefix_cached"
 
-bench-vllm: prepare   # vLLM target-only, its own draft and a remote draft server, concurrency 1-8, two repeats (reports/vllm_remote_cpu.json); the remote proposer's sync and stream modes per step (reports/vllm_stream_cpu.json)
+bench-vllm: prepare   # vLLM target-only, its own draft and a remote draft server, concurrency 1-8, two repeats (reports/vllm_remote_cpu.json); the remote proposer's policy, sync and stream modes per step (reports/vllm_stream_cpu.json)
 	$(PY) -m sdeth bench vllm --repeats 2 --json reports/vllm_remote_cpu.json
 	$(PY) -m sdeth.study.vllm.stream --json reports/vllm_stream_cpu.json
 

@@ -17,7 +17,7 @@ from test_vllm_stream import StreamStub, f, grow
 def test_sync_waits_for_every_rounds_drafts_until_the_deadline_and_stream_takes_what_is_on_offer():
     """The decisions as today's modes make them, and what is measured before any step (the draft period: the
     server's step, its Streamed messages' compute)."""
-    sync = VP.RemoteDraftProposer(vllm_config(3), addr="tcp://127.0.0.1:1", deadline_ms=40, step_ratio=2)
+    sync = VP.SyncDraftProposer(vllm_config(3), addr="tcp://127.0.0.1:1", deadline_ms=40, step_ratio=2)
     assert sync._decide([]) == (3, pytest.approx(0.04))
     sync.steps_s.extend([0.05, 0.03, 0.04])                  # the target's step: 40 ms, x 2 > the 40 ms floor
     assert sync._decide([]) == (3, pytest.approx(0.08))
@@ -121,7 +121,7 @@ def test_the_study_sets_the_proposers_step_where_it_did_not_wait_against_target_
 def test_a_sync_step_with_no_round_to_answer_waits_not_at_all():
     """A row still in prefill gets its track opened and no round: the step's decision is sync's, its wait 0."""
     server = StreamStub()
-    p = VP.RemoteDraftProposer(vllm_config(3, 200), addr=server.addr, hello=HELLO, deadline_ms=500)
+    p = VP.SyncDraftProposer(vllm_config(3, 200), addr=server.addr, hello=HELLO, deadline_ms=500)
     p.load_model()
     b = Batch()
     b.add([5, 6, 7], sampled=False)
@@ -129,3 +129,86 @@ def test_a_sync_step_with_no_round_to_answer_waits_not_at_all():
     assert p.decision == (3, pytest.approx(0.5), 0.0) and p.stats.waited == 0
     p.close()
     server.kill()
+
+
+# ------------------------------------------------------------------ policy mode: the step policy decides
+
+def measured_as(p: VP.RemoteDraftProposer, step_s: float, period_s: float, alpha_high: bool) -> None:
+    """p's measurements as if long taken: the target's step, the server's draft step, and verdicts that put alpha
+    near 0.9 (nine accepted, then a rejection, each round) or near 0 (every round rejected at its first draft); and
+    the rule for them scored (as over the steps that follow: one rule a step)."""
+    p.steps_s.extend([step_s] * VP.STEP_WINDOW)
+    p.draft_steps_s.extend([period_s] * 8)
+    for _ in range(300):
+        p.policy.observe_round(*((9, 10) if alpha_high else (0, 3)))
+    p._feed()
+    steps = 0
+    while p._rule() is None or p.scoring is not None:
+        steps += 1
+    assert 20 < steps < 40                                   # k = 3: 31 rules, one a step
+
+
+def test_the_mode_is_policy_by_default_sync_and_stream_by_name_and_a_bad_name_says_the_choices(monkeypatch):
+    monkeypatch.delenv(VP.MODE_ENV, raising=False)
+    addr = "tcp://127.0.0.1:1"
+    assert VP.RemoteDraftProposer(vllm_config(3), addr=addr).mode == "policy"
+    for mode in VP.MODES:
+        monkeypatch.setenv(VP.MODE_ENV, mode)
+        p = VP.RemoteDraftProposer(vllm_config(3), addr=addr)
+        assert p.mode == mode and (p.streams is None) == (mode == "sync") and (p.policy is None) == (mode != "policy")
+        module, name = VP.CLASS_PATHS[mode].rsplit(".", 1)       # the class vLLM loads for a named mode
+        assert module == VP.__name__ and getattr(VP, name)(vllm_config(3), addr=addr).mode == mode
+    assert VP.StreamingDraftProposer(vllm_config(3), addr=addr).mode == "stream"      # a class's mode beats the env
+    monkeypatch.setenv(VP.MODE_ENV, "fast")
+    with pytest.raises(VP.ProposerError, match="SDETH_DRAFT_MODE='fast': use one of policy, sync, stream"):
+        VP.RemoteDraftProposer(vllm_config(3), addr=addr)
+
+
+def test_policy_mode_waits_where_the_measured_costs_say_waiting_pays_and_not_where_they_say_not():
+    """Until the target's step and the draft period are measured it takes what is on offer. A slow target step
+    (300 ms), a fast draft (10 ms a token) and alpha near 0.9: a row with nothing on offer waits for all k drafts, at
+    most OVERDUE x their due time (the restart's 3.5 periods) and never past the deadline; a row with them all on
+    offer waits for none. A fast target (10 ms), a slow draft (100 ms) and alpha near 0: it takes what is on offer."""
+    p = VP.PolicyDraftProposer(vllm_config(3), addr="tcp://127.0.0.1:1", deadline_ms=500, step_ratio=0)
+    assert p._decide([0, 0]) == (0, 0.0)
+    p.steps_s.extend([0.3] * VP.STEP_WINDOW)
+    p.draft_steps_s.extend([0.01] * 8)
+    assert p._decide([0, 0]) == (0, 0.0) and p.scoring is not None      # the first rule is being scored
+    measured_as(p, 0.3, 0.01, alpha_high=True)
+    m, wait_s = p._decide([0, 3])
+    assert m == 3 and 0.5 * 3 * 3.5 * 0.01 < wait_s < 2 * 3 * 3.5 * 0.01
+    assert p._decide([3, 3]) == (0, 0.0)
+    p.steps_s.extend([2.0] * VP.STEP_WINDOW)                  # a 2 s target step: the wait stays within the deadline
+    assert p._decide([0])[1] <= 0.5
+    q = VP.PolicyDraftProposer(vllm_config(3), addr="tcp://127.0.0.1:1")
+    measured_as(q, 0.01, 0.1, alpha_high=False)
+    assert q._decide([0, 1]) == (0, 0.0) and q._decide([0]) == (0, 0.0)
+
+
+def test_policy_mode_logs_its_decisions_and_waits_only_as_long_as_the_drafts_take(tmp_path, monkeypatch):
+    """Against a stand-in server whose every Streamed is 50 ms late: with costs that say wait (slow target, fast
+    draft, alpha high) the first step waits for the Open's drafts (about the server's delay), offers k and logs
+    (3, its cap, the time waited); with costs that say not, the first step offers nothing and logs (0, 0, 0)."""
+    server = StreamStub(delay_s=0.05)
+    got = {}
+    for name, costs in (("wait", (0.3, 0.02, True)), ("not", (0.01, 0.1, False))):
+        log = tmp_path / f"{name}.jsonl"
+        monkeypatch.setenv(VP.STEPS_LOG_ENV, str(log))
+        p = VP.PolicyDraftProposer(vllm_config(3, 200), addr=server.addr, hello=HELLO)
+        p.load_model()
+        measured_as(p, *costs)
+        b = Batch()
+        b.add([40 + len(got), 20, 30])
+        out = p.propose(*b.args())
+        grow(b, out)
+        p.propose(*b.args())
+        p.close()
+        got[name] = (out, p.stats, [json.loads(x) for x in log.read_text().splitlines()])
+    server.kill()
+    out, stats, lines = got["wait"]
+    assert out == [[f(3), f(4), f(5)]] and stats.waited >= 1
+    first = lines[0]
+    assert first["wait_for"] == 3 and 30 < first["waited_ms"] < first["wait_max_ms"] and first["offered"] == 3
+    out, stats, lines = got["not"]
+    assert out == [[]] and stats.waited == 0
+    assert [(x["wait_for"], x["wait_max_ms"], x["waited_ms"]) for x in lines][0] == (0, 0.0, 0.0)

@@ -22,7 +22,7 @@ import zmq
 from sdeth.place.testbed import free_port
 from sdeth.wire import protocol as W
 from sdeth.wire import vllm_proposer as VP
-from sdeth.wire.vllm_proposer import ProposerError, RemoteDraftProposer, RowTracker
+from sdeth.wire.vllm_proposer import ProposerError, RemoteDraftProposer, RowTracker, SyncDraftProposer
 from vllm_server import SAMPLES, SERVER_PROMPTS, TEMPERATURE, homogeneity_p, run_both_servers, server_gate
 
 VOCAB = 300
@@ -254,8 +254,8 @@ class StubServer:
 
 
 def proposer(addr, deadline_ms=2000.0, k=3, **kw) -> RemoteDraftProposer:
-    """A proposer on a fixed deadline (step_ratio 0: the test's own pauses are no target steps)."""
-    p = RemoteDraftProposer(vllm_config(k), addr=addr, hello=HELLO, deadline_ms=deadline_ms, step_ratio=0, **kw)
+    """A sync-mode proposer on a fixed deadline (step_ratio 0: the test's own pauses are no target steps)."""
+    p = SyncDraftProposer(vllm_config(k), addr=addr, hello=HELLO, deadline_ms=deadline_ms, step_ratio=0, **kw)
     p.load_model()
     return p
 
@@ -297,7 +297,7 @@ def test_a_late_draft_server_costs_drafts_within_the_deadline_never_a_stall():
 
 
 def test_the_deadline_follows_the_targets_step_when_that_is_longer(monkeypatch):
-    p = RemoteDraftProposer(vllm_config(), addr=f"tcp://127.0.0.1:{free_port()}", hello=HELLO, deadline_ms=10,
+    p = SyncDraftProposer(vllm_config(), addr=f"tcp://127.0.0.1:{free_port()}", hello=HELLO, deadline_ms=10,
                             step_ratio=2)
     b = Batch()
     b.add([1, 2, 3])
@@ -815,7 +815,7 @@ def vllm_runs(pair, greedy_ref, tmp_path_factory):
     server, addr = _start_draft_server(tmp / "draft-server.log")
     env = {**os.environ, VP.ADDR_ENV: addr, VP.DEADLINE_ENV: "2000"}
     try:
-        sd = _run_vllm({**base, "engine": {**engine, "speculative_config": VP.speculative_config(K)},
+        sd = _run_vllm({**base, "engine": {**engine, "speculative_config": VP.speculative_config(K, "sync")},
                         "phases": [{"name": "c1", "concurrency": 1}, {"name": "c4", "concurrency": 4},
                                    {"name": "c8", "concurrency": 8, "repeat": 2},
                                    {"name": "n2", "concurrency": 4, "n": 2},

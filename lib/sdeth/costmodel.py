@@ -315,14 +315,27 @@ def rule_rate(alpha: float, tv: tuple, d: float, link: float, rule: WaitRule) ->
 @lru_cache(maxsize=4096)
 def best_rule(alpha: float, tv: tuple, d: float, link: float) -> tuple[WaitRule, float]:
     """The rule with the highest long-run tokens/s for these costs (tv[m]: a round of m drafts, m = 0..k), and
-    that rate. Every rule with w <= cap <= k is scored (about 5 ms for k = 8); one between the corners only where
-    it beats the better corner by CORNER_MARGIN. Cached per (rounded) cost tuple."""
+    that rate. Every rule with w <= cap <= k is scored (about 5 ms for k = 8, 0.3 to 10 ms for k = 3); one between
+    the corners only where it beats the better corner by CORNER_MARGIN. Cached per (rounded) cost tuple."""
+    for out in best_rule_steps(alpha, tv, d, link):
+        pass
+    return out
+
+
+def best_rule_steps(alpha: float, tv: tuple, d: float, link: float):
+    """best_rule one rule at a time, for a caller that cannot spend the whole scoring at once: a generator that
+    yields None after each rule it scores and, last, best_rule's (rule, rate)."""
     k = len(tv) - 1
-    corners = [(r, rule_rate(alpha, tv, d, link, r)) for r in (WaitRule(0, 0, k), WaitRule(k, k, k))]
-    rules = [WaitRule(e, s, cap) for cap in range(1, k + 1) for e in range(cap + 1) for s in range(cap + 1)]
-    best = max(((r, rule_rate(alpha, tv, d, link, r)) for r in rules), key=lambda x: x[1])
+    corners, best = [], None
+    for r in (WaitRule(0, 0, k), WaitRule(k, k, k)):
+        corners.append((r, rule_rate(alpha, tv, d, link, r)))
+        yield None
+    for r in (WaitRule(e, s, cap) for cap in range(1, k + 1) for e in range(cap + 1) for s in range(cap + 1)):
+        x = (r, rule_rate(alpha, tv, d, link, r))
+        best = x if best is None or x[1] > best[1] else best
+        yield None
     corner = max(corners, key=lambda x: x[1])
-    return best if best[1] > corner[1] * (1 + CORNER_MARGIN) else corner
+    yield best if best[1] > corner[1] * (1 + CORNER_MARGIN) else corner
 
 
 def _q(x: float, rel: float = 0.02) -> float:
@@ -341,6 +354,7 @@ class StepPolicy(AdaptivePolicy):
     not its own ratio. A restart whose drafts are OVERDUE times later than due (a draft still prefilling, a stall)
     is covered by plain steps. The event model (simulate_pipelined) plays this very object."""
     holds = True     # the step's first choice stands while its drafts are on their way (runtime.pipeline.DraftFeed)
+    alpha_step = 0.01    # alpha is rounded to this before a rule is chosen (coarser: fewer distinct tables to score)
     _rule: tuple[int, int, WaitRule] | None = None      # (steps until it is chosen again, for k, the rule)
 
     def rule(self, m_max: int) -> WaitRule | None:
@@ -349,6 +363,15 @@ class StepPolicy(AdaptivePolicy):
         if self._rule is not None and self._rule[0] > 0 and self._rule[1] >= m_max:
             self._rule = (self._rule[0] - 1, *self._rule[1:])
             return self._rule[2]
+        key = self.rule_key(m_max)
+        if key is None:
+            return None
+        self._rule = (RULE_EVERY - 1, len(key[1]) - 1, best_rule(*key)[0])
+        return self._rule[2]
+
+    def rule_key(self, m_max: int) -> tuple | None:
+        """best_rule's arguments for rounds of at most m_max drafts, from the estimates now (alpha rounded to
+        alpha_step, the costs to about 2%); None until the costs are measured."""
         c = self.costs()
         if c is None:
             return None
@@ -356,8 +379,7 @@ class StepPolicy(AdaptivePolicy):
         tv = tuple(_q(c.verify(m + 1) + c.overhead) for m in range(k + 1))
         d = _q(self.period or c.draft_step)
         link = _q(self.link if self.link is not None else c.rtt)
-        self._rule = (RULE_EVERY - 1, k, best_rule(round(self.alpha, 2), tv, d, link)[0])
-        return self._rule[2]
+        return round(round(self.alpha / self.alpha_step) * self.alpha_step, 2), tv, d, link
 
     def due_s(self, m: int, available: int = 0) -> float:
         """When the m-th draft is due, from a restart (available = 0) or from now (one period per draft); never,

@@ -24,25 +24,36 @@ lost (its connection closed, an Error, or silent for LOST_S with rounds outstand
 gets [] and the proposer says Hello again at most every RETRY_S; a server that refuses the Hello (full) is asked
 again after one step's deadline, then twice as long each time it refuses, up to BACKOFF_MAX_S.
 
-Modes. "sync" (above) waits for each step's Drafts. "stream" ($SDETH_DRAFT_MODE, the `mode` keyword, or the class
-StreamingDraftProposer, which vLLM's speculative_config names as its `model`) never waits: each request is a
-pipelined stream on the server that drafts up to `window` tokens ahead of what the target settled; `propose` sends
-the step's commits, takes whatever Streamed rows have arrived, and offers each row the drafts that continue its
-context exactly (wire.vllm_streams has the rules), [] when none has arrived. With $SDETH_PROPOSER_STEPS set to a
+Modes ($SDETH_DRAFT_MODE, the `mode` keyword, or the class vLLM's speculative_config names as its `model`: one per
+mode). "sync" (above) waits for each step's Drafts. "stream" never waits: each request is a pipelined stream on the
+server that drafts up to `window` tokens ahead of what the target settled; `propose` sends the step's commits, takes
+whatever Streamed rows have arrived, and offers each row the drafts that continue its context exactly
+(wire.vllm_streams has the rules), [] when none has arrived. "policy" (the default) streams as stream mode does and
+decides per step, with the step policy (costmodel.StepPolicy), whether to take what is on offer or wait for more.
+With $SDETH_PROPOSER_STEPS set to a
 path, each step's host time, rows, rows offered drafts and drafts offered (and, streaming, the server's draft
 steps received since the step before, with their compute) are appended there (JSON lines, written once a second),
 for benchmarks.
 
-Deciding. Whether a step waits, and for how long, is decided in one place, `_decide`: (drafts a row waits for
-beyond those on offer, the longest wait). Sync waits for every round's k drafts up to the deadline; stream takes
-what is on offer (0, 0). Each step's decision and the time it waited go in the step log. What a policy would weigh
-is kept as the run goes, cheaply (`measured()`): the target's step (the deadline's median), the draft period (the
-server's step, from its Streamed messages), the restart latency (wire.vllm_streams; a bound in whole steps unless
-seen during a wait: messages are read only inside propose), and the drafts verified and accepted so far.
+Deciding. Whether a step waits, and for how long, is decided in one place, `_decide`: (the drafts each row is to
+have, the longest wait); a row with as many on offer waits for none. Sync waits for every round's k drafts up to the
+deadline; stream takes what is on offer (0, 0). What the policy weighs is kept as the run goes, cheaply
+(`measured()`): the target's step (the deadline's median), the draft period (the server's step, from its Streamed
+messages), the restart latency (wire.vllm_streams; a bound in whole steps unless seen during a wait: messages are
+read only inside propose), and the drafts verified and accepted so far. Policy mode feeds them to its StepPolicy
+(rounded, so that the rule it scores is mostly a cached one): alpha from each row's verdicts, the target's step as
+t_v(m) for every m (one vLLM step verifies m drafts for every row at about the cost of one: the proposer cannot time
+it per m), the draft period, and the restart less 1.5 periods as the link; until the target's step and the draft
+period are measured it takes what is on offer, and so while the first rule is scored (one rule a step, about 30
+steps at k = 3; a later scoring keeps the last rule meanwhile). Its rule (costmodel.WaitRule) is applied to the row
+with the fewest drafts on offer: the step waits until every row has the rule's m (or all its room), at most OVERDUE
+times as long as they are due and never past the deadline. Each step's decision (drafts waited for beyond those on offer, the longest
+wait) and the time it waited go in the step log.
 """
 from __future__ import annotations
 
 import collections
+import math
 import os
 import statistics
 import time
@@ -51,6 +62,7 @@ from typing import NamedTuple
 
 import zmq
 
+from ..costmodel import OVERDUE, StepPolicy, WaitRule, best_rule_steps
 from . import protocol, vllm_cpu_expand
 from .auth import Keys
 from .transport import Client, Log, PeerGone
@@ -65,10 +77,17 @@ STEPS_ENV = "SDETH_DRAFT_DEADLINE_STEPS"  # ... or this many of the target's ste
 STEP_RATIO = 1.0
 STEP_WINDOW = 16         # target steps the deadline's median is taken over
 IDLE_GAP_S = 5.0         # a longer time between two propose calls is vLLM idle, not a step
-CLASS_PATH = "sdeth.wire.vllm_proposer.RemoteDraftProposer"
+CLASS_PATH = "sdeth.wire.vllm_proposer.RemoteDraftProposer"   # the mode $SDETH_DRAFT_MODE names (default: policy)
 STREAM_CLASS_PATH = "sdeth.wire.vllm_proposer.StreamingDraftProposer"
-MODE_ENV = "SDETH_DRAFT_MODE"            # sync | stream
-MODES = ("sync", "stream")
+CLASS_PATHS = {"policy": "sdeth.wire.vllm_proposer.PolicyDraftProposer",
+               "sync": "sdeth.wire.vllm_proposer.SyncDraftProposer", "stream": STREAM_CLASS_PATH}
+MODE_ENV = "SDETH_DRAFT_MODE"            # policy | sync | stream
+MODES = ("policy", "sync", "stream")
+DEFAULT_MODE = "policy"
+POLICY_ROUNDING = 0.1    # policy mode: measured times are rounded to about 10% before the step policy sees them
+POLICY_ALPHA_STEP = 0.05  # ... and alpha to 0.05 (each distinct set of costs costs a rule scoring, 0.3-10 ms for k=3,
+                          # spread over the steps, a rule a step)
+RULES_KEPT = 1024        # policy mode: rules kept, one per set of rounded costs met
 WINDOW_ENV = "SDETH_DRAFT_WINDOW"        # stream: tokens the server drafts past what the target settled
 STEPS_LOG_ENV = "SDETH_PROPOSER_STEPS"   # a path: each step's figures appended there (JSON lines)
 RETRY_S = 1.0            # Hello again (a fresh socket) at most this often while the server does not answer
@@ -95,14 +114,14 @@ def require_custom_class() -> None:
                             f"takes method 'custom_class' (0.32 does); upgrade vLLM") from None
 
 
-def speculative_config(k: int, mode: str = "sync") -> dict:
-    """vLLM's speculative_config for this proposer in `mode` (sync | stream), k draft tokens a step (after checking
-    vLLM can load it). vLLM's speculative_config takes no keys of its own, so the class names the mode."""
-    if mode not in MODES:
-        raise ProposerError(f"mode {mode!r}: use one of {MODES}")
+def speculative_config(k: int, mode: str | None = None) -> dict:
+    """vLLM's speculative_config for this proposer in `mode` (policy | sync | stream; None: the one $SDETH_DRAFT_MODE
+    names in vLLM's processes, policy by default), k draft tokens a step (after checking vLLM can load it). vLLM's
+    speculative_config takes no keys of its own, so the class names the mode."""
+    if mode is not None and mode not in MODES:
+        raise ProposerError(f"mode {mode!r}: use one of {', '.join(MODES)}")
     require_custom_class()
-    return {"method": "custom_class", "model": STREAM_CLASS_PATH if mode == "stream" else CLASS_PATH,
-            "num_speculative_tokens": k}
+    return {"method": "custom_class", "model": CLASS_PATHS[mode] if mode else CLASS_PATH, "num_speculative_tokens": k}
 
 
 # ------------------------------------------------------------------ the proposer
@@ -151,9 +170,9 @@ class RemoteDraftProposer:
     dtype and max_model_len). The keyword arguments are for use outside vLLM (tests, benchmarks): the server's
     address (default $SDETH_DRAFT_SERVER), the Hello (default: from the model's tokenizer), the deadline (default
     $SDETH_DRAFT_DEADLINE_MS or 50 ms, and $SDETH_DRAFT_DEADLINE_STEPS or 1 target step if longer; step_ratio=0:
-    the fixed deadline alone), CURVE keys (default $SDETH_KEYS), the mode (default $SDETH_DRAFT_MODE or MODE) and
-    the stream's window (default $SDETH_DRAFT_WINDOW or 2 (k + 1))."""
-    MODE = "sync"
+    the fixed deadline alone), CURVE keys (default $SDETH_KEYS), the mode (default: the class's MODE, else
+    $SDETH_DRAFT_MODE, else policy) and the stream's window (default $SDETH_DRAFT_WINDOW or 2 (k + 1))."""
+    MODE = ""                                      # a subclass's own mode; "": $SDETH_DRAFT_MODE's
 
     def __init__(self, vllm_config, addr: str | None = None, hello: protocol.Hello | None = None,
                  deadline_ms: float | None = None, step_ratio: float | None = None, keys: Keys | None = None,
@@ -171,13 +190,19 @@ class RemoteDraftProposer:
         self.t_returned = 0.0                          # when propose last returned
         self.hello, self.keys = hello, keys if keys is not None else Keys.from_env()
         self.tracker = RowTracker(idle_steps)
-        self.mode = mode or (self.MODE if self.MODE != "sync" else os.environ.get(MODE_ENV) or "sync")
+        self.mode = mode or self.MODE or os.environ.get(MODE_ENV) or DEFAULT_MODE
         if self.mode not in MODES:
-            raise ProposerError(f"{MODE_ENV}={self.mode!r}: use one of {MODES}")
+            raise ProposerError(f"{MODE_ENV}={self.mode!r}: use one of {', '.join(MODES)} (policy: the default)")
         self.window = int(_setting(window, WINDOW_ENV, 2 * (self.k + 1), "a number of tokens, 1 to 64"))
         if not 1 <= self.window <= 64:
             raise ProposerError(f"{WINDOW_ENV}={self.window}: use 1 to 64 tokens (a draft server's limit)")
-        self.streams = StreamTracker(self.window, idle_steps) if self.mode == "stream" else None
+        self.streams = StreamTracker(self.window, idle_steps) if self.mode != "sync" else None
+        self.policy = StepPolicy() if self.mode == "policy" else None
+        if self.policy is not None:
+            self.policy.alpha_step = POLICY_ALPHA_STEP
+        self.rules: dict[tuple, WaitRule] = {}        # policy mode: the rule chosen for each set of rounded costs
+        self.scoring: tuple | None = None              # ... (the costs being scored, the scoring: a rule a step)
+        self.rule_now: WaitRule | None = None          # ... the rule of the last costs scored
         self.steplog = StepLog(os.environ.get(STEPS_LOG_ENV, ""))
         self.bounds = Bounds.of(self.k, self.max_len, None)    # within the server's limits once it says them
         self.log = Log("vllm proposer")
@@ -244,13 +269,58 @@ class RemoteDraftProposer:
         return self.out
 
     def _decide(self, offered: list[int]) -> tuple[int, float]:
-        """Whether this step waits: (drafts a row waits for beyond those on offer, the longest wait in seconds).
-        offered: [rows read] the drafts on offer to each row now (streaming; sync: [], nothing is on offer before
-        the step's Rounds go out). Sync waits for every round's drafts (k) until the deadline; stream takes what is
-        on offer (0, 0.0). A policy would decide here from `measured()`."""
+        """Whether this step waits: (the drafts each row is to have, at most its room: one with as many on offer
+        waits for none; the longest wait in seconds). offered: the drafts on offer now to each row that has room
+        for drafts (streaming; sync: [], nothing is on offer before the step's Rounds go out). Sync waits for every
+        round's drafts (k) until the deadline; stream takes what is on offer (0, 0.0); policy asks the step policy
+        (the module docstring has how)."""
         if self.streams is None:
             return self.bounds.k, self.deadline()
-        return 0, 0.0
+        if self.policy is None or not offered or not self._feed():
+            return 0, 0.0
+        rule = self._rule()
+        if rule is None:
+            return 0, 0.0
+        est, k, least = self.policy, self.bounds.k, min(offered)
+        m = rule.m(least, k)
+        if m <= least:
+            return 0, 0.0
+        return m, min(OVERDUE * est.due_s(m, least), self.deadline())
+
+    def _rule(self) -> WaitRule | None:
+        """The step policy's wait rule for the costs now (StepPolicy.rule_key), scored one rule a step
+        (costmodel.best_rule_steps: a whole scoring costs 0.3 to 10 ms at k = 3, too much for one step); meanwhile,
+        the rule of the last costs scored (None before the first: take what is on offer). A scoring once begun is
+        finished, whatever the costs do meanwhile."""
+        if self.scoring is None:
+            key = self.policy.rule_key(self.bounds.k)
+            if key is None:
+                return self.rule_now
+            if key in self.rules:
+                self.rule_now = self.rules[key]
+                return self.rule_now
+            self.scoring = (key, best_rule_steps(*key))
+        key, steps = self.scoring
+        done = next(steps)
+        if done is not None:
+            if len(self.rules) >= RULES_KEPT:
+                self.rules.clear()
+            self.rules[key] = self.rule_now = done[0]
+            self.scoring = None
+        return self.rule_now
+
+    def _feed(self) -> bool:
+        """The step policy's costs from `measured()`, rounded (POLICY_ROUNDING); whether they are measured (the
+        target's step and the draft period: until then policy mode takes what is on offer)."""
+        step, period, restart, *_ = self.measured()
+        if step is None or period is None:
+            return False
+        est, step, period = self.policy, _rounded(step), _rounded(period)
+        if est.verify_s.get(1) != step:
+            est.verify_s = dict.fromkeys(range(1, self.bounds.k + 2), step)     # t_v(m): one vLLM step, any m
+        est.draft_step = est.period = period
+        est.link = _rounded(max(restart - 1.5 * period, 0.0)) if restart is not None else 0.0
+        return True
 
     def measured(self) -> Measured:
         """What a policy would weigh (Measured), as measured so far."""
@@ -274,14 +344,18 @@ class RemoteDraftProposer:
         self.stats.commits += len(plan.commits)
         self.stats.verified += plan.verified
         self.stats.accepted += plan.accepted
+        if self.policy is not None:
+            for n, m in plan.verdicts:
+                self.policy.observe_round(n, m)
         got = self._offer(plan.reads)                  # (what has arrived was taken before the plan: _ready)
-        wait_for, wait_s = self._decide([len(d) for d in got])
-        if wait_for > 0 and wait_s > 0 and plan.reads:
-            want = [min(most, len(d) + wait_for) for d, (*_, most) in zip(got, plan.reads)]
-            self.decision = (wait_for, wait_s, self._await_streamed(plan.reads, want, time.perf_counter() + wait_s))
+        have, wait_s = self._decide([len(d) for d, (*_, most) in zip(got, plan.reads) if most > 0])
+        want = [min(most, max(len(d), have)) for d, (*_, most) in zip(got, plan.reads)]
+        more = max((w - len(d) for w, d in zip(want, got)), default=0)
+        if more > 0 and wait_s > 0:
+            self.decision = (more, wait_s, self._await_streamed(plan.reads, want, time.perf_counter() + wait_s))
             got = self._offer(plan.reads)
         else:
-            self.decision = (wait_for, wait_s, 0.0)
+            self.decision = (more, wait_s, 0.0)
         for (row, s, *_), drafts in zip(plan.reads, got):
             if drafts:
                 self.out[row] = drafts
@@ -428,7 +502,8 @@ class RemoteDraftProposer:
                     self.refusal = str(e)
                     self.log.line(self.refusal, self.addr)
                     return
-                self.log.line(f"drafting with {m.model_id} at {self.addr} (k={self.bounds.k}, deadline "
+                self.log.line(f"drafting with {m.model_id} at {self.addr} ({self.mode} mode, k={self.bounds.k}, "
+                              f"deadline "
                               f"{self.deadline_s * 1e3:.0f} ms or {self.step_ratio:g} target steps if longer)")
             self.peer, self.backoff_s = m, 0.0
         elif isinstance(m, protocol.Streamed):
@@ -506,6 +581,21 @@ class RemoteDraftProposer:
 class StreamingDraftProposer(RemoteDraftProposer):
     """RemoteDraftProposer in stream mode: the class vLLM's speculative_config names for it (STREAM_CLASS_PATH)."""
     MODE = "stream"
+
+
+class SyncDraftProposer(RemoteDraftProposer):
+    """RemoteDraftProposer in sync mode (CLASS_PATHS["sync"])."""
+    MODE = "sync"
+
+
+class PolicyDraftProposer(RemoteDraftProposer):
+    """RemoteDraftProposer in policy mode, whatever $SDETH_DRAFT_MODE says (CLASS_PATHS["policy"])."""
+    MODE = "policy"
+
+
+def _rounded(x: float, rel: float = POLICY_ROUNDING) -> float:
+    """x rounded to about rel (a power of 1 + rel): costs measured a little apart give the policy one table."""
+    return math.exp(round(math.log(x) / rel) * rel) if x > 0 else 0.0
 
 
 def _setting(given: float | None, env: str, default: float, what: str) -> float:

@@ -129,6 +129,7 @@ class StreamPlan:
     reads: list[tuple[int, Stream, int, int]] = field(default_factory=list)
     verified: int = 0                    # drafts offered last step whose verdict these commits carry
     accepted: int = 0                    # ... of them accepted
+    verdicts: list[tuple[int, int]] = field(default_factory=list)   # ... per row: (accepted, offered)
 
 
 class StreamTracker:
@@ -203,8 +204,10 @@ class StreamTracker:
             return
         off, news, restarts = n0 - s.base, ctx[n0:].tolist(), s.view.restarts
         if s.offered:
+            n = min(common_prefix(news, s.offered), len(news) - 1)
             plan.verified += len(s.offered)
-            plan.accepted += min(common_prefix(news, s.offered), len(news) - 1)
+            plan.accepted += n
+            plan.verdicts.append((n, len(s.offered)))
             s.offered = []
         for j, token in enumerate(news):
             plan.commits.append(protocol.CommitRow(s.seq, s.gen, off + j, token))

