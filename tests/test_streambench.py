@@ -203,7 +203,8 @@ def test_the_ssd_points_off_and_on_with_a_full_server(fast):
     assert on["verdict_cache"]["hits"] > 0 and on["verdict_cache"]["branch_rows_per_step"] > 0
     assert on["verdict_cache"]["hit_rate_by_position"] and on["model_cached"]["terms"]["hit"] > 0.5
     assert off["verdict_cache"]["hits"] == 0 and not off["verdict_cache"]["branch_rows_per_step"]
-    assert full["verdict_cache"]["hits"] == 0 and not full["verdict_cache"]["branch_rows_per_step"]
+    assert full["verdict_cache"]["hits"] == 0 and not full["verdict_cache"]["branch_rows_per_step"], \
+        (full["verdict_cache"], servers["4x4x8"][0].verdicts.stats)
     st = servers["4x4x8"][0].verdicts.stats       # full: a branch only on a row no stream has opened yet (the start), given
     assert st["hits"] == 0 and st["branches"] == st["evicted"] + st["dropped"]   # back to it; none at a turnover
     for p in (on, off, full):

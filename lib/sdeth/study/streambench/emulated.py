@@ -107,6 +107,7 @@ class Emulated:
         self.opened = {}
         conn.send({"ready": True, "cold_start_ms": round((time.perf_counter() - t0) * 1e3, 2)})
         start_at, seconds = conn.recv()
+        self.window_from = start_at
         time.sleep(max(start_at - time.time(), 0))
         self.seq_at = [time.perf_counter()] * len(self.tracks)
         while time.time() < start_at + seconds:
@@ -156,6 +157,7 @@ class EmulatedPipelined:
                                         "tv_over", "held", "period_ms", "branch_rows", "answer_ms", "wait_ms",
                                         "verified", *TIMELINE)}
         self.last_step = 0.0                   # the newest Streamed's step (server clock)
+        self.window_from = 0.0                 # the point's start (wall clock): steps before it are not counted
         self.rec.update(tokens=0, restarts=0, stream_tokens=[0] * B, late=0, hits=0, misses=0, hits_at={},
                         rejections_at={}, rank_hist={})
 
@@ -207,8 +209,9 @@ class EmulatedPipelined:
                 continue
             arrived = time.time()
             self.missed.update(m.missed)
-            if m.batch:                         # (a step's: an answer to a Commits carries no step)
-                if self.last_step:
+            if m.batch and m.stepped_at >= self.window_from:   # (a step's in the point's window: an answer to a
+                if self.last_step:                              # Commits carries no step; one stepped during the
+                                                                # warm-up, read at the window's start, is not counted)
                     self.rec["period_ms"].append((m.stepped_at - self.last_step) * 1e3)
                 self.last_step = m.stepped_at
                 self.rec["draft_ms"].append(m.draft_ms)
@@ -353,6 +356,7 @@ class EmulatedPipelined:
         self.rec["stream_tokens"] = [0] * self.B
         conn.send({"ready": True, "cold_start_ms": round((time.perf_counter() - t0) * 1e3, 2)})
         start_at, seconds = conn.recv()
+        self.window_from = start_at
         time.sleep(max(start_at - time.time(), 0))
         while time.time() < start_at + seconds:
             self.step()
