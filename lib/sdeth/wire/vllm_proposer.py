@@ -374,17 +374,7 @@ class RemoteDraftProposer:
         def short() -> bool:
             return any(n and s.seq in self.streams.streams and len(self.streams.drafts(s, pos, n)) < n
                        for (_, s, pos, _), n in zip(reads, want))
-        if not short():
-            return 0.0
-        t0 = time.perf_counter()
-        while (left := deadline - time.perf_counter()) > 0 and short():
-            m = self._recv(left)
-            if m is None:
-                break
-            self._take(m)
-        waited = time.perf_counter() - t0
-        self.stats.wait_s += waited
-        return waited
+        return self._wait_while(short, deadline) if short() else 0.0
 
     def deadline(self) -> float:
         """Seconds this step waits for Drafts: deadline_s, or step_ratio x the target's recent step if longer."""
@@ -478,10 +468,13 @@ class RemoteDraftProposer:
     def _await(self, deadline: float) -> float:
         """Take messages until every round of this step is answered or the deadline passes; the time waited (0: no
         round was sent)."""
-        if not self.waiting:
-            return 0.0
+        return self._wait_while(lambda: self.waiting, deadline) if self.waiting else 0.0
+
+    def _wait_while(self, more, deadline: float) -> float:
+        """Messages taken (each by _take) while more() and the deadline (perf_counter) has not passed; the seconds
+        waited, counted in stats.wait_s."""
         t0 = time.perf_counter()
-        while self.waiting and (left := deadline - time.perf_counter()) > 0:
+        while more() and (left := deadline - time.perf_counter()) > 0:
             m = self._recv(left)
             if m is None:
                 break
