@@ -40,6 +40,7 @@ from ...wire import protocol
 from ...wire.draft_client import DraftServerClient, ServerDraft, ServerStream
 from ...wire.draft_server import DraftServerConfig, pair_server
 from ..config import RunConfig, encode_prompts
+from .ssd_cpu import ping_ms
 
 LABEL = ("measured on the CPU: the embedded pair (SmolLM2-135M target, its 6-layer draft), greedy, real acceptance; "
          "the real draft server over loopback TCP through a delay relay")
@@ -84,15 +85,6 @@ def _relay(upstream_port: int, rtt_ms: float) -> str:
     time.sleep(0.3)
     return f"tcp://127.0.0.1:{port}"
 
-
-def _ping_ms(addr: str, hello: protocol.Hello, n: int = 20) -> float:
-    c, ts = DraftServerClient(addr, hello, timeout_s=10), []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        c.client.call(protocol.Ping(time.time()), timeout_s=5.0)
-        ts.append((time.perf_counter() - t0) * 1e3)
-    c.close()
-    return statistics.median(ts)
 
 
 def _remote(mode: str, addr: str, hello, eng, pair, prompts: list, cfg: LinkConfig) -> list:
@@ -169,7 +161,7 @@ def measure(pair, cfg: LinkConfig, progress=print) -> dict:
     recs: dict = {}
     for rtt in cfg.rtts_ms:
         addr = _relay(port, rtt)
-        probe = _ping_ms(addr, hello)
+        probe = ping_ms(addr, hello, n=20, timeout_s=5.0)
         for mode in ("sync", "pipelined"):
             got = _remote(mode, addr, hello, eng, pair, prompts, cfg)
             recs.setdefault(mode, []).extend(got)

@@ -113,12 +113,12 @@ def _streams(addr: str, pair, hello: protocol.Hello, shares: list, cfg: SsdCpuCo
     return [r for i in range(len(shares)) for r in out[i]]
 
 
-def _ping_ms(addr: str, hello: protocol.Hello, n: int = 10) -> float:
-    """The loopback link's round trip to the server (median of n Ping/Pong, ms)."""
+def ping_ms(addr: str, hello: protocol.Hello, n: int = 10, timeout_s: float = 2.0) -> float:
+    """The link's round trip to the server (median of n Ping/Pong, ms)."""
     c, ts = DraftServerClient(addr, hello, timeout_s=10), []
     for _ in range(n):
         t0 = time.perf_counter()
-        c.client.call(protocol.Ping(time.time()), timeout_s=2.0)
+        c.client.call(protocol.Ping(time.time()), timeout_s=timeout_s)
         ts.append((time.perf_counter() - t0) * 1e3)
     c.close()
     return sorted(ts)[n // 2]
@@ -145,7 +145,7 @@ def point(pair, prompts: list, ref: dict, spec: str, n: int, cfg: SsdCpuConfig, 
     server, addr = _serve(pair, cfg.rows, spec, 900, _cores(cfg, True))
     hello = protocol.Hello(protocol.PROTOCOL_VERSION, "target", pair.config.target, pair.vocab_size,
                            server.welcome.tokenizer_sha, server.welcome.dtype)
-    ping_ms = _ping_ms(addr, hello)
+    ping_ms = ping_ms(addr, hello)
     c0, s0 = server.drafter.dec.clock.seconds, server.steps
     t0 = time.perf_counter()
     recs = _streams(addr, pair, hello, [prompts[i::n] for i in range(n)], cfg, policy)
