@@ -502,7 +502,11 @@ def test_a_commits_that_comes_during_a_step_is_read_then_and_restarts_the_stream
             time.sleep(0.4)                         # (sleeps as a device step does: the GIL released)
             return inner(seqs)
         server.drafter.stream_step = slow
-        c = DraftServerClient(serving(server, 30), HELLO, timeout_s=10)
+        addr = f"tcp://127.0.0.1:{free_port()}"
+        th = threading.Thread(target=server.serve, args=(addr,), kwargs={"max_seconds": 6}, daemon=True)
+        th.start()                                  # (joined below: a process that ends while a step thread runs
+        time.sleep(0.3)                             # beside a daemon server thread aborts)
+        c = DraftServerClient(addr, HELLO, timeout_s=10)
         c.client.send(W.Open("s", 0, [3, 1, 4, 1, 5], stream=True, window=4))
         c.client.send(W.Commits([W.CommitRow("s", 0, 0, 7)]))
         first = None                                # (a step may draft pos 0 before the first commit is read:
@@ -521,6 +525,7 @@ def test_a_commits_that_comes_during_a_step_is_read_then_and_restarts_the_stream
                 break
         c.client.send(W.End("s"))
         c.close()
+        th.join(10)
         return server, rows[0], m.stepped_at, t_sent
     server, row, stepped_at, t_sent = run(True)
     assert server.overlap.read >= 1 and row.read_at >= t_sent

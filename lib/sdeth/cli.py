@@ -483,6 +483,9 @@ def draft_server_arguments(ap) -> None:
     g.add_argument("--messages-per-s", type=int, default=4000, help="messages one client (connection or CURVE key) "
                    "may send a second")
     g.add_argument("--per-pass", type=int, default=4, help="messages of one client handled between two draft steps")
+    g.add_argument("--read-while-stepping", action="store_true", help="run each draft step on a thread of its own "
+                   "and read the socket meanwhile (off by default: on a CPU it cost 0.3-0.4 ms a step and let a flood "
+                   "of Open/End raise a neighbour's p99 2-3.6x; meant for a GPU, where the device steps alone)")
     g.add_argument("--verdict-cache", default="off", help="streams: draft the likely verdicts' continuations on free "
                    "rows: off, on (4x4x8) or FANOUT[xDEPTH[xBUDGET]] (runtime.verdictcache)")
     for name in limit_fields():
@@ -498,6 +501,7 @@ def draft_server_config(a, cfg, spin_s: float):
         rows=a.rows, capacity=a.capacity or cfg.capacity, ttl_s=a.ttl, idle_s=a.idle, prefill_chunk=a.prefill_chunk,
         prefill_budget=a.prefill_budget, compile_mode=a.compile, fast=cfg.draft_fast if a.fast is None else a.fast,
         warm=not a.no_warm, spin_s=spin_s, messages_per_s=a.messages_per_s, per_pass=a.per_pass,
+        read_while_stepping=a.read_while_stepping,
         verdict_cache=a.verdict_cache, limits=limits).check()
 
 

@@ -345,7 +345,7 @@ class BatchDrafter:
         free row below it; in steady traffic nothing moves."""
         now, stepping = time.perf_counter(), {id(s) for s, _ in batch}
         held = self._occupants()
-        warm = {id(s) for s in held.values() if id(s) in stepping or now - s.stepped < self.warm_s}
+        warm = {id(s) for s in held.values() if id(s) in stepping or now - max(s.stepped, s.opened) < self.warm_s}
         top = len(warm)
         movers = [s for s, _ in batch if s.row >= top]
         if not movers:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import zmq
 
@@ -37,23 +37,42 @@ class Overlap:
         self.poller.register(self.wake[0], zmq.POLLIN)
 
     def run(self, fn, *args):
-        """fn(*args) (a draft step), its errors raised here as if it ran inline."""
+        """fn(*args) (a draft step), its errors raised here as if it ran inline. The step writes one wake byte as it
+        ends (before its future is done), and the loop ends on reading it, so none is left for the next step's
+        poll; if the reading fails, the step is waited for (and its byte read) before the error goes on."""
         if self.take is None:
-            return fn(*args)
-        t0 = time.time()
-        fut = self.pool.submit(fn, *args)
-        fut.add_done_callback(lambda _: os.write(self.wake[1], b"."))
-        while not fut.done():
-            if self.take.sock in dict(self.poller.poll()):       # the socket or the step's end, whichever first
-                self.read += self.take(0)
-        while True:
+            t0 = time.time()
             try:
-                if not os.read(self.wake[0], 64):
+                return fn(*args)
+            finally:
+                self.spans.append((t0, time.time()))
+
+        def step():
+            try:
+                return fn(*args)
+            finally:
+                os.write(self.wake[1], b".")
+        t0 = time.time()
+        fut = self.pool.submit(step)
+        try:
+            while True:
+                ready = dict(self.poller.poll())       # the socket or the step's end, whichever first
+                if self.take.sock in ready:
+                    self.read += self.take(0)
+                if self.wake[0] in ready and self._woken():
                     break
-            except BlockingIOError:
-                break
+        except BaseException:
+            wait([fut])
+            self._woken()
+            raise
         self.spans.append((t0, time.time()))
         return fut.result()
+
+    def _woken(self) -> bool:
+        try:
+            return bool(os.read(self.wake[0], 64))
+        except BlockingIOError:
+            return False
 
     def close(self) -> None:
         if self.pool is not None:

@@ -75,8 +75,10 @@ class DraftServerConfig:
     spin_s: float = 0.0            # busy-poll the socket this long after a message
     messages_per_s: int = 4000     # what one client (a connection, or a per-client CURVE key) may send a second
     per_pass: int = 4              # messages of one client handled between two draft steps (others wait in turn)
-    read_while_stepping: bool = True   # a draft step runs on a thread of its own while the loop takes messages off
-                                       # the socket (served once the step ends: a Commits is read during the step)
+    read_while_stepping: bool = False  # each draft step on a thread of its own while the loop takes messages off the
+                                       # socket (served once the step ends). Off: on a CPU it cost 0.3-0.4 ms a step
+                                       # and let an Open/End flood raise a neighbour's p99 2-3.6x (the decoding
+                                       # shares the interpreter with the step); meant for a GPU, not yet measured there
     verdict_cache: str = "off"     # streams: branches for the likely verdicts on free rows (runtime.verdictcache:
                                    # off, on or FANOUT[xDEPTH[xBUDGET]])
     limits: ServerLimits = field(default_factory=ServerLimits)
