@@ -124,7 +124,7 @@ def ping_ms(addr: str, hello: protocol.Hello, n: int = 10, timeout_s: float = 2.
     return sorted(ts)[n // 2]
 
 
-def _components(recs: list, server, c0: float, s0: int, ping_ms: float) -> dict:
+def _components(recs: list, server, c0: float, s0: int, rtt_ms: float) -> dict:
     """The CPU run's own components, as the event model takes them: the target's forward of m tokens (mean s),
     the server's draft compute per stream step (prefills included), the link's round trip (Ping/Pong)."""
     widths: dict[int, list] = {}
@@ -136,7 +136,7 @@ def _components(recs: list, server, c0: float, s0: int, ping_ms: float) -> dict:
     steps = server.steps - s0
     return {"verify_s": {str(m): round(v, 6) for m, v in verify.items()},
             "draft_period_ms": round((server.drafter.dec.clock.seconds - c0) * 1e3 / steps, 3) if steps else None,
-            "link_rtt_ms": round(ping_ms, 3)}
+            "link_rtt_ms": round(rtt_ms, 3)}
 
 
 def point(pair, prompts: list, ref: dict, spec: str, n: int, cfg: SsdCpuConfig, policy: str = "policy") -> dict:
@@ -145,7 +145,7 @@ def point(pair, prompts: list, ref: dict, spec: str, n: int, cfg: SsdCpuConfig, 
     server, addr = _serve(pair, cfg.rows, spec, 900, _cores(cfg, True))
     hello = protocol.Hello(protocol.PROTOCOL_VERSION, "target", pair.config.target, pair.vocab_size,
                            server.welcome.tokenizer_sha, server.welcome.dtype)
-    ping_ms = ping_ms(addr, hello)
+    rtt_ms = ping_ms(addr, hello)
     c0, s0 = server.drafter.dec.clock.seconds, server.steps
     t0 = time.perf_counter()
     recs = _streams(addr, pair, hello, [prompts[i::n] for i in range(n)], cfg, policy)
@@ -164,7 +164,7 @@ def point(pair, prompts: list, ref: dict, spec: str, n: int, cfg: SsdCpuConfig, 
          "draft_steps": steps, "wall_s": round(wall, 2),
          "wall_ms_per_token": round(sum(r.e2e_s for _, r in recs) * 1e3 / tokens, 2) if tokens else None,
          "wall_ms_per_token_all_streams": round(wall * 1e3 / tokens, 2) if tokens else None,
-         "components": _components([r for _, r in recs], server, c0, s0, ping_ms)}
+         "components": _components([r for _, r in recs], server, c0, s0, rtt_ms)}
     if server.verdicts is not None:
         s = server.verdicts.summary()
         rej_at = {k: s["rejections_at"][k] for k in sorted(s["rejections_at"], key=int)}
