@@ -39,17 +39,20 @@ def test_the_emulated_targets_play_the_step_policy_named():
                           DraftServerConfig(8, 256, ttl_s=30, prefill_chunk=64, limits=ServerLimits(reserve=0)))
     threading.Thread(target=server.serve, args=(addr,), kwargs={"max_seconds": 40}, daemon=True).start()
     tv = {(1, m): 6.0 + m for m in range(sb.PIPELINED_K + 1)}
-    got = {}
     with sb.Targets(1) as pool:
         import time
-        for policy in ("sync", "offered", "policy"):
-            res, g = {}, sb.Grid(remote_s=1.0, pipelined=((1, 1),), prompt=16, context=120, policy=policy)
-            sb.pipelined_part(res, "Qwen3-1.7B", addr, pool, tv, 300, g, time.time() + 30, lambda line: None,
-                              lambda: None)
-            got[policy] = res["remote_pipelined"]["points"][0]
+        res, g = {}, sb.Grid(remote_s=1.0, pipelined=((1, 1),), prompt=16, context=120,
+                             policies=("sync", "offered", "policy"))
+        sb.pipelined_part(res, "Qwen3-1.7B", addr, pool, tv, 300, g, time.time() + 30, lambda line: None,
+                          lambda: None)
+    got = {p["step_policy"]: p for p in res["remote_pipelined"]["points"]}
+    assert list(got) == ["sync", "offered", "policy"]                  # one point, each policy in turn
     for policy, p in got.items():
         assert "error" not in p, p
-        assert p["step_policy"] == policy and p["steps"] > 20
+        assert p["steps"] > 20
+        lo, hi = p["speedup_interval"]                                  # an interval over runs of steps
+        assert lo <= p["speedup"] <= hi and hi - lo < p["speedup"]
+        assert p["restart_periods"]["p50"] > 0 and p["restart_periods"]["p99"] >= p["restart_periods"]["p50"]
     assert got["sync"]["offered_mean"] > sb.PIPELINED_K - 0.5 and got["sync"]["wait_ms_mean"] > 0.5
     assert got["offered"]["wait_ms_mean"] < 0.5
 

@@ -135,11 +135,17 @@ def grid_of(a) -> Grid:
              colocated_emulated=tuple(x for x in a.colocated_emulated.split(",") if x))
     g = g.quick() if a.quick else g
     g.only_ssd, g.ssd_s, g.ssd_rows = a.only_ssd, a.ssd_s, a.ssd_rows or g.ssd_rows
-    g.policy = a.policy
+    g.policies = tuple(x for x in a.policy.split(",") if x)
+    bad = [x for x in g.policies if x not in POLICIES]
+    if bad or not g.policies:
+        raise SystemExit(f"--policy {a.policy!r}: each of {bad or 'none given'} is no step policy; give a "
+                         f"comma-separated list of {', '.join(POLICIES)}, e.g. policy,sync,offered")
+    g.min_steps, g.max_s, g.read_while_stepping = a.min_steps, a.max_s, a.read_while_stepping
     if g.only_ssd and not a.verdict_cache:
         raise SystemExit("--only-ssd runs the verdict cache's part: give --verdict-cache, e.g. off,on")
     for name, text, parse in (("compile_modes", a.compile, lambda t: tuple(x for x in t.split(",") if x)),
-                              ("pipelined", a.pipelined, pairs), ("big_points", a.big_points, pairs),
+                              ("batches", a.batches, ints), ("colocated_batches", a.batches, ints),
+                              ("verify_ks", a.verify_ks, ints), ("pipelined", a.pipelined, pairs), ("big_points", a.big_points, pairs),
                               ("remote_batches", a.remote_batches, ints), ("remote_ns", a.remote_ns, ints),
                               ("remote_ks", a.remote_ks, ints), ("colocated_ks", a.colocated_ks, ints),
                               ("verdict_caches", a.verdict_cache, names), ("ssd_targets", a.ssd_targets, names),
@@ -175,6 +181,10 @@ def parser() -> argparse.ArgumentParser:
                     "steps, the target's t_v in series: the remote options' harness), comma-separated, e.g. "
                     "Qwen3-8B,Qwen3-32B,Qwen2.5-72B ('' none)")
     ap.add_argument("--big-points", default=None, help="their (B, N) points as B:N,... (default 1:1,1:4,2:4,4:4)")
+    ap.add_argument("--batches", default=None, help="the draft step's, the target's and colocated SD's batches, "
+                    "comma-separated (default 1,2,4,8,16,32)")
+    ap.add_argument("--verify-ks", default=None, help="the target's verify widths k measured, comma-separated "
+                    "(default 1..8; the pipelined points need 1..4)")
     ap.add_argument("--remote-batches", default=None, help="sync rounds: B values, comma-separated (default 1..32)")
     ap.add_argument("--remote-ns", default=None, help="sync rounds: N values (default 1, 2, 4, 8, 16)")
     ap.add_argument("--remote-ks", default=None, help="sync rounds: k values (default 3, 5)")
@@ -182,9 +192,14 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--verdict-cache", default=None, help="the ssd part: the servers' verdict caches, comma-separated "
                     "(e.g. off,on or off,4x4x8; default: the part is left out)")
     ap.add_argument("--only-ssd", action="store_true", help="run the ssd part alone")
-    ap.add_argument("--policy", default="policy", choices=list(POLICIES), help="the pipelined targets' step policy: "
-                    "policy (long-run tokens/s), sync (always wait for k), offered (go with what is on offer; the "
-                    "earlier rule), adaptive, fixed")
+    ap.add_argument("--policy", default="policy", help="the pipelined targets' step policies, comma-separated, each "
+                    "point run under each in turn: policy (long-run tokens/s), sync (always wait for k), offered (go "
+                    "with what is on offer; the earlier rule), adaptive, fixed")
+    ap.add_argument("--min-steps", type=int, default=0, help="a pipelined point runs for about this many target "
+                    "steps (foretold from t_v; at least --remote-s, at most --max-s); 0: --remote-s")
+    ap.add_argument("--max-s", type=float, default=20.0, help="the longest a pipelined point runs with --min-steps")
+    ap.add_argument("--read-while-stepping", action="store_true", help="the draft server reads its socket while a "
+                    "step runs (DraftServerConfig.read_while_stepping)")
     ap.add_argument("--ssd-targets", default=None, help="ssd: emulated targets (default Qwen3-8B,Qwen3-32B,Qwen2.5-72B)")
     ap.add_argument("--ssd-points", default=None, help="ssd: (B, N) as B:N,... (default 1:1,1:4,2:1,2:4,4:1,4:4,8:1,8:4)")
     ap.add_argument("--ssd-ranks", default=None, help="ssd: acceptance ranks, comma-separated (default "

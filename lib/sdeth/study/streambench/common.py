@@ -54,7 +54,12 @@ class Grid:
     extra_drafts: tuple = ()
     sync: bool = True
     pipelined: tuple = ()              # (B, N) points of the pipelined streams; () -> pipelined_grid()
-    policy: str = "policy"             # the pipelined targets' step policy (costmodel.POLICIES; the ssd part: offered)
+    policies: tuple = ("policy",)      # the pipelined targets' step policies (costmodel.POLICIES), each point run
+                                       # under each in turn (side by side); the ssd part plays offered
+    min_steps: int = 0                 # a pipelined point runs until about this many target steps (its t_v
+                                       # foretells them), up to max_s; 0: remote_s
+    max_s: float = 20.0
+    read_while_stepping: bool = False  # the bench's draft server reads its socket while a step runs
     big_targets: tuple = ()            # emulated bigger targets (t_v from bench targets), pipelined and sync
     big_points: tuple = ((1, 1), (1, 4), (2, 4), (4, 4))   # their (B, N)
     colocated_emulated: tuple = ()     # colocated SD against these emulated targets (t_v in series), B and k as colocated

@@ -11,7 +11,7 @@ from ...costmodel import StepPolicy, step_setting
 from ...runtime.pipeline import StreamView
 from ...runtime.verify import Sampling
 from ...wire import protocol
-from .common import CONTEXT, PROMPT, REQUEST_LEAST, TIMELINE, coins, hello, wait_until
+from .common import CONTEXT, PROMPT, REQUEST_LEAST, SPIN_S, TIMELINE, coins, hello, wait_until
 from .ranks import Ranks, token_of
 
 FORESEEN_WAIT_S = 0.05     # the most a target waits for its restart's answer (a foreseen verdict's drafts or `missed`)
@@ -74,6 +74,7 @@ class Emulated:
         r["round_ms"].append(ms)
         r["tpot_ms"] += [ms / t for t in toks]
         r["tokens"] += sum(toks)
+        r["step_tokens"].append(sum(toks))
         r["stream_tokens"] = [n + t for n, t in zip(r["stream_tokens"], toks)]
         self.per_request(opened, toks, t2)
         for key, v in (("wait_ms", cost.wait_ms), ("draft_ms", cost.draft_ms), ("queued_ms", cost.queued_ms),
@@ -155,7 +156,7 @@ class EmulatedPipelined:
         self.streams = [self.fresh() for _ in range(B)]
         self.rec = {key: [] for key in ("step_ms", "tpot_ms", "offered", "accepted", "draft_ms", "batch",
                                         "tv_over", "held", "period_ms", "branch_rows", "answer_ms", "wait_ms",
-                                        "verified", *TIMELINE)}
+                                        "verified", "step_tokens", *TIMELINE)}
         self.last_step = 0.0                   # the newest Streamed's step (server clock)
         self.window_from = 0.0                 # the point's start (wall clock): steps before it are not counted
         self.rec.update(tokens=0, restarts=0, stream_tokens=[0] * B, late=0, hits=0, misses=0, hits_at={},
@@ -296,6 +297,17 @@ class EmulatedPipelined:
         self.rec["wait_ms"].append((time.perf_counter() - t0) * 1e3)
         return [min(self.offered(s), m) for s, m in zip(self.streams, wants)]
 
+    def verify_wait(self, deadline: float) -> None:
+        """The verify's wait, the socket read meanwhile (as a real target's receiving thread would: each draft
+        stamped when it arrives, not when the verify ends); its last SPIN_S spun."""
+        sock = self.c.client.sock
+        while (left := deadline - time.perf_counter()) > SPIN_S:
+            if sock.poll(max(int((left - SPIN_S) * 1e3), 0)):
+                self.take()
+            elif left - SPIN_S < 1e-3:
+                break
+        wait_until(deadline)
+
     def step(self) -> None:
         t0 = time.perf_counter()
         self.take()
@@ -305,7 +317,7 @@ class EmulatedPipelined:
             self.verified(s, m)
         tv = self.tv_s[max(offers)]
         verdicts = [self.verdict(s, m) for s, m in zip(self.streams, offers)]
-        wait_until(t1 + tv)                   # the verify of the chosen drafts: its verdict is known only now
+        self.verify_wait(t1 + tv)             # the verify of the chosen drafts: its verdict is known only now
         self.take()                           # the draft's token at the bonus position, if it was made meanwhile
         commits, toks, restarted = [], [], []
         for s, m, (a, rank) in zip(self.streams, offers, verdicts):
@@ -339,6 +351,7 @@ class EmulatedPipelined:
         r["step_ms"].append(ms)
         r["tpot_ms"] += [ms / t for t in toks]
         r["tokens"] += sum(toks)
+        r["step_tokens"].append(sum(toks))
         r["stream_tokens"] = [n + t for n, t in zip(r["stream_tokens"], toks)]
         r["tv_over"].append((t2 - t1) / tv - 1)
 

@@ -5,6 +5,7 @@ import multiprocessing as mp
 import time
 
 from ...costmodel import Costs, simulate_pipelined
+from ...metrics import ratio_ci
 from ..bench.targets import DRAFT_ALPHA
 from .colocated import best_k
 from .common import (BATCHES, CONTEXT, PIPELINED_K, PIPELINED_LABEL, PIPELINED_WINDOW, PROMPT, REMOTE_KS,
@@ -112,6 +113,41 @@ def model_of(tv: dict, B: int, k: int, alpha: float, step_ms: float, period_ms: 
             "fed": {"step_ms": step_ms, "period_ms": period_ms, "one_way_ms": one_way_ms}}
 
 
+BLOCKS = 20                     # a pipelined point's steps in this many runs of consecutive steps (its interval)
+
+
+def rate_interval(recs: list[dict], blocks: int = BLOCKS) -> dict | None:
+    """Tokens/s of a pipelined point with its 95% interval: each target's steps cut into `blocks` runs of
+    consecutive steps (batch means: a step's tokens depend on the last), block j of every target taken together
+    (their tokens over their mean time: the targets run side by side), a percentile bootstrap over the blocks."""
+    n = min(len(r.get("step_ms", [])) for r in recs)
+    blocks = min(blocks, n // 5)
+    if blocks < 4:
+        return None
+    tok, sec = [0.0] * blocks, [0.0] * blocks
+    for r in recs:
+        m = len(r["step_ms"])
+        for j in range(blocks):
+            lo, hi = j * m // blocks, (j + 1) * m // blocks
+            tok[j] += sum(r["step_tokens"][lo:hi])
+            sec[j] += sum(r["step_ms"][lo:hi]) / 1e3 / len(recs)
+    point, low, high = ratio_ci(tok, sec)
+    return {"point": round(point, 1), "low": round(low, 1), "high": round(high, 1), "blocks": blocks,
+            "method": "95% percentile bootstrap over runs of consecutive steps (batch means)"}
+
+
+def restart_periods(out: dict) -> dict | None:
+    """The restart (a Commits sent to the first draft stepped after it, at the target) in server periods: its p50
+    and p99 over the server's period p50 (the floor issue's goal: p50 <= one transit + 1.5 periods, p99 <= 3)."""
+    t, period = out["timeline_ms"], out.get("server_period_ms_p50")
+    if not period or not t["sent_to_arrived"]["p50"]:
+        return None
+    transit = t["sent_to_read"]["p50"] or 0.0
+    return {"p50": round(t["sent_to_arrived"]["p50"] / period, 2), "p99": round(t["sent_to_arrived"]["p99"] / period, 2),
+            "p50_less_transit": round((t["sent_to_arrived"]["p50"] - transit) / period, 2),
+            "period_ms": period, "transit_ms_p50": transit}
+
+
 def pipelined_record(B: int, N: int, k: int, alpha: float, ready, recs, start_at: float, tv: dict | None = None,
                      label: str = PIPELINED_LABEL, policy: str = "offered") -> dict:
     """One pipelined point from its targets' records; with tv (B, m) -> ms: the speedup over target-only and the
@@ -137,14 +173,20 @@ def pipelined_record(B: int, N: int, k: int, alpha: float, ready, recs, start_at
                 "restarts_per_step": round(sum(r["restarts"] for r in recs) / max(steps, 1), 3),
                 "server_batch": {"mean": mean(cat("batch")), "max": max(cat("batch"), default=None)},
                 "draft_ms_mean": mean(cat("draft_ms")), "server_period_ms_p25": pct(cat("period_ms"), 25),
+                "server_period_ms_p50": pct(cat("period_ms"), 50), "draft_ms_p50": pct(cat("draft_ms"), 50),
                 "server_streams": {"live": N * B, "held_mean": mean(cat("held")),
                                    "held_max": max(cat("held"), default=None)},
                 "timeline_ms": {key: {"p50": pct(cat(key), 50), "p99": pct(cat(key), 99), "n": len(cat(key))}
                                 for key in TIMELINE},
                 "first_drafts_late": sum(r["late"] for r in recs),
                 "emulation": {"t_v_over_intended_mean": mean(tv_over), "t_v_over_intended_max": pct(tv_over, 100)}})
+    out["restart_periods"] = restart_periods(out)
+    out["tokens_per_s_interval"] = rate_interval(recs) if all("step_tokens" in r for r in recs) else None
     if tv is not None:
         out["speedup"] = round(tokens / wall / N / target_only(tv, B), 3)
+        if out["tokens_per_s_interval"]:
+            ci, base = out["tokens_per_s_interval"], N * target_only(tv, B)
+            out["speedup_interval"] = [round(ci["low"] / base, 3), round(ci["high"] / base, 3)]
         if out["draft_ms_mean"]:
             m = model_of(tv, B, k, alpha, out["draft_ms_mean"], out["server_period_ms_p25"] or out["draft_ms_mean"],
                          out["timeline_ms"]["sent_to_read"]["p50"] or 0.0, policy)
@@ -154,30 +196,43 @@ def pipelined_record(B: int, N: int, k: int, alpha: float, ready, recs, start_at
     return out
 
 
+def point_seconds(g, tv: dict, b: int, n: int) -> float:
+    """A pipelined point's seconds: remote_s, or long enough for about g.min_steps target steps (a step foretold
+    at t_v(B, 2), the N targets' steps counted together), at most g.max_s."""
+    if not g.min_steps or (b, 2) not in tv:
+        return g.remote_s
+    return round(min(max(g.remote_s, 1.15 * g.min_steps * tv[(b, 2)] / 1e3 / n), max(g.max_s, g.remote_s)), 1)
+
+
 def pipelined_part(res, name, addr, pool, tv, vocab, g, t_end, progress, save, points=None,
                    key: str = "remote_pipelined", label: str = PIPELINED_LABEL) -> list:
-    """Pipelined streams against the same draft server: each (B, N) at k = PIPELINED_K (points: those, else the
-    grid's); the points go to res[key]['points'] unless key is None. Returns the points."""
+    """Pipelined streams against the same draft server: each (B, N) at k = PIPELINED_K under each of the grid's
+    step policies in turn (side by side: the same server, moments apart); points: those, else the grid's. The
+    points go to res[key]['points'] unless key is None. Returns the points."""
     k = PIPELINED_K
     pts = []
     if key:
         res[key] = {"draft": name, "address": "loopback TCP", "k": k, "window": PIPELINED_WINDOW,
-                    "step_policy": g.policy, "points": pts}
+                    "step_policies": list(g.policies), "read_while_stepping": g.read_while_stepping, "points": pts}
     grid = [(b, n) for b, n in points or g.pipelined or pipelined_grid() if all((b, m) in tv for m in range(k + 1))]
-    for i, (b, n) in enumerate(grid):
-        if time.time() + g.remote_s + 10 > t_end:
-            pts.append({"label": label, "B": b, "N": n, "k": k, "skipped": "out of time"})
-            continue
-        tvb = {m: tv[(b, m)] for m in range(k + 1)}
-        cmd = dict(mode="pipelined", addr=addr, B=b, k=k, tv_ms=tvb, alpha=DRAFT_ALPHA[name], seed=100 + i,
-                   vocab=vocab, window=PIPELINED_WINDOW, prompt=g.prompt, context=g.context, policy=g.policy)
-        try:
-            pts.append(pipelined_record(b, n, k, DRAFT_ALPHA[name], *pool.point(n, cmd, g.remote_s), tv=tv, label=label,
-                                        policy=g.policy))
-        except TimeoutError as e:
-            pts.append({"label": label, "B": b, "N": n, "k": k, "error": str(e)})
-        progress(pipelined_row(pts[-1]))
-        save()
+    i = 0
+    for b, n in grid:
+        seconds = point_seconds(g, tv, b, n)
+        for policy in g.policies:
+            i += 1
+            if time.time() + seconds + 10 > t_end:
+                pts.append({"label": label, "B": b, "N": n, "k": k, "step_policy": policy, "skipped": "out of time"})
+                continue
+            tvb = {m: tv[(b, m)] for m in range(k + 1)}
+            cmd = dict(mode="pipelined", addr=addr, B=b, k=k, tv_ms=tvb, alpha=DRAFT_ALPHA[name], seed=100 + i,
+                       vocab=vocab, window=PIPELINED_WINDOW, prompt=g.prompt, context=g.context, policy=policy)
+            try:
+                pts.append(pipelined_record(b, n, k, DRAFT_ALPHA[name], *pool.point(n, cmd, seconds), tv=tv,
+                                            label=label, policy=policy))
+            except TimeoutError as e:
+                pts.append({"label": label, "B": b, "N": n, "k": k, "step_policy": policy, "error": str(e)})
+            progress(pipelined_row(pts[-1]))
+            save()
     return pts
 
 
@@ -213,7 +268,8 @@ def remote_part(res, name, device, tv, g, t_end, progress, save) -> None:
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
     server = ctx.Process(target=serve_random, args=(name, device, addr, ready, max(t_end - time.time(), 60)),
-                         kwargs={"compile_mode": g.models_compile}, daemon=True, name="draft-server")
+                         kwargs={"compile_mode": g.models_compile, "read_while_stepping": g.read_while_stepping},
+                         daemon=True, name="draft-server")
     server.start()
     out = res["remote"] = {"draft": name, "address": "loopback TCP", "server_rows": SERVER_ROWS,
                            "compile": compiled(g), "points": []}

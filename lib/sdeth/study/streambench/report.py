@@ -15,14 +15,15 @@ def colocated_row(p: dict) -> str:
 
 
 def pipelined_row(p: dict) -> str:
-    head = f"pipelined B={p['B']} N={p['N']}"
+    head = f"pipelined B={p['B']} N={p['N']} [{p.get('step_policy')}]"
     if "tpot_ms" not in p:
         return f"{head}: {p.get('error') or p.get('skipped')}"
     m = p.get("model", {})
     return (f"{head}: TPOT {p['tpot_ms']['mean']:.2f} ms, {p['tokens_per_s_per_gpu']:.0f} tok/s/GPU, offered "
             f"{p['offered_mean']} (model {m.get('verified_per_round')}), speedup {p.get('speedup')}, rows "
             f"{p['server_batch']['mean']} for {p['server_streams']['live']} live, commit->draft arrived p50 "
-            f"{p['timeline_ms']['sent_to_arrived']['p50']} ms")
+            f"{p['timeline_ms']['sent_to_arrived']['p50']} ms ({(p.get('restart_periods') or {}).get('p50')} periods), "
+            f"speedup interval {p.get('speedup_interval')}, steps {p['steps']}")
 
 
 def remote_row(p: dict) -> str:

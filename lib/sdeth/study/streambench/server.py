@@ -13,10 +13,10 @@ from .common import CONTEXT, PREFILL_CHUNK, PROMPT, SERVER_ROWS, SLACK, allow_re
 
 def serve_random(name: str, device: str, addr: str, ready, seconds: float, rows: int = SERVER_ROWS,
                  capacity: int = CONTEXT + SLACK, spin_s: float = 0.002, compile_mode: str | None = None,
-                 verdict_cache: str = "off") -> None:
+                 verdict_cache: str = "off", read_while_stepping: bool = False) -> None:
     """A draft server process: the named draft shape (random bf16 weights) on `device`, its graphs captured and
     a prompt's prefill run once before `ready` is told; serves `addr` for `seconds` (verdict_cache: the server's
-    DraftServerConfig.verdict_cache)."""
+    DraftServerConfig.verdict_cache; read_while_stepping: its read_while_stepping)."""
     from ...runtime.randomweights import fused_random
     from ...wire.draft_server import DraftServerConfig, ServerLimits, build_server
     try:
@@ -27,7 +27,8 @@ def serve_random(name: str, device: str, addr: str, ready, seconds: float, rows:
         fast = FastDecoder(fused_random(name, device, "bf16", seed=1), 8)
         server = build_server(fast, welcome(name, fast.vocab, rows), DraftServerConfig(
             rows, capacity, ttl_s=120, prefill_chunk=PREFILL_CHUNK, compile_mode=compile_mode or "none", warm=False,
-            spin_s=spin_s, verdict_cache=verdict_cache, limits=ServerLimits(sequences_per_client=rows, reserve=0, clients=4096, clients_per_peer=4096)))
+            spin_s=spin_s, verdict_cache=verdict_cache, read_while_stepping=read_while_stepping,
+            limits=ServerLimits(sequences_per_client=rows, reserve=0, clients=4096, clients_per_peer=4096)))
         dec = server.drafter.dec
         dec.warm(spans=(dec.span_for(CONTEXT),))
         prefill_ms = prompt_prefill_ms(dec)
