@@ -159,7 +159,7 @@ class EmulatedPipelined:
                                         "verified", "step_tokens", *TIMELINE)}
         self.last_step = 0.0                   # the newest Streamed's step (server clock)
         self.window_from = 0.0                 # the point's start (wall clock): steps before it are not counted
-        self.rec.update(tokens=0, restarts=0, stream_tokens=[0] * B, late=0, hits=0, misses=0, hits_at={},
+        self.rec.update(tokens=0, restarts=0, stream_tokens=[0] * B, late=0, dry=[0, 0], hits=0, misses=0, hits_at={},
                         rejections_at={}, rank_hist={})
 
     def fresh(self) -> dict:
@@ -333,6 +333,9 @@ class EmulatedPipelined:
                 restarted.append((s, a))
                 self.rec["rejections_at"][str(a)] = self.rec["rejections_at"].get(str(a), 0) + 1
             self.rec["restarts"] += view.restarts - restarts
+            if not m:                                   # a stream with nothing to verify: after its own restart,
+                self.rec["dry"][int(bool(s.get("restarted")))] += 1     # or not (the server behind it)
+            s["restarted"] = view.restarts > restarts
             commits.append((s, protocol.CommitRow(s["seq"], 0, pos, token)))
             s["settled"] = pos + 1
             toks.append(a + 1)
@@ -366,7 +369,7 @@ class EmulatedPipelined:
             time.sleep(0.001)
         for key in self.rec:
             self.rec[key] = type(self.rec[key])()
-        self.rec["stream_tokens"] = [0] * self.B
+        self.rec["stream_tokens"], self.rec["dry"] = [0] * self.B, [0, 0]
         conn.send({"ready": True, "cold_start_ms": round((time.perf_counter() - t0) * 1e3, 2)})
         start_at, seconds = conn.recv()
         self.window_from = start_at

@@ -179,6 +179,9 @@ def pipelined_record(B: int, N: int, k: int, alpha: float, ready, recs, start_at
                 "timeline_ms": {key: {"p50": pct(cat(key), 50), "p99": pct(cat(key), 99), "n": len(cat(key))}
                                 for key in TIMELINE},
                 "first_drafts_late": sum(r["late"] for r in recs),
+                "offered_hist": {str(m): cat("offered").count(m) for m in range(k + 1)},
+                "dry_steps": {"after_own_restart": sum(r.get("dry", [0, 0])[1] for r in recs),
+                              "not_after_restart": sum(r.get("dry", [0, 0])[0] for r in recs)},
                 "emulation": {"t_v_over_intended_mean": mean(tv_over), "t_v_over_intended_max": pct(tv_over, 100)}})
     out["restart_periods"] = restart_periods(out)
     out["tokens_per_s_interval"] = rate_interval(recs) if all("step_tokens" in r for r in recs) else None
