@@ -16,6 +16,9 @@ NOTEBOOKS = REPO / "notebooks"
 # results files read both by the bench room (the event model's inputs) and by the status above it, named once here
 # the draft server's `bench streams` calls with the stream timeline and the bigger targets (one H200, a file a call)
 SERVER_STREAMS = ("reports/gpu/bench_streams_server_6.json", "reports/gpu/bench_streams_server_7.json")
+# the step policies side by side (policy, sync, offered at each point; the restart in server periods), one H200, a
+# file a call; the first with the server reading its socket while a step runs, the later two without (the default)
+POLICY_STREAMS = tuple(f"reports/gpu/bench_streams_server_{n}.json" for n in (9, 10, 11))
 # the verdict cache measured on the CPU (embedded pair) and modelled on H200 components (`bench ssd-cpu`)
 SSD_CPU = "reports/ssd_cpu.json"
 REPORTS = REPO / "reports"

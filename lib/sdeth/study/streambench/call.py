@@ -33,7 +33,8 @@ def run_call(call: int, json_path: str, grid: Grid, drafts=("Qwen3-1.7B",), devi
     allow_recompiles()
     t_start = time.time()
     t_end = t_start + budget_s
-    res = {"schema": "sdeth.bench/1", "bench": "streams", "call": call,
+    res = {"schema": "sdeth.bench/1", "call": call,
+           "bench": "streams-policies" if len(g.policies) > 1 else "streams",  # (its own tables: policies side by side)
            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "hardware": hardware.describe(device),
            "copy_bandwidth_Bps": copy_bandwidth(device),
            "settings": {"target": TARGET, "drafts": list(drafts), "alpha": {d: DRAFT_ALPHA.get(d, SSD_ALPHA) for d in drafts},
