@@ -74,19 +74,19 @@ bench-gpu:
 	$(BENCH) --pair random-qwen3-8b/1.7b --synthetic-alpha 0.71 --trace reports/traces/embedded_greedy.json \
 		--modes target-only,sync,pipelined --json reports/gpu/bench_sd_1.7b_trace.json
 
-# One baseline for every option, on H200s (the decision table's rows measured alike), three calls of under ten
-# minutes each on one GPU: the 8B and 32B rows (call 9), the 72B-class row (call 10), each with colocated SD in the
-# same harness (the emulated target's t_v in series after real draft steps), the stream points at B = 1, 4 and 16 per
-# target and N = 1 and 4 per draft GPU, 20 s a point (about 1,000 target steps at the 32B); then the 8B link curve
-# (the real draft worker through the delay relay at 0.02-5 ms). Add the streams files to
-# study.results.SERVER_STREAMS; the table and the verdict read them.
-BASELINE_STREAMS := $(BENCH_PY) -m sdeth bench streams --budget-s 540 --remote-s 20 --remote-ks 3 --colocated-ks 3 \
-	--big-points 1:1,1:4,4:1,4:4,16:1,16:4
+# One baseline for every option, and the step policies side by side, on one H200 (calls 10 and 11 ran this; about
+# 8 minutes a call): the 8B, 32B and 72B-class targets emulated at their measured t_v against the real draft server,
+# colocated SD in the same harness (real draft steps, the target's t_v in series), and each pipelined point under
+# the step policy, sync (wait for k) and offered (what is on offer), each point for about 1,000 target steps (at most
+# 12 s), with a 95% interval. The files go into study.results.POLICY_STREAMS; the decision table and 25_draft_server
+# read them. Then the 8B link curve (the real draft worker through the delay relay at 0.02-5 ms; one GPU: give
+# --draft-device cuda:0).
+BASELINE_STREAMS := $(BENCH_PY) -m sdeth bench streams --budget-s 470 --models-compile default --compile "" \
+	--batches 1,4 --verify-ks 1,2,3,4 --colocated-ks 3 --colocated-s 4 --no-sync --remote-s 4 --min-steps 1000 \
+	--max-s 12 --policy policy,sync,offered
 bench-baseline-h200:
-	$(BASELINE_STREAMS) --call 9 --remote-batches 1,4,16 --remote-ns 1,4 --pipelined 1:1,1:4,4:4 \
-		--big-targets Qwen3-32B --colocated-emulated Qwen3-8B,Qwen3-32B --json reports/gpu/bench_streams_server_9.json
-	$(BASELINE_STREAMS) --call 10 --remote-batches 1 --remote-ns 1 --pipelined 1:1 \
-		--big-targets Qwen2.5-72B --colocated-emulated Qwen2.5-72B --json reports/gpu/bench_streams_server_10.json
+	$(BASELINE_STREAMS) --call 12 --colocated-emulated Qwen3-8B,Qwen3-32B,Qwen2.5-72B --pipelined 1:1,1:4,4:4 \
+		--big-targets Qwen3-32B,Qwen2.5-72B --big-points 1:1,1:4,4:4 --json reports/gpu/bench_streams_server_12.json
 	$(BENCH_PY) -m sdeth bench rtt --pair random-qwen3-8b/1.7b --synthetic-alpha 0.71 --device cuda:0 \
 		--draft-device cuda:1 --impl fast --compile default --requests 16 --context 512 --max-tokens 128 \
 		--k 3 --k-max 8 --rtts 0.02,0.5,2,5 --json reports/gpu/bench_rtt_1.7b_link.json

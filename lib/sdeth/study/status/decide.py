@@ -18,7 +18,8 @@ from . import sources as src
 from .figures import Figure, fig, load, bench_hw, bench_kind, mode_fig
 from .options import DEFINITIONS, Option, Target, targets as _targets  # noqa: F401
 
-OPTIONS = ("replicas", "colocated SD", "EAGLE-3-style head", "remote sync", "remote pipelined", "remote adaptive")
+OPTIONS = ("replicas", "colocated SD", "EAGLE-3-style head", "remote sync", "remote pipelined", "remote adaptive",
+           "remote step policy")
 NO_DRAFT_DEVICE = ("replicas", "colocated SD", "EAGLE-3-style head")
 NEVER_PICKED = ("modelled", "published")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...metrics import ratio_ci
-from .sources import BIG_TARGETS, CROSSOVER, HEADLINE, PUBLISHED_FILE, SERVER_STREAMS
+from .sources import BIG_TARGETS, CROSSOVER, HEADLINE, POLICY_STREAMS, PUBLISHED_FILE, SERVER_STREAMS
 from .figures import Figure, fig, load, bench_hw, bench_kind
 
 # the TPOT definitions a row may use (one per row; the row header names it)
@@ -151,10 +151,21 @@ def acceptance_interval(value: float, alpha: float, k: int, verifies: int) -> tu
 
 
 def _streams_call(root: Path, model: str) -> tuple[str, dict] | None:
-    """The latest complete `bench streams` call with the model among its bigger targets."""
-    found = [(rel, doc) for rel in SERVER_STREAMS if (doc := load(root, rel))
-             and (doc.get("big_targets") or {}).get(model, {}).get("t_v_ms", {}).get("1,0")]
+    """The `bench streams` call a bigger target's row reads: the latest of the step-policy calls that ran colocated
+    SD in the same harness for it with the server's default settings (its options all on one baseline), else the
+    latest complete call with the model among its bigger targets."""
+    def has(doc):
+        return (doc.get("big_targets") or {}).get(model, {}).get("t_v_ms", {}).get("1,0")
+    same = [(rel, doc) for rel in POLICY_STREAMS if (doc := load(root, rel)) and has(doc)
+            and (doc.get("colocated_emulated") or {}).get(model)
+            and not (doc.get("remote_pipelined") or {}).get("read_while_stepping")]
+    found = same or [(rel, doc) for rel in SERVER_STREAMS if (doc := load(root, rel)) and has(doc)]
     return found[-1] if found else None
+
+
+# a pipelined point's step policy -> its option (sync: waits for k drafts a stream each step, as sync rounds do)
+POLICY_OPTION = {"policy": ("remote step policy", "the step policy"), "sync": ("remote sync", "sync (wait for k)"),
+                 "offered": ("remote pipelined", "pipelined (what is on offer)")}
 
 
 def _replicas(root: Path, rel: str, model: str, t1: Figure, key: str, hw: str) -> list[Option]:
@@ -173,18 +184,26 @@ def _replicas(root: Path, rel: str, model: str, t1: Figure, key: str, hw: str) -
 
 def _stream_option(root: Path, rel: str, model: str, mode: str, p: dict, t1: Figure, key: str, hw: str) -> Option:
     at = ("big_targets", model, mode, {"B": p["B"], "N": p["N"]})
-    name, what = f"remote {mode}", f"{mode}, k = {p['k']}, B={p['B']} per target, N={p['N']} per draft GPU"
+    name, how = f"remote {mode}", mode
+    if p.get("step_policy") in POLICY_OPTION and "speedup_interval" in p:     # the policies side by side
+        at = ("big_targets", model, mode, {"B": p["B"], "N": p["N"], "step_policy": p["step_policy"]})
+        name, how = POLICY_OPTION[p["step_policy"]]
+    what = f"{how}, k = {p['k']}, B={p['B']} per target, N={p['N']} per draft GPU"
     lab = f"remote {what}"
     ratio = fig(root, rel, t1.path, f"{lab}: over t(1)", "{:.2f}x", "emulated", hw, per=at + ("tpot_ms", "mean"))
     verifies = (p.get("rounds") or p.get("steps") or 0) * p["B"]
-    ratio.interval = acceptance_interval(ratio.value, p["alpha"], p["k"], verifies)
+    if p.get("speedup_interval") and p.get("speedup"):          # batch means over the point's steps, scaled
+        ratio.interval = tuple(ratio.value * x / p["speedup"] for x in p["speedup_interval"])
+    else:
+        ratio.interval = acceptance_interval(ratio.value, p["alpha"], p["k"], verifies)
     n = (p.get("request_tpot_ms") or {}).get("n", 0)
     details = [fig(root, rel, at + ("request_tpot_ms", q), f"{lab}: per-request TPOT {q} ({n} requests)", "{:.1f} ms",
                    "emulated", hw) for q in ("p50", "p99")] if n > 1 else []
     details.append(fig(root, rel, at + ("tokens_per_round",), f"{lab}: tokens a round (expected "
                        f"{accepted_spread(p['alpha'], p['k'])[0]:.2f} at alpha {p['alpha']})", "{:.2f}", "emulated", hw))
-    note = (f"{p.get('seconds', 0):.0f} s window, {verifies} verifies; interval from the acceptance sample (round "
-            "time as measured)")
+    note = (f"{p.get('seconds', 0):.0f} s window, {verifies} verifies; " + (
+        "95% interval: a bootstrap over runs of consecutive steps" if p.get("speedup_interval") else
+        "interval from the acceptance sample (round time as measured)"))
     return Option(name, what, fig(root, rel, at + ("tpot_ms", "mean"), f"{lab}: TPOT", "{:.1f} ms", "emulated", hw),
                   fig(root, rel, at + ("tokens_per_s_per_gpu",), f"{lab}: tokens/s per GPU (draft GPU counted)",
                       "{:.1f} tok/s per GPU", "emulated", hw), ratio, key, note, [d for d in details if d])

@@ -15,7 +15,7 @@ SWEEPS = {"0.6B": "reports/gpu/bench_rtt_0.6b.json", "1.7B": "reports/gpu/bench_
 BIG_TARGETS = tuple(f"reports/gpu/bench_targets_{n}.json" for n in (1, 2, 3))
 # the draft server with emulated targets, the bigger targets among them (bench streams, one H200, one file per call),
 # and the verdict cache measured on the CPU: named in study.results, which the bench room reads too
-from ..results import SERVER_STREAMS, SSD_CPU  # noqa: E402,F401
+from ..results import POLICY_STREAMS, SERVER_STREAMS, SSD_CPU  # noqa: E402,F401
 CPU_DRAFT = "reports/gpu/bench_gpu_target_cpu_draft_0.6b_overdue.json"
 SHARED = "reports/25_draft_server.json"
 VLLM_STUDY = "reports/vllm_remote_cpu.json"

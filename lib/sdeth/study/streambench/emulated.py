@@ -74,7 +74,6 @@ class Emulated:
         r["round_ms"].append(ms)
         r["tpot_ms"] += [ms / t for t in toks]
         r["tokens"] += sum(toks)
-        r["step_tokens"].append(sum(toks))
         r["stream_tokens"] = [n + t for n, t in zip(r["stream_tokens"], toks)]
         self.per_request(opened, toks, t2)
         for key, v in (("wait_ms", cost.wait_ms), ("draft_ms", cost.draft_ms), ("queued_ms", cost.queued_ms),
@@ -156,7 +155,7 @@ class EmulatedPipelined:
         self.streams = [self.fresh() for _ in range(B)]
         self.rec = {key: [] for key in ("step_ms", "tpot_ms", "offered", "accepted", "draft_ms", "batch",
                                         "tv_over", "held", "period_ms", "branch_rows", "answer_ms", "wait_ms",
-                                        "verified", "step_tokens", *TIMELINE)}
+                                        "verified", "step_tokens", "open_to_first_ms", *TIMELINE)}
         self.last_step = 0.0                   # the newest Streamed's step (server clock)
         self.window_from = 0.0                 # the point's start (wall clock): steps before it are not counted
         self.rec.update(tokens=0, restarts=0, stream_tokens=[0] * B, late=0, dry=[0, 0], hits=0, misses=0, hits_at={},
@@ -172,7 +171,8 @@ class EmulatedPipelined:
         first = self.rng.randrange(self.vocab)
         view = StreamView()
         view.on_commit(0, first)
-        s = {"seq": seq, "settled": 1, "view": view, "sent": {}, "first": None, "key": self.index * 100_003 + self.count}
+        s = {"seq": seq, "settled": 1, "view": view, "sent": {}, "first": None, "key": self.index * 100_003 + self.count,
+             "fresh": True}
         self.send_commits([(s, protocol.CommitRow(seq, 0, 0, first))])
         return s
 
@@ -189,6 +189,9 @@ class EmulatedPipelined:
         for p in [p for p in s["sent"] if p < r.since]:
             del s["sent"][p]
         if sent is None or not r.read_at:
+            return
+        if s.pop("fresh", False):              # a new sequence's first draft: after its prompt's prefill, no restart
+            self.rec["open_to_first_ms"].append((arrived - sent) * 1e3)
             return
         for key, a, b in (("sent_to_read", sent, r.read_at), ("read_to_stepped", r.read_at, m.stepped_at),
                           ("stepped_to_arrived", m.stepped_at, arrived), ("sent_to_arrived", sent, arrived)):
