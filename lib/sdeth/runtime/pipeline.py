@@ -54,6 +54,7 @@ from .engine import Engine, HostCopy, HostPart
 from .loop import (DraftUnavailable, RequestRecord, _done, _finish, begin_request, choose_host_token, draft_prefill,
                    draft_token, note_round, note_width, q_support, start_draft)
 from .roles import DraftStream
+from .specs import parse_branch_spec
 from .verify import Sampling, read_verdict
 
 
@@ -71,18 +72,8 @@ class CacheSpec:
 
     @classmethod
     def parse(cls, spec: str) -> "CacheSpec":
-        if spec in ("", "off", "0"):
-            return cls()
-        if spec == "on":
-            spec = CACHE_DEFAULT
-        try:
-            parts = [int(x) for x in spec.lower().split("x")]
-        except ValueError:
-            parts = []
-        if not 1 <= len(parts) <= 3 or min(parts) < 1:
-            raise ValueError(f"outcome cache {spec!r}: use 'off', 'on' or FANOUT[xDEPTH[xRANKS]] with each >= 1, "
-                             "e.g. '2x4' or '4x4x2'")
-        return cls(*(parts + [4, 1][len(parts) - 1:]))
+        parts = parse_branch_spec(spec, "outcome cache", CACHE_DEFAULT, "RANKS")
+        return cls(*parts) if parts else cls()
 
     @property
     def on(self) -> bool:

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 
 from .batchdraft import BatchDrafter, Drafted, Sequence
+from .specs import parse_branch_spec
 
 VERDICT_DEFAULT = "4x4x8"
 ALPHA_PRIOR, PRIOR_WEIGHT = 0.7, 4.0   # a stream's acceptance before it has verdicts (the prior's pseudo-counts)
@@ -48,17 +49,8 @@ class VerdictSpec:
 
     @classmethod
     def parse(cls, spec: str) -> "VerdictSpec":
-        if spec in ("", "off", "0"):
-            return cls()
-        try:
-            parts = [int(x) for x in (VERDICT_DEFAULT if spec == "on" else spec).lower().split("x")]
-        except ValueError:
-            parts = []
-        if not 1 <= len(parts) <= 3 or min(parts) < 1:
-            raise ValueError(f"verdict cache {spec!r}: use 'off', 'on' ({VERDICT_DEFAULT}) or FANOUT[xDEPTH[xBUDGET]] "
-                             "with each >= 1, e.g. '4x4' or '2x6x4'")
-        fanout, depth, budget = parts + [4, max(parts[0] * 2, 1)][len(parts) - 1:]
-        return cls(fanout, depth, budget)
+        parts = parse_branch_spec(spec, "verdict cache", VERDICT_DEFAULT, "BUDGET", lambda f: max(f * 2, 1))
+        return cls(*parts) if parts else cls()
 
     @property
     def on(self) -> bool:
