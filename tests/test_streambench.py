@@ -231,3 +231,28 @@ def test_an_ssd_only_call_on_a_cpu_writes_its_json(tmp_path):
     pts = res["ssd"]["points"]
     assert [p["verdict_cache"]["spec"] for p in pts] == ["off", "on"], pts
     assert all("trace-driven ranks" in p["label"] and p["tokens"] > 0 for p in pts)
+
+
+def test_the_ssd_points_with_branches_sent_ahead(fast):
+    """A cache setting with '+ahead' (its server runs the spec before it; the targets ask for the branches ahead and
+    wait for no answer): hits are taken from the branches the targets hold, the step after a hit has drafts on offer,
+    and no answer is awaited."""
+    from sdeth.study.streambench.ssd import ssd_points
+    servers = {}
+    for cache in ("off", "2x4x4+ahead"):
+        addr = f"tcp://127.0.0.1:{free_port()}"
+        server = build_server(fast, sb.welcome("tiny", 300, 8), DraftServerConfig(
+            8, 256, ttl_s=30, prefill_chunk=16, verdict_cache=cache.removesuffix("+ahead"),
+            limits=ServerLimits(reserve=0)))
+        threading.Thread(target=server.serve, args=(addr,), kwargs={"max_seconds": 60}, daemon=True).start()
+        servers[cache] = (server, addr, {"vocab": 300})
+    g = sb.Grid(ssd_points=((1, 2),), ssd_targets=("Qwen3-8B",), ssd_ranks=("synthetic:0.9",), ssd_s=1.5,
+                prompt=PROMPT, context=100)
+    res = {"ssd": {"points": []}}
+    with sb.Targets(2) as pool:
+        ssd_points(res, "Qwen3-1.7B", servers, pool, g, time.time() + 60, lambda line: None, lambda: None)
+    pts = {p["verdict_cache"]["spec"]: p for p in res["ssd"]["points"] if "verdict_cache" in p}
+    ahead = pts["2x4x4+ahead"]["verdict_cache"]
+    assert ahead["ahead"] and ahead["hits"] > 0 and ahead["hit_next_offered"] > 0, ahead
+    assert ahead["answer_wait_ms"] is None and not pts["off"]["verdict_cache"]["ahead"]
+    assert pts["2x4x4+ahead"]["model_cached"]["terms"]["hit"] > 0.5

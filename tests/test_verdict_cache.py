@@ -181,11 +181,11 @@ def test_rows_never_leak(ops):
 _PAIR = tiny_pair()
 
 
-def _pipelined_runs(addr, target, n_streams, prompts, s, max_tokens, seeds=None, k=3):
+def _pipelined_runs(addr, target, n_streams, prompts, s, max_tokens, seeds=None, k=3, branches=False):
     def run(i):
         c = DraftServerClient(addr, HELLO, timeout_s=30)
         eng, out = Engine(target, "t"), []
-        stream = ServerStream(c, s, q_top=0, window=6)
+        stream = ServerStream(c, s, q_top=0, window=6, branches=branches)
         for j, p in enumerate(prompts):
             gen = torch.Generator().manual_seed(seeds[i][j]) if seeds else None
             out.append(generate_pipelined(eng, stream, p, max_tokens, k, s, None, gen=gen, draft_seed=j))
@@ -244,16 +244,18 @@ def test_a_foreseen_verdict_is_answered_without_a_draft_step():
         assert out[0].missed == ["s"] and not out[0].rows
 
 
-def test_four_clients_sampled_with_the_cache_on_reproduce_the_target_distribution():
+@pytest.mark.parametrize("branches", [False, True], ids=["answered", "sent-ahead"])
+def test_four_clients_sampled_with_the_cache_on_reproduce_the_target_distribution(branches):
     """Sampled drafts (q on the wire) through the cache: branch tokens are drawn from q by a generator of the
-    branch's own; the first two tokens' joint distribution is the target's (chi-square), four clients."""
+    branch's own; the first two tokens' joint distribution is the target's (chi-square), four clients; the
+    branches answered to a Commits, or sent ahead with their q (Open.branches)."""
     target, draft = tiny_pair()
     server = tiny_server(draft, rows=16, verdict_cache="3x3x6")
     addr = serving(server)
     s, n = Sampling(1.0, top_k=3, draft_sampled=True), 60
     prompt = [3, 1, 4, 1, 5]
     runs = _pipelined_runs(addr, target, 4, [prompt] * n, s, 3, seeds=[list(range(i * n, (i + 1) * n))
-                                                                       for i in range(4)])
+                                                                       for i in range(4)], branches=branches)
     counts = {}
     for r in (r for rs in runs for r in rs):
         counts[tuple(r.output_ids[:2])] = counts.get(tuple(r.output_ids[:2]), 0) + 1
@@ -297,3 +299,59 @@ def test_the_event_models_verdict_terms_follow_the_fanout_rule():
     plain = simulate_pipelined(0.7, c, 4, n_tokens=4000, policy="offered")
     cached = simulate_pipelined(0.7, c, 4, n_tokens=4000, policy="offered", cache=t)
     assert cached["tokens_per_round"] > plain["tokens_per_round"] and cached["cache_hit_rate"] > 0.5
+
+
+def test_four_clients_greedy_with_branches_sent_ahead_give_the_target_output_and_take_hits_from_their_view():
+    """Branches sent ahead (Open.branches): four pipelined clients through one server with the cache on; each output
+    is target-only's, and foreseen rejections were taken from the branches the client already held (its view's
+    hits), not only from the answer to its Commits."""
+    target, draft = tiny_pair()
+    server = tiny_server(draft, rows=16, verdict_cache="4x4x8")
+    addr = serving(server)
+    prompts = [[5 + i, 6, 7, 8, 9, 10 + i] for i in range(3)]
+    got, view_hits = {}, [0]
+    orig = ServerStream.start
+
+    def start(self, *a, **kw):                 # (each sequence's view hits, read before the next one resets it)
+        view_hits[0] += self.view.hits if id(self) in got else 0
+        got[id(self)] = self
+        return orig(self, *a, **kw)
+    ServerStream.start = start
+    try:
+        runs = _pipelined_runs(addr, target, 4, prompts, Sampling(), 40, branches=True)
+    finally:
+        ServerStream.start = orig
+    view_hits[0] += sum(st.view.hits for st in got.values())
+    eng = Engine(target, "ref")
+    want = [generate_target_only(eng, p, 40, Sampling(), None).output_ids for p in prompts]
+    assert all([r.output_ids for r in rs] == want for rs in runs)
+    s = server.verdicts.summary()
+    assert s["hits"] >= 1 and view_hits[0] >= 1, (s, view_hits)     # hits the clients took from their views
+    time.sleep(0.5)
+    assert not server.drafter.seqs and not server.verdicts.branches()
+    assert sorted(server.drafter.free_rows) == list(range(16))
+
+
+def test_a_hit_on_a_branch_sent_ahead_is_verified_in_the_next_step_without_waiting():
+    """An emulated target that asks for the branches ahead (synthetic ranks: the target's token is the draft's next
+    choice 90% of the time a draft is rejected) and never waits (policy 'offered'): after a hit, its very next step
+    has the branch's drafts on offer, and no step waited for an answer."""
+    from doubles import tiny_qwen3
+    from sdeth.study import streambench as sb
+    from sdeth.wire.draft_server import DraftServerConfig, ServerLimits, build_server
+    server = build_server(FastDecoder(tiny_qwen3(0), 8), sb.welcome("tiny", 300, 32),
+                          DraftServerConfig(32, 256, ttl_s=30, prefill_chunk=64, verdict_cache="4x4x8",
+                                            limits=ServerLimits(reserve=0)))
+    addr = serving(server)
+    tv = {m: 12.0 + m for m in range(sb.PIPELINED_K + 1)}
+    cmd = dict(mode="pipelined", addr=addr, B=1, k=sb.PIPELINED_K, tv_ms=tv, alpha=0.6, seed=7, vocab=300,
+               window=sb.PIPELINED_WINDOW, prompt=8, context=120, ranks="synthetic:0.9", watch=8, foreseen=True,
+               ahead=True, policy="offered")
+    with sb.Targets(2) as pool:
+        _, recs, _ = pool.point(2, cmd, 3.0)
+    assert all("error" not in r for r in recs), recs
+    hits = sum(r["hits"] for r in recs)
+    offered = [x for r in recs for x in r["hit_offered"]]
+    assert hits >= 5 and offered, (hits, [r["misses"] for r in recs])
+    assert sum(x > 0 for x in offered) >= 0.8 * len(offered), offered       # the branch's drafts, at once
+    assert max(x for r in recs for x in r["wait_ms"]) < 1.0 and not any(r["answer_ms"] for r in recs)

@@ -80,6 +80,7 @@ class Sequence:
     drafted: int = 0               # proposals made
     seed: int = 0                  # its draws' seed (a branch's own generator is derived from it)
     watch: int = 0                 # stream: the draft's next choices sent with each token (Open.watch)
+    send_branches: bool = False    # stream: its verdict-cache branches sent as they are drafted (Open.branches)
     alts: dict = field(default_factory=dict)           # stream: position -> the draft's next choices there
 
     @property
@@ -246,7 +247,7 @@ class BatchDrafter:
             out.append(Sequence(seq.key, seq.gen, row, seq.s, rng, seq.q_top, n=p + 1, fed=p,
                                 pending=[token], stream=True, window=seq.window, base=seq.base,
                                 chain=seq.chain[:pos] + [token], acked=pos + 1, epoch=seq.epoch, seed=seq.seed,
-                                watch=seq.watch))
+                                watch=seq.watch, send_branches=seq.send_branches))
         return out
 
     def adopt(self, seq: Sequence, branch: Sequence) -> None:

@@ -122,13 +122,18 @@ class VerdictCache:
         if self.given_back:
             self.given_back.popleft()
 
-    def took(self, drafted: dict) -> None:
-        """A step's tokens ({id(row): Drafted}) for the branches that were in it."""
-        for b in self.branches():
-            d: Drafted | None = drafted.get(id(b.row))
-            if d is not None:
-                b.out.append((len(b.row.chain) - 1, d))
-                self.stats["rows_stepped"] += 1
+    def took(self, drafted: dict) -> list[tuple[Sequence, Branch, int, Drafted]]:
+        """A step's tokens ({id(row): Drafted}) for the branches that were in it; returns (stream, branch,
+        position, Drafted) for each, the nearest forks first (what a stream's client gets ahead, Open.branches)."""
+        out = []
+        for seq, held in self.held.items():
+            for b in held.values():
+                d: Drafted | None = drafted.get(id(b.row))
+                if d is not None:
+                    b.out.append((len(b.row.chain) - 1, d))
+                    self.stats["rows_stepped"] += 1
+                    out.append((seq, b, len(b.row.chain) - 1, d))
+        return sorted(out, key=lambda x: x[1].offset)
 
     def plan(self, streams: list[Sequence]) -> int:
         """New branches for the streams' unverified positions (geometric fan-out on each stream's own alpha),

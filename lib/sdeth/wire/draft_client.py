@@ -233,12 +233,15 @@ class ServerStream:
     Open(stream) and the first token's commit at start, a Commits message per commit, Streamed rows into the
     view (runtime.pipeline.StreamView has the rules). With est (the pipelined loop's policy; generate_pipelined
     sets it) it feeds what the step's policy needs: the server's step, its period (launch to launch, between two
-    tokens of one run) and a restart's latency (the commit that restarted the run to its first token, less a step)."""
+    tokens of one run) and a restart's latency (the commit that restarted the run to its first token, less a step).
+    branches: ask for the server's verdict-cache branches ahead (Open.branches): the view holds them, and a
+    rejection they foresaw finds its drafts already here (StreamView's rules)."""
 
     def __init__(self, client: DraftServerClient, s: Sampling = Sampling(), q_top: int = 64, window: int = 8,
-                 device="cpu", name: str = ""):
+                 device="cpu", name: str = "", branches: bool = False):
         from ..runtime.pipeline import StreamView
         self.c, self.s, self.q_top, self.window, self.device = client, s, q_top, window, torch.device(device)
+        self.branches = branches
         self.name, self.count, self.view = name or f"{os.getpid()}-{id(self):x}", 0, StreamView()
         self.seq, self.gen, self.compute_s, self.streamed = "", 0, 0.0, 0
         self.est = None
@@ -251,7 +254,8 @@ class ServerStream:
         s = s or self.s
         seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
         self.c.client.send(protocol.Open(self.seq, self.gen, list(prompt_ids), q_top=self.q_top, seed=seed,
-                                         stream=True, window=self.window, **protocol.sampling_fields(s)))
+                                         stream=True, window=self.window, branches=self.branches,
+                                         **protocol.sampling_fields(s)))
         self.commit(0, first)
 
     def commit(self, pos: int, token: int) -> None:
@@ -272,9 +276,10 @@ class ServerStream:
                 continue
             self.streamed += 1
             self.compute_s += m.draft_ms / 1e3 / max(len(m.rows), 1)
-            self._observe(r, m)
+            if r.fork < 0:                        # (a branch sent ahead says nothing of the stream's own timing)
+                self._observe(r, m)
             self.view.on_drafted(r.epoch, r.pos, r.token,
-                                 q_from_pairs(r.q_idx, r.q_val, self.c.peer.vocab_size, self.device))
+                                 q_from_pairs(r.q_idx, r.q_val, self.c.peer.vocab_size, self.device), r.fork, r.corr)
 
     def _observe(self, r, m) -> None:
         """The step's policy's inputs from one streamed token (see the class)."""

@@ -34,7 +34,10 @@ await their verdict, the continuation after each likely rejection (a position x 
 there); a Commits that rejects a drafted token with a foreseen token adopts that branch (its row becomes the
 stream's) and is answered at once with the branch's drafts (a new epoch); one not foreseen is answered `missed`
 and restarts as without the cache. Live streams are stepped first, and an Open evicts branches for its row.
-Open.watch asks for the draft's next choices with each streamed token (StreamRow.alts).
+Open.watch asks for the draft's next choices with each streamed token (StreamRow.alts). Open.branches asks for the
+stream's branches *ahead*: each branch token goes out in the step's Streamed as it is drafted (StreamRow.fork/corr,
+at most AHEAD_ROWS a message), so that a client which resolves its verdict against them verifies a foreseen
+continuation in its very next step, without waiting for the answer to its Commits.
 
 The parts: wire.clients.ClientTable (who said Hello, take-over, the TTL, quotas), wire.scheduler.Scheduler (which
 rows step next, the prefill budget, branch planning), wire.bounds (what one request may ask for), and this class's
@@ -66,6 +69,7 @@ from .transport import Log, PeerLimits, key_of, reply, serve_requests
 __all__ = ["DraftServer", "DraftServerConfig", "ServerLimits", "GONE_S", "build_server", "pair_server",
            "serve_draft_server"]
 DECODE = protocol.Decoder("a draft server", protocol.SERVER_TAKES)
+AHEAD_ROWS = 64          # rows of one Streamed message past which a client's branches sent ahead wait a step
 
 
 def refusal(seq: str, gen: int, code: str, message: str) -> protocol.RowDraft:
@@ -172,7 +176,7 @@ class DraftServer:
             if msg.stream:
                 seq = self.drafter.open_stream((c.ident, msg.seq), msg.gen, msg.prompt_ids, s, msg.seed, msg.q_top,
                                          msg.window)
-                seq.watch = msg.watch
+                seq.watch, seq.send_branches = msg.watch, msg.branches
                 self.drafter.alts = max(self.drafter.alts, msg.watch)
             else:
                 self.drafter.open((c.ident, msg.seq), msg.gen, msg.prompt_ids, s, msg.seed, msg.q_top)
@@ -283,6 +287,12 @@ class DraftServer:
         seq.read_pos = -1                   # (the timeline: the first draft after each commit read)
         return r
 
+    @staticmethod
+    def _branch_row(seq, b, pos: int, d) -> protocol.StreamRow:
+        """A branch's drafted token at pos, sent ahead: valid if the target's token at b.pos is b.token."""
+        return protocol.StreamRow(seq.key[1], seq.gen, seq.epoch, pos, d.tokens[0], d.q_idx[0] if d.q_idx else None,
+                                  d.q_val[0] if d.q_val else None, fork=b.pos, corr=b.token)
+
     def handle_end(self, c: Client, msg: protocol.End, t1: float) -> list:
         self._drop_waiting(c, msg.req)
         self.drafter.free((c.ident, msg.req))
@@ -350,13 +360,15 @@ class DraftServer:
         draft_ms = (self.drafter.dec.clock.seconds - c0) * 1e3
         self.steps += 1
         self.batches.append(len(rows) + len(extra))
-        if self.verdicts is not None:
-            self.verdicts.took(out)
+        ahead = self.verdicts.took(out) if self.verdicts is not None else []
         stepped, held = time.time(), len(self.drafter.streams())
         msgs: dict[bytes, list] = {}
         for seq in rows:
             if (d := out.get(id(seq))) is not None:
                 msgs.setdefault(seq.key[0], []).append(self._stream_row(seq, positions[id(seq)], d))
+        for seq, b, pos, d in ahead:        # (branches of streams that asked for them, nearest fork first, bounded)
+            if seq.send_branches and len(msgs.setdefault(seq.key[0], [])) < AHEAD_ROWS:
+                msgs[seq.key[0]].append(self._branch_row(seq, b, pos, d))
         return [(ident, protocol.Streamed(m, len(rows), draft_ms, stepped, held, len(extra)))
                 for ident, m in msgs.items()]
 

@@ -184,6 +184,8 @@ class Open(msgspec.Struct, tag="open"):
     stream: bool = False     # pipelined: the server drafts ahead (up to `window` past what the client settled)
     window: int = 8          # and streams each token in Streamed; the client sends Commits, not Rounds
     watch: int = 0           # stream: send the draft's next `watch` choices with each token (StreamRow.alts)
+    branches: bool = False   # stream: send the server's verdict-cache branches ahead, as they are drafted
+                             # (StreamRow.fork/corr), so that a foreseen rejection's drafts are at the client already
 
 
 class Row(msgspec.Struct, array_like=True):
@@ -238,6 +240,8 @@ class StreamRow(msgspec.Struct, array_like=True):
     since: int = -1          # the first row after the server read a commit: that commit's position (else -1)
     read_at: float = 0.0     # ... and when the server read it (its wall clock, time.time())
     alts: list[int] | None = None   # the draft's next choices at pos (Open.watch)
+    fork: int = -1           # a verdict-cache branch's token (Open.branches): valid if the target's token at `fork`
+    corr: int = -1           # is `corr` (runtime.pipeline.StreamView's rules); -1: the stream's own draft
 
 
 class Streamed(msgspec.Struct, tag="streamed"):

@@ -141,7 +141,7 @@ class EmulatedPipelined:
 
     def __init__(self, addr: str, index: int, B: int, k: int, tv_ms: dict, alpha: float, seed: int, vocab: int,
                  window: int = 8, prompt: int = PROMPT, context: int = CONTEXT, ranks: str = "coins",
-                 watch: int = 0, foreseen: bool = False, policy: str = "policy", **_):
+                 watch: int = 0, foreseen: bool = False, policy: str = "policy", ahead: bool = False, **_):
         from ...wire.draft_client import DraftServerClient
         self.est = step_setting(policy)()      # before the connection: a bad name fails first
         self.c = DraftServerClient(addr, hello(vocab), timeout_s=60)
@@ -150,12 +150,13 @@ class EmulatedPipelined:
         self.est.verify_s = {m + 1: v for m, v in self.tv_s.items()}
         self.window, self.prompt, self.context = window, prompt, context
         self.rng, self.count = random.Random(seed), 0
-        self.ranks, self.watch, self.foreseen = Ranks(ranks, alpha, seed), watch, foreseen
+        self.ranks, self.watch, self.foreseen, self.ahead = Ranks(ranks, alpha, seed), watch, foreseen and not ahead, ahead
         self.missed: set = set()               # streams the server said had no branch for their restart
         self.streams = [self.fresh() for _ in range(B)]
         self.rec = {key: [] for key in ("step_ms", "tpot_ms", "offered", "accepted", "draft_ms", "batch",
                                         "tv_over", "held", "period_ms", "branch_rows", "answer_ms", "wait_ms",
-                                        "verified", "step_tokens", "open_to_first_ms", *TIMELINE)}
+                                        "verified", "step_tokens", "open_to_first_ms", "hit_offered",
+                                        *TIMELINE)}
         self.last_step = 0.0                   # the newest Streamed's step (server clock)
         self.window_from = 0.0                 # the point's start (wall clock): steps before it are not counted
         self.rec.update(tokens=0, restarts=0, stream_tokens=[0] * B, late=0, dry=[0, 0], hits=0, misses=0, hits_at={},
@@ -167,7 +168,7 @@ class EmulatedPipelined:
         seq = f"p{self.index}-{self.count}"
         ids = [self.rng.randrange(self.vocab) for _ in range(self.prompt)]
         self.c.client.send(protocol.Open(seq, 0, ids, seed=self.rng.randrange(2 ** 31), q_top=0, stream=True,
-                                         window=self.window, watch=self.watch))
+                                         window=self.window, watch=self.watch, branches=self.ahead))
         first = self.rng.randrange(self.vocab)
         view = StreamView()
         view.on_commit(0, first)
@@ -224,7 +225,7 @@ class EmulatedPipelined:
             self.rec["held"].append(m.streams)
             for r in m.rows:
                 if r.seq in by:
-                    by[r.seq]["view"].on_drafted(r.epoch, r.pos, r.token, None, alts=r.alts)
+                    by[r.seq]["view"].on_drafted(r.epoch, r.pos, r.token, None, r.fork, r.corr, alts=r.alts)
                     if r.since >= 0:
                         self.note_first(by[r.seq], r, m, arrived)
 
@@ -311,9 +312,26 @@ class EmulatedPipelined:
                 break
         wait_until(deadline)
 
+    def tally(self, s: dict) -> None:
+        """Branches sent ahead: the stream's restarts since the last tally, each a hit (its view took a branch the
+        server sent before the verdict) or a miss; a hit's next step is watched (hit_offered)."""
+        if not self.ahead:
+            return
+        view = s["view"]
+        dr, dh = view.restarts - s.get("restarts_seen", 0), view.hits - s.get("hits_seen", 0)
+        s["restarts_seen"], s["hits_seen"] = view.restarts, view.hits
+        self.rec["hits"] += dh
+        self.rec["misses"] += dr - dh
+        if dh:
+            s["hit_next"] = True
+
     def step(self) -> None:
         t0 = time.perf_counter()
         self.take()
+        for s in self.streams:
+            self.tally(s)
+            if s.pop("hit_next", False):        # a hit's next step: drafts on offer at once, no answer awaited
+                self.rec["hit_offered"].append(self.offered(s))
         offers = self.chosen()
         t1 = time.perf_counter()
         for s, m in zip(self.streams, offers):
@@ -334,6 +352,8 @@ class EmulatedPipelined:
             view.on_commit(pos, token)                  # the same rules as the server's (runtime.pipeline)
             if view.restarts > restarts:
                 restarted.append((s, a))
+                if self.ahead and view._hit:
+                    self.rec["hits_at"][str(a)] = self.rec["hits_at"].get(str(a), 0) + 1
                 self.rec["rejections_at"][str(a)] = self.rec["rejections_at"].get(str(a), 0) + 1
             self.rec["restarts"] += view.restarts - restarts
             if not m:                                   # a stream with nothing to verify: after its own restart,
@@ -350,6 +370,7 @@ class EmulatedPipelined:
         self.answers(restarted)
         for j, s in enumerate(self.streams):
             if self.prompt + s["settled"] + self.window + self.k + 2 > self.context:
+                self.tally(s)
                 self.c.client.send(protocol.End(s["seq"]))
                 self.streams[j] = self.fresh()
         t2 = time.perf_counter()
@@ -373,6 +394,8 @@ class EmulatedPipelined:
         for key in self.rec:
             self.rec[key] = type(self.rec[key])()
         self.rec["stream_tokens"], self.rec["dry"] = [0] * self.B, [0, 0]
+        for s in self.streams:                     # (the window's tallies start here)
+            s["restarts_seen"], s["hits_seen"], s["hit_next"] = s["view"].restarts, s["view"].hits, False
         conn.send({"ready": True, "cold_start_ms": round((time.perf_counter() - t0) * 1e3, 2)})
         start_at, seconds = conn.recv()
         self.window_from = start_at

@@ -55,6 +55,15 @@ SSD_NOTES = [
 ]
 
 
+AHEAD = "+ahead"          # a cache setting's suffix: the targets ask for the branches ahead (Open.branches) and wait for
+                          # no answer; its server runs the spec before it
+
+
+def server_spec(cache: str) -> str:
+    """The server's verdict-cache spec of a setting ('4x4x8+ahead' -> '4x4x8')."""
+    return cache.removesuffix(AHEAD)
+
+
 def ssd_label(model: str, ranks: Ranks, cache: str) -> str:
     return (f"emulated target (measured t_v of the {model} shape), pipelined streams, real draft server, verdict "
             f"cache {cache}; {ranks.label}")
@@ -76,7 +85,9 @@ def ssd_record(p: dict, recs: list, cache: str, ranks: Ranks, tv: dict, k: int) 
                           "hit_rate_by_position": {key: round(hit_at[key] / n, 3) for key, n in
                                                    ((key, rej[key]) for key in hit_at) if n},
                           "rejections_by_position": rej, "branch_rows_per_step": mean(rows),
-                          "answer_wait_ms": mean([x for r in recs for x in r["answer_ms"]])}
+                          "answer_wait_ms": mean([x for r in recs for x in r["answer_ms"]]),
+                          "ahead": cache.endswith(AHEAD),      # branches sent ahead: a hit waits for no answer;
+                          "hit_next_offered": mean([x for r in recs for x in r["hit_offered"]])}   # its next step
     p["model_cached"] = model_cached(p, cache, ranks, tv, k)
     return p
 
@@ -86,7 +97,7 @@ def model_cached(p: dict, cache: str, ranks: Ranks, tv: dict, k: int) -> dict | 
     hit probability predicted from the ranks' shares, not the measured hit rate)."""
     if not p.get("draft_ms_mean"):
         return None
-    spec, B, alpha = VerdictSpec.parse(cache), p["B"], p["alpha"]
+    spec, B, alpha = VerdictSpec.parse(server_spec(cache)), p["B"], p["alpha"]
     step_ms = p["draft_ms_mean"]
     one_way = (p["timeline_ms"]["sent_to_read"]["p50"] or 0.0) / 1e3
     c = Costs(tv[(B, 0)] / 1e3, step_ms / 1e3, {m + 1: tv[(B, m)] / 1e3 for m in range(1, k + 1)}, rtt=2 * one_way,
@@ -111,7 +122,8 @@ def start_servers(name: str, device: str, caches, g, t_end: float) -> dict:
     for cache in caches:
         addr, ready = f"tcp://127.0.0.1:{free_port()}", ctx.Queue()
         proc = ctx.Process(target=serve_random, args=(name, device, addr, ready, max(t_end - time.time(), 60)),
-                           kwargs={"compile_mode": g.models_compile, "rows": g.ssd_rows, "verdict_cache": cache},
+                           kwargs={"compile_mode": g.models_compile, "rows": g.ssd_rows,
+                                   "verdict_cache": server_spec(cache)},
                            daemon=True, name=f"draft-server-{cache}")
         proc.start()
         out[cache] = (proc, addr, ready)
@@ -142,7 +154,7 @@ def ssd_points(res: dict, name: str, servers: dict, pool, g, t_end: float, progr
                     cmd = dict(mode="pipelined", addr=addr, B=b, k=k, tv_ms={m: tv[(b, m)] for m in range(k + 1)},
                                alpha=alpha, seed=seed, vocab=info["vocab"], window=PIPELINED_WINDOW, prompt=g.prompt,
                                context=g.context, ranks=ranks_spec, watch=TOP, foreseen=cache != "off",
-                               policy="offered")     # the verdict cache's model (ssd_model) plays this rule
+                               ahead=cache.endswith(AHEAD), policy="offered")     # the verdict cache's model (ssd_model) plays this rule
                     try:
                         ready, recs, start = pool.point(n, cmd, g.ssd_s)
                         p = pipelined_record(b, n, k, alpha, ready, recs, start, tv=tv, label=label)
