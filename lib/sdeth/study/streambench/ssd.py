@@ -47,7 +47,10 @@ SSD_NOTES = [
     "Two servers run side by side on one GPU, cache off and on; each point runs against each in turn with the same "
     "seed (the same rank stream). Both send the draft's next 8 choices with each token (the same top-k work).",
     "Cache on: after a rejection the target waits for the server's answer to its Commits (the foreseen branch's "
-    "drafts, or `missed`) before its next verify; answer_wait_ms is that wait. Cache off: it never waits.",
+    "drafts, or `missed`) before its next verify; answer_wait_ms is that wait. Cache off: it never waits. A setting "
+    "with '+ahead': the targets ask for the branches ahead (Open.branches) and hold them; a foreseen rejection's "
+    "drafts are then on offer at the next step with no wait (hit_next_offered: drafts on offer in the step after a "
+    "hit), and no answer is awaited.",
     "hit rate: restarts answered with drafts at once over all restarts (the target's count); by position: the "
     "rejection's offset past the last settled position. branch_rows_per_step: branch rows beside the live rows.",
     "model_cached: costmodel.simulate_pipelined (never waiting) fed the point's measured server step and commit "
