@@ -459,7 +459,7 @@ class StreamView:
     def on_drafted(self, epoch: int, pos: int, token: int, q, fork: int = -1, corr: int = -1, alts=None) -> None:
         if fork >= 0:                            # a branch token (outcome cache)
             if epoch == self.epoch:
-                self.branches.setdefault((fork, corr), {})[pos] = (token, q)
+                self.branches.setdefault((fork, corr), {})[pos] = (token, q, alts)
                 return
             if self.follow != (epoch, fork, corr):
                 return                           # a branch the draft did not adopt

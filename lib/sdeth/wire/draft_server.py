@@ -36,7 +36,7 @@ stream's) and is answered at once with the branch's drafts (a new epoch); one no
 and restarts as without the cache. Live streams are stepped first, and an Open evicts branches for its row.
 Open.watch asks for the draft's next choices with each streamed token (StreamRow.alts). Open.branches asks for the
 stream's branches *ahead*: each branch token goes out in the step's Streamed as it is drafted (StreamRow.fork/corr,
-at most AHEAD_ROWS a message), so that a client which resolves its verdict against them verifies a foreseen
+at most AHEAD_ROWS rows a message; tokens past that are not sent ahead), so that a client which resolves its verdict against them verifies a foreseen
 continuation in its very next step, without waiting for the answer to its Commits.
 
 The parts: wire.clients.ClientTable (who said Hello, take-over, the TTL, quotas), wire.scheduler.Scheduler (which
@@ -69,7 +69,8 @@ from .transport import Log, PeerLimits, key_of, reply, serve_requests
 __all__ = ["DraftServer", "DraftServerConfig", "ServerLimits", "GONE_S", "build_server", "pair_server",
            "serve_draft_server"]
 DECODE = protocol.Decoder("a draft server", protocol.SERVER_TAKES)
-AHEAD_ROWS = 64          # rows of one Streamed message past which a client's branches sent ahead wait a step
+AHEAD_ROWS = 64          # rows of one Streamed message past which a step's branch tokens are not sent ahead (a hit's
+                         # answer to its Commits carries its branch's drafts whole)
 
 
 def refusal(seq: str, gen: int, code: str, message: str) -> protocol.RowDraft:
@@ -291,7 +292,8 @@ class DraftServer:
     def _branch_row(seq, b, pos: int, d) -> protocol.StreamRow:
         """A branch's drafted token at pos, sent ahead: valid if the target's token at b.pos is b.token."""
         return protocol.StreamRow(seq.key[1], seq.gen, seq.epoch, pos, d.tokens[0], d.q_idx[0] if d.q_idx else None,
-                                  d.q_val[0] if d.q_val else None, fork=b.pos, corr=b.token)
+                                  d.q_val[0] if d.q_val else None,
+                                  alts=d.alts[0][:seq.watch] if seq.watch and d.alts else None, fork=b.pos, corr=b.token)
 
     def handle_end(self, c: Client, msg: protocol.End, t1: float) -> list:
         self._drop_waiting(c, msg.req)

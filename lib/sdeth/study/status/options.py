@@ -185,15 +185,16 @@ def _replicas(root: Path, rel: str, model: str, t1: Figure, key: str, hw: str) -
 def _stream_option(root: Path, rel: str, model: str, mode: str, p: dict, t1: Figure, key: str, hw: str) -> Option:
     at = ("big_targets", model, mode, {"B": p["B"], "N": p["N"]})
     name, how = f"remote {mode}", mode
-    if p.get("step_policy") in POLICY_OPTION and "speedup_interval" in p:     # the policies side by side
+    if p.get("step_policy") in POLICY_OPTION:           # the policies side by side (each its own option)
         at = ("big_targets", model, mode, {"B": p["B"], "N": p["N"], "step_policy": p["step_policy"]})
         name, how = POLICY_OPTION[p["step_policy"]]
     what = f"{how}, k = {p['k']}, B={p['B']} per target, N={p['N']} per draft GPU"
     lab = f"remote {what}"
     ratio = fig(root, rel, t1.path, f"{lab}: over t(1)", "{:.2f}x", "emulated", hw, per=at + ("tpot_ms", "mean"))
     verifies = (p.get("rounds") or p.get("steps") or 0) * p["B"]
-    if p.get("speedup_interval") and p.get("speedup"):          # batch means over the point's steps, scaled
-        ratio.interval = tuple(ratio.value * x / p["speedup"] for x in p["speedup_interval"])
+    ci = p.get("tokens_per_s_interval")
+    if ci:                                     # batch means over the point's steps, relative to their own centre
+        ratio.interval = (ratio.value * ci["low"] / ci["point"], ratio.value * ci["high"] / ci["point"])
     else:
         ratio.interval = acceptance_interval(ratio.value, p["alpha"], p["k"], verifies)
     n = (p.get("request_tpot_ms") or {}).get("n", 0)
@@ -202,7 +203,7 @@ def _stream_option(root: Path, rel: str, model: str, mode: str, p: dict, t1: Fig
     details.append(fig(root, rel, at + ("tokens_per_round",), f"{lab}: tokens a round (expected "
                        f"{accepted_spread(p['alpha'], p['k'])[0]:.2f} at alpha {p['alpha']})", "{:.2f}", "emulated", hw))
     note = (f"{p.get('seconds', 0):.0f} s window, {verifies} verifies; " + (
-        "95% interval: a bootstrap over runs of consecutive steps" if p.get("speedup_interval") else
+        "95% interval: a bootstrap over runs of consecutive steps" if ci else
         "interval from the acceptance sample (round time as measured)"))
     return Option(name, what, fig(root, rel, at + ("tpot_ms", "mean"), f"{lab}: TPOT", "{:.1f} ms", "emulated", hw),
                   fig(root, rel, at + ("tokens_per_s_per_gpu",), f"{lab}: tokens/s per GPU (draft GPU counted)",
@@ -260,7 +261,7 @@ def target_big(root: Path, name: str, model: str, weights: str) -> Target | None
     opts = _replicas(root, rel, model, t1, key, hw)
     for mode, points in doc["big_targets"][model].items():
         if isinstance(points, list):
-            opts += [_stream_option(root, rel, model, mode, p, t1, key, hw) for p in points]
+            opts += [_stream_option(root, rel, model, mode, p, t1, key, hw) for p in points if "tpot_ms" in p]
     same = ((doc.get("colocated_emulated") or {}).get(model) or {}).get("points", [])
     opts += [_colocated_same(root, rel, model, p, t1, key, hw) for p in same if "tpot_ms" in p]
     return Target(name, f"{model} shape, {weights}; {harness}", t1, opts, key, "stream",

@@ -321,7 +321,7 @@ class EmulatedPipelined:
         dr, dh = view.restarts - s.get("restarts_seen", 0), view.hits - s.get("hits_seen", 0)
         s["restarts_seen"], s["hits_seen"] = view.restarts, view.hits
         self.rec["hits"] += dh
-        self.rec["misses"] += dr - dh
+        self.rec["misses"] += max(dr - dh, 0)
         if dh:
             s["hit_next"] = True
 

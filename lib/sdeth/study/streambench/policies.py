@@ -26,7 +26,7 @@ def points(run: dict):
     """(target label, point) for every pipelined point of a call: the 8B's, then the bigger targets'."""
     yield from (("8B", p) for p in run.get("remote_pipelined", {}).get("points", []))
     for model, part in (run.get("big_targets") or {}).items():
-        label = next(k for k, v in TARGETS.items() if v == model)
+        label = next((k for k, v in TARGETS.items() if v == model), model)
         yield from ((label, p) for p in part.get("pipelined", []))
 
 
@@ -67,6 +67,7 @@ def device_step_ms(run: dict, batch: int = 1) -> float | None:
 
 def goal_lines(runs: dict) -> list[str]:
     """The floor issue's H200 goals, each call's figure beside each goal."""
+    import pandas as pd
     t = policy_table(runs)
     if not len(t):
         return ["no step-policy calls in reports/gpu (bench streams --policy policy,sync,offered)"]
@@ -74,14 +75,19 @@ def goal_lines(runs: dict) -> list[str]:
     for name, run in runs.items():
         c = t[t["call"] == name]
         pol = c[c["policy"] == "policy"]
-        tag = f"{name} (read while stepping {'on' if run['remote_pipelined'].get('read_while_stepping') else 'off'})"
+        if not len(c):
+            continue
+        overlap = (run.get("remote_pipelined") or {}).get("read_while_stepping")
+        tag = f"{name} (read while stepping {'on' if overlap else 'off'})"
         for target, b, n, least in SPEEDUP_GOALS:
             row = pol[(pol["target"] == target) & (pol["B"] == b) & (pol["N"] == n)]
             if len(row):
                 r = row.iloc[0]
                 out.append(f"{tag}: {target} B={b} N={n} policy {r['speedup']:.2f}x [{r['low']}, {r['high']}] (goal "
                            f">= {least}: {'met' if r['speedup'] >= least else 'missed'})")
-        small = c[(c["B"] <= 4) & (c["N"] <= 4)]
+        small = c[(c["B"] <= 4) & (c["N"] <= 4)].dropna(subset=["restart p50 (periods)", "restart p99 (periods)"])
+        if not len(small):
+            continue
         worst50 = small.loc[small["restart p50 (periods)"].idxmax()]
         worst99 = small.loc[small["restart p99 (periods)"].idxmax()]
         p50_ok = all(r["restart p50 ms"] <= RESTART_P50 * r["period ms"] + LOOPBACK_TRANSIT_MS for _, r in small.iterrows())
@@ -101,7 +107,7 @@ def goal_lines(runs: dict) -> list[str]:
             by = {r["policy"]: r for _, r in g.iterrows()}
             if {"policy", "sync", "offered"} <= by.keys():
                 best = max(("sync", "offered"), key=lambda k: by[k]["speedup"])
-                floor = by[best]["low"] if by[best]["low"] is not None else by[best]["speedup"]
+                floor = by[best]["low"] if pd.notna(by[best]["low"]) else by[best]["speedup"]
                 if by["policy"]["speedup"] < floor:
                     worse.append(f"{target} B={b} N={n} ({by['policy']['speedup']:.3f} < {best}'s low end {floor})")
         out.append(f"{tag}: policy >= the better of sync and offered less its interval: "

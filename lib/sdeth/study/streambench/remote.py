@@ -221,11 +221,9 @@ def pipelined_part(res, name, addr, pool, tv, vocab, g, t_end, progress, save, p
         res[key] = {"draft": name, "address": "loopback TCP", "k": k, "window": PIPELINED_WINDOW,
                     "step_policies": list(g.policies), "read_while_stepping": g.read_while_stepping, "points": pts}
     grid = [(b, n) for b, n in points or g.pipelined or pipelined_grid() if all((b, m) in tv for m in range(k + 1))]
-    i = 0
-    for b, n in grid:
+    for i, (b, n) in enumerate(grid):
         seconds = point_seconds(g, tv, b, n)
-        for policy in g.policies:
-            i += 1
+        for policy in g.policies:            # (one seed a point: each policy meets the same coins)
             if time.time() + seconds + 10 > t_end:
                 pts.append({"label": label, "B": b, "N": n, "k": k, "step_policy": policy, "skipped": "out of time"})
                 continue
