@@ -17,7 +17,7 @@ LOCAL_WHEELS ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/nul
 TORCH_INDEX ?= $(if $(wildcard $(LOCAL_WHEELS)/torch-2.13.0+cpu*),,--extra-index-url https://download.pytorch.org/whl/cpu)
 STAMP  := $(VENV)/.installed-$(REQ)
 
-.PHONY: venv prepare test test-fast test-vllm-server soak report clean-reports distill-cpu bench-gpu bench-step bench-vllm bench-baseline-h200 bench-link-cpu
+.PHONY: venv prepare test test-fast test-vllm-server soak report clean-reports distill-cpu bench-gpu bench-step bench-vllm bench-baseline-h200 bench-branches-link-gpu bench-link-cpu
 
 venv: $(STAMP)
 
@@ -90,6 +90,21 @@ bench-baseline-h200:
 	$(BENCH_PY) -m sdeth bench rtt --pair random-qwen3-8b/1.7b --synthetic-alpha 0.71 --device cuda:0 \
 		--draft-device cuda:1 --impl fast --compile default --requests 16 --context 512 --max-tokens 128 \
 		--k 3 --k-max 8 --rtts 0.02,0.5,2,5 --json reports/gpu/bench_rtt_1.7b_link.json
+
+# Branches sent ahead and what Ethernet costs, on one GPU (about 9 minutes a call): colocated SD in the same harness
+# (the 8B, 32B and 72B-class targets emulated at their measured t_v), then branches sent ahead against the verdict
+# cache off at three hit rates (synthetic 0.9 and 0.5, the embedded pair's trace) at B=1 N=1 and on a full server
+# (4 targets of 4 streams on 16 rows), then the link curve: each target through a delay relay at 0.02-2 ms injected
+# round trip under the step policy and sync. CALL numbers the file (reports/gpu/bench_streams_ssd_link_<CALL>.json);
+# 25_draft_server reads every such file.
+CALL ?= 12
+bench-branches-link-gpu:
+	$(BENCH_PY) -m sdeth bench streams --call $(CALL) --only-ssd --only-link --models-compile default --compile "" \
+		--colocated-emulated Qwen3-8B,Qwen3-32B,Qwen2.5-72B --batches 1 --colocated-ks 3 --colocated-s 4 \
+		--verdict-cache off,4x4x8+ahead --ssd-targets Qwen3-8B,Qwen3-32B,Qwen2.5-72B --ssd-points 1:1,4:4 \
+		--ssd-rows 16 --ssd-ranks synthetic:0.9,synthetic:0.5,trace --ssd-s 5 --link-rtts 0.02,0.5,1,2 \
+		--link-points 1:1 --policy policy,sync --min-steps 1000 --max-s 5 --remote-s 3 --budget-s 540 \
+		--json reports/gpu/bench_streams_ssd_link_$(CALL).json
 
 # What Ethernet costs on the CPU testbed: the link curve through the real draft server (reports/link_cpu.json, ~6 min)
 bench-link-cpu: prepare

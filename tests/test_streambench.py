@@ -257,3 +257,52 @@ def test_the_ssd_points_with_branches_sent_ahead(fast):
     assert ahead["ahead"] and ahead["hits"] > 0 and ahead["hit_next_offered"] > 0, ahead
     assert ahead["answer_wait_ms"] is None and not pts["off"]["verdict_cache"]["ahead"]
     assert pts["2x4x4+ahead"]["model_cached"]["terms"]["hit"] > 0.5
+    from sdeth.study.streambench import hitcurve      # the hit-rate curve from the same points
+    res["ssd"].update(k=sb.PIPELINED_K, targets=["Qwen3-8B"], server_rows=8)
+    c = hitcurve.curve(res, "Qwen3-8B", 1, 2)
+    assert c["spec"] == "2x4x4+ahead" and {m["spec"] for m in c["measured"]} == {"off", "2x4x4+ahead"}
+    sweep = c["model"]
+    assert len(sweep) == 11 and sweep[0]["hit_rate"] == 0 and sweep[-1]["hit_rate"] > 0.5
+    assert sweep[-1]["speedup"] > sweep[0]["speedup"]          # every hit saves a restart
+    assert c["colocated_speedup"] is None and c["hit_to_beat_colocated"] is None
+    assert len(hitcurve.curve_table([{"call": "c", **c}])) == 2
+
+
+def test_the_hit_rate_crossing_reads_between_the_sweeps_points():
+    from sdeth.study.streambench.hitcurve import crossing
+    sweep = [{"hit_rate": 0.0, "speedup": 1.5}, {"hit_rate": 0.4, "speedup": 1.9}, {"hit_rate": 0.8, "speedup": 2.3}]
+    assert crossing(sweep, 2.1) == pytest.approx(0.6) and crossing(sweep, 1.2) == 0.0
+    assert crossing(sweep, 2.5) == "not reached" and crossing(sweep, None) is None
+
+
+def test_the_link_points_go_through_a_delay_relay_and_carry_the_model_between(fast):
+    """The link part (a tiny draft server, a thread): each injected round trip through a delay relay (a process),
+    its Ping through the relay recorded; the commit's transit grows with the delay; the event model's curve, fed the
+    lowest point, falls as the round trip grows and holds each measured point."""
+    from sdeth.study.streambench.link import link_points
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    server = build_server(fast, sb.welcome("tiny", 300, 8), DraftServerConfig(8, 256, ttl_s=30, prefill_chunk=16,
+                                                                             limits=ServerLimits(reserve=0)))
+    threading.Thread(target=server.serve, args=(addr,), kwargs={"max_seconds": 60}, daemon=True).start()
+    g = sb.Grid(link_rtts=(0.02, 6.0), link_targets=("Qwen3-8B",), link_points=((1, 1),), policies=("offered",),
+                remote_s=1.5, prompt=PROMPT, context=100)
+    res = {"link": {"targets": {}, "points": []}}
+    with sb.Targets(1) as pool:
+        link_points(res, "Qwen3-1.7B", addr, pool, 300, g, time.time() + 90, lambda line: None, lambda: None)
+    pts = {p["injected_rtt_ms"]: p for p in res["link"]["points"]}
+    assert set(pts) == {0.02, 6.0} and all("error" not in p for p in pts.values()), res["link"]["points"]
+    near, far = pts[0.02], pts[6.0]
+    assert "6 ms injected round trip" in far["label"] and far["target"] == "Qwen3-8B"
+    assert far["probe_rtt_ms"] >= 6.0 > near["probe_rtt_ms"]
+    assert far["timeline_ms"]["sent_to_read"]["p50"] >= 3.0 > near["timeline_ms"]["sent_to_read"]["p50"]
+    (m,) = res["link"]["model"]
+    curve = [c["speedup"] for c in m["curve"]]
+    assert m["fed_from_rtt_ms"] == 0.02 and curve[0] > curve[-1]
+    assert all(b <= a + 0.02 for a, b in zip(curve, curve[1:])), curve     # (the event model draws its own coins)
+    assert [x["injected_rtt_ms"] for x in m["measured"]] == [0.02, 6.0]
+    assert all(x["measured_over_model"] > 0 for x in m["measured"])
+    assert m["measured"][0]["measured_over_scaled_model"] == 1.0           # the scaled curve holds its lowest point
+    from sdeth.study.streambench.link import link_lines, link_table
+    (line,) = link_lines({"c": res})
+    assert "2 round trips measured" in line and "within 10%" in line
+    assert list(link_table({"c": res})["injected RTT ms"]) == [0.02, 6.0]

@@ -170,6 +170,17 @@ class DraftServerClient:
         self.client.close()
 
 
+def ping_ms(addr: str, hello: protocol.Hello, n: int = 10, timeout_s: float = 2.0) -> float:
+    """The link's round trip to the draft server at addr (the median of n Ping/Pong, ms)."""
+    c, ts = DraftServerClient(addr, hello, timeout_s=10), []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        c.client.call(protocol.Ping(time.time()), timeout_s=timeout_s)
+        ts.append((time.perf_counter() - t0) * 1e3)
+    c.close()
+    return sorted(ts)[n // 2]
+
+
 class ServerDraft:
     """One sequence on a draft server as the sync loop's draft source (runtime.roles.DraftSource)."""
     starts_async = True

@@ -37,10 +37,9 @@ from ...runtime.loop import Drafter, generate_sd, generate_target_only
 from ...runtime.pipeline import generate_pipelined
 from ...runtime.verify import Sampling
 from ...wire import protocol
-from ...wire.draft_client import DraftServerClient, ServerDraft, ServerStream
+from ...wire.draft_client import DraftServerClient, ServerDraft, ServerStream, ping_ms
 from ...wire.draft_server import DraftServerConfig, pair_server
 from ..config import RunConfig, encode_prompts
-from .ssd_cpu import ping_ms
 
 LABEL = ("measured on the CPU: the embedded pair (SmolLM2-135M target, its 6-layer draft), greedy, real acceptance; "
          "the real draft server over loopback TCP through a delay relay")

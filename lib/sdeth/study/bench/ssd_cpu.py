@@ -36,7 +36,7 @@ from ...costmodel import step_setting
 from ...runtime.pipeline import generate_pipelined
 from ...runtime.verify import Sampling
 from ...wire import protocol
-from ...wire.draft_client import DraftServerClient, ServerStream
+from ...wire.draft_client import DraftServerClient, ServerStream, ping_ms
 from ...wire.draft_server import DraftServerConfig, pair_server
 from ..config import RunConfig, encode_prompts
 
@@ -111,17 +111,6 @@ def _streams(addr: str, pair, hello: protocol.Hello, shares: list, cfg: SsdCpuCo
     if errs:
         raise RuntimeError(f"a pipelined stream failed: {errs[0]!r}") from errs[0]
     return [r for i in range(len(shares)) for r in out[i]]
-
-
-def ping_ms(addr: str, hello: protocol.Hello, n: int = 10, timeout_s: float = 2.0) -> float:
-    """The link's round trip to the server (median of n Ping/Pong, ms)."""
-    c, ts = DraftServerClient(addr, hello, timeout_s=10), []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        c.client.call(protocol.Ping(time.time()), timeout_s=timeout_s)
-        ts.append((time.perf_counter() - t0) * 1e3)
-    c.close()
-    return sorted(ts)[n // 2]
 
 
 def _components(recs: list, server, c0: float, s0: int, rtt_ms: float) -> dict:

@@ -13,14 +13,15 @@ from ...costmodel import POLICIES
 from ...models.presets import shape
 from ..bench.targets import DRAFT_ALPHA
 from ..bench.step import copy_bandwidth
-from .colocated import colocated_emulated_part, colocated_part
+from .colocated import colocated_emulated_part, colocated_part, colocated_real_part
 from .common import (CONTEXT, CONTEXTS, DRAFT_K, GOALS, SERVER_ROWS, TARGET, Grid, allow_recompiles,
                      build_fast, compiled, free)
 from .draftstep import draft_step, goal_check
+from .link import link_part
 from .remote import remote_part
 from .ssd import SSD_ALPHA, ssd_part
 from .report import NOTES, draft_row, summary_lines
-from .target import target_points, tv_table
+from .target import big_tv, target_points, tv_table
 
 def run_call(call: int, json_path: str, grid: Grid, drafts=("Qwen3-1.7B",), device: str = "cuda:0",
              budget_s: float = 500, quick: bool = False, progress=print) -> dict:
@@ -46,10 +47,22 @@ def run_call(call: int, json_path: str, grid: Grid, drafts=("Qwen3-1.7B",), devi
            "draft_step": [], "target": {}, "colocated": [], "remote": {}, "goal_check": [], "skipped": []}
     save = lambda: Path(json_path).write_text(json.dumps(res, indent=1, default=str))  # noqa: E731
     first = drafts[0]
-    if g.only_ssd:                # (its own bench name: the streams tables read complete calls only)
-        res["bench"] = "streams-ssd"
-        res["settings"]["acceptance"] = "ranks (streambench.ranks: trace-driven or synthetic), target side"
-        ssd_part(res, first, device, g, t_end, progress, save)
+    if g.only_ssd or g.only_link:     # (their own bench name: the streams tables read complete calls only)
+        res["bench"] = "streams-ssd" if g.only_ssd else "streams-link"
+        if g.only_ssd:
+            res["settings"]["acceptance"] = "ranks (streambench.ranks: trace-driven or synthetic), target side"
+        if g.colocated_emulated:      # the line the remote figures are held against: colocated SD, same harness
+            dfast = build_fast(first, device, 1)
+            colocated_emulated_part(res, dfast, first, big_tv(TARGET, sorted(set(g.colocated_batches)),
+                                                              max(g.colocated_ks)), g, t_end, progress, save)
+            if g.colocated_real:      # real targets beside their emulation at this call's t_v
+                colocated_real_part(res, dfast, first, g.colocated_real, device, g, t_end, progress, save)
+            del dfast
+            free()
+        if g.only_ssd:
+            ssd_part(res, first, device, g, t_end, progress, save)
+        if g.only_link:
+            link_part(res, first, device, g, t_end, progress, save)
         res["wall_s"] = round(time.time() - t_start, 1)
         save()
         return res
@@ -72,6 +85,8 @@ def run_call(call: int, json_path: str, grid: Grid, drafts=("Qwen3-1.7B",), devi
     extras(res, dfast, first, tdec, g, device, t_end, progress, save)
     if g.verdict_caches:
         ssd_part(res, first, device, g, t_end, progress, save)
+    if g.link_rtts:
+        link_part(res, first, device, g, t_end, progress, save)
     res["wall_s"] = round(time.time() - t_start, 1)
     save()
     for line in summary_lines(res):
@@ -116,6 +131,16 @@ def ints(text: str) -> tuple:
     return tuple(int(x) for x in text.split(",") if x)
 
 
+def floats(text: str) -> tuple:
+    try:
+        out = tuple(float(x) for x in text.split(",") if x)
+    except ValueError:
+        raise SystemExit(f"{text!r}: give numbers, comma-separated, e.g. 0.02,0.5,1,2") from None
+    if any(x < 0 for x in out):
+        raise SystemExit(f"{text!r}: a round trip is 0 ms or more")
+    return out
+
+
 def names(text: str) -> tuple:
     return tuple(x for x in text.split(",") if x)
 
@@ -144,13 +169,18 @@ def grid_of(a) -> Grid:
     g.min_steps, g.max_s, g.read_while_stepping = a.min_steps, a.max_s, a.read_while_stepping
     if g.only_ssd and not a.verdict_cache:
         raise SystemExit("--only-ssd runs the verdict cache's part: give --verdict-cache, e.g. off,on")
+    g.only_link = a.only_link
+    if g.only_link and not a.link_rtts:
+        raise SystemExit("--only-link runs the link part: give --link-rtts, e.g. 0.02,0.5,1,2 (ms)")
     for name, text, parse in (("compile_modes", a.compile, lambda t: tuple(x for x in t.split(",") if x)),
                               ("batches", a.batches, ints), ("colocated_batches", a.batches, ints),
                               ("verify_ks", a.verify_ks, ints), ("pipelined", a.pipelined, pairs), ("big_points", a.big_points, pairs),
                               ("remote_batches", a.remote_batches, ints), ("remote_ns", a.remote_ns, ints),
                               ("remote_ks", a.remote_ks, ints), ("colocated_ks", a.colocated_ks, ints),
                               ("verdict_caches", a.verdict_cache, names), ("ssd_targets", a.ssd_targets, names),
-                              ("ssd_points", a.ssd_points, pairs), ("ssd_ranks", a.ssd_ranks, names)):
+                              ("ssd_points", a.ssd_points, pairs), ("ssd_ranks", a.ssd_ranks, names),
+                              ("link_rtts", a.link_rtts, floats), ("link_targets", a.link_targets, names),
+                              ("link_points", a.link_points, pairs), ("colocated_real", a.colocated_real, names)):
         if text is not None:
             setattr(g, name, parse(text))
     return g
@@ -192,7 +222,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--colocated-ks", default=None, help="colocated: k values (default 2, 3, 4, 5)")
     ap.add_argument("--verdict-cache", default=None, help="the ssd part: the servers' verdict caches, comma-separated "
                     "(e.g. off,on or off,4x4x8; default: the part is left out)")
-    ap.add_argument("--only-ssd", action="store_true", help="run the ssd part alone")
+    ap.add_argument("--only-ssd", action="store_true", help="run the ssd part alone (with --colocated-emulated "
+                    "first, if given; with --only-link, the link part after it)")
     ap.add_argument("--policy", default="policy", help="the pipelined targets' step policies, comma-separated, each "
                     "point run under each in turn: policy (long-run tokens/s), sync (always wait for k), offered (go "
                     "with what is on offer; the earlier rule), adaptive, fixed")
@@ -208,6 +239,16 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--ssd-s", type=float, default=1.5, help="ssd: seconds of each point")
     ap.add_argument("--ssd-rows", type=int, default=0, help="ssd: the servers' cache rows (default 128; B*N of "
                     "them: a full server, whose cache drafts no branch)")
+    ap.add_argument("--colocated-real", default=None, help="with --only-ssd or --only-link and --colocated-emulated: "
+                    "colocated SD with a real target of these shapes too (random bf16 weights), beside it emulated at "
+                    "the t_v this call measures, comma-separated, e.g. Qwen3-32B")
+    ap.add_argument("--link-rtts", default=None, help="the link part: round trips (ms) injected by a delay relay in "
+                    "front of the draft server, comma-separated, e.g. 0.02,0.5,1,2 (default: the part is left out)")
+    ap.add_argument("--only-link", action="store_true", help="run the link part alone (with --colocated-emulated "
+                    "first, if given: colocated SD in the same harness)")
+    ap.add_argument("--link-targets", default=None, help="link: emulated targets (default "
+                    "Qwen3-8B,Qwen3-32B,Qwen2.5-72B)")
+    ap.add_argument("--link-points", default=None, help="link: (B, N) as B:N,... (default 1:1)")
     return ap
 
 

@@ -229,3 +229,48 @@ def colocated_emulated_part(res, dfast, name, own_tv, g, t_end, progress, save) 
         save()
     del ddec, drafter
     free()
+
+
+def colocated_real_part(res, dfast, name, models, device, g, t_end, progress, save) -> None:
+    """Colocated SD with a real target of each named shape (random bf16 weights, one process, one GPU) beside the
+    same target emulated at the t_v this call measures of it (graph replays), each (B, k) of the grid: real over
+    emulated says what the emulation leaves out (the target's host work per round), apart from t_v's drift between
+    calls (colocated_emulated reads t_v from `bench targets`)."""
+    from .common import build_fast
+    from .target import target_points, tv_table
+    batches, ks = sorted(set(g.colocated_batches)), g.colocated_ks
+    ddec = BatchDecoder(dfast, max(batches), CONTEXT + SLACK, compile_mode=g.models_compile)
+    ddec.warm(buckets=tuple(batches), widths=(1, 2), spans=(ddec.span_for(CONTEXT),))
+    drafter = BatchDrafter(ddec, dfast.vocab, chunk=PREFILL_CHUNK)
+    out = res.setdefault("colocated_real", {})
+    for model in models:
+        if time.time() + 90 > t_end:
+            res["skipped"].append(f"colocated real {model}: out of time")
+            continue
+        tfast = build_fast(model, device, 0)
+        tdec, tpts = target_points(tfast, batches, tuple(range(1, max(ks) + 1)), compile_mode=g.models_compile)
+        tv = tv_table(tpts)
+        part = out[model] = {"draft": name, "t_v_ms": {f"{b},{m}": v for (b, m), v in tv.items()},
+                             "target_points": tpts, "points": [], "real_over_emulated": []}
+        for b in batches:
+            for k in ks:
+                if time.time() + 2 * g.colocated_s + 5 > t_end:
+                    res["skipped"].append(f"colocated real {model} B={b} k={k}: out of time")
+                    continue
+                real = colocated_point(drafter, tdec, b, k, DRAFT_ALPHA[name], g.colocated_s, seed=b * 10 + k,
+                                       label=f"measured: the {model} shape and the draft shape on one GPU, one process")
+                emu = colocated_point(drafter, None, b, k, DRAFT_ALPHA[name], g.colocated_s, seed=b * 10 + k,
+                                      tv_ms=tv, label=emulated_label(model) + ", t_v measured in this call")
+                part["points"] += [{"draft": name, "target_model": model, **real},
+                                   {"draft": name, "target_model": model, **emu}]
+                part["real_over_emulated"].append({
+                    "B": b, "k": k, "tpot_mean": round(real["tpot_ms"]["mean"] / emu["tpot_ms"]["mean"], 3),
+                    "round_ms_p50": round(real["round_ms"]["p50"] / emu["round_ms"]["p50"], 3),
+                    "verify_ms_mean": (real["verify_ms_mean"], emu["verify_ms_mean"]),
+                    "draft_ms_mean": (real["draft_ms_mean"], emu["draft_ms_mean"])})
+                progress(f"colocated real {model}: " + colocated_row(real) + " | emulated: " + colocated_row(emu))
+                save()
+        del tdec, tfast
+        free()
+    del ddec, drafter
+    free()

@@ -63,6 +63,7 @@ class Grid:
     big_targets: tuple = ()            # emulated bigger targets (t_v from bench targets), pipelined and sync
     big_points: tuple = ((1, 1), (1, 4), (2, 4), (4, 4))   # their (B, N)
     colocated_emulated: tuple = ()     # colocated SD against these emulated targets (t_v in series), B and k as colocated
+    colocated_real: tuple = ()         # (the ssd and link parts' calls) colocated SD with these real targets too
     prompt: int = PROMPT
     context: int = CONTEXT
     verdict_caches: tuple = ()         # the ssd part's server settings, e.g. ("off", "on"); () leaves it out
@@ -72,6 +73,10 @@ class Grid:
     ssd_ranks: tuple = ("trace", "synthetic:0.9")                  # streambench.ranks specs
     ssd_s: float = 1.5                 # seconds of each ssd point
     ssd_rows: int = SERVER_ROWS        # the ssd servers' cache rows (B*N of them: a full server)
+    link_rtts: tuple = ()              # the link part's injected round trips (ms); () leaves it out
+    only_link: bool = False            # run the link part alone (with colocated_emulated first, if given)
+    link_targets: tuple = ("Qwen3-8B", "Qwen3-32B", "Qwen2.5-72B")  # emulated from their t_v (bench targets)
+    link_points: tuple = ((1, 1),)     # their (B, N)
 
     def quick(self) -> "Grid":
         """A small grid (a smoke run)."""
