@@ -64,6 +64,7 @@ class Target:
     where: str = ""          # the hardware and link in a few words (the verdict's)
     apart: list[Option] = field(default_factory=list)    # measured on another baseline: details only
     modelled: list[Figure] = field(default_factory=list)  # the models fed this row's components: details only
+    link: list[Figure] = field(default_factory=list)      # what Ethernet costs (a device call's link curve): details
 
 
 def baseline_key(definition: str, harness: str, t1: Figure) -> str:
@@ -285,10 +286,44 @@ def crossover(root: Path, name: str) -> list[Figure]:
     return [f for f in out if f]
 
 
+LINK_MODELS = {"8B": "Qwen3-8B", "32B": "Qwen3-32B", "72B-class": "Qwen2.5-72B"}   # a row's emulated shape
+
+
+def link_call(root: Path) -> tuple[str, dict] | None:
+    """The newest device call with a link part (`bench streams --link-rtts`): (its path, its document)."""
+    docs = [(f"reports/gpu/{p.name}", load(root, f"reports/gpu/{p.name}")) for p in (root / "reports/gpu").glob("*link*.json")]
+    docs = [(rel, d) for rel, d in docs if d and d.get("link", {}).get("points")]
+    return max(docs, key=lambda x: (x[1].get("call", 0), x[0])) if docs else None
+
+
+def link_figures(root: Path, name: str, policy: str = "policy") -> list[Figure]:
+    """What Ethernet costs for a row's shape: remote SD under the step policy at each injected round trip of the
+    newest link call (measured, with its interval; the event model beside it). Its own call and harness: shown in
+    the details row, never compared with the row's options."""
+    got, model = link_call(root), LINK_MODELS.get(name)
+    if not got or not model:
+        return []
+    rel, doc = got
+    hw = (f"1x {(doc.get('hardware') or {}).get('label', '?')}: emulated {model} targets, the real draft server "
+          f"through a delay relay, call {doc.get('call', '?')}")
+    out = []
+    for p in sorted((p for p in doc["link"]["points"] if p.get("target") == model and p.get("step_policy") == policy
+                     and (p["B"], p["N"]) == (1, 1) and "speedup" in p), key=lambda p: p["injected_rtt_ms"]):
+        r = p["injected_rtt_ms"]
+        at = ("link", "points", {"target": model, "step_policy": policy, "injected_rtt_ms": r, "B": 1, "N": 1})
+        out += [fig(root, rel, at + ("speedup",), f"what Ethernet costs: remote step policy at {r:g} ms injected "
+                    "round trip, over the target alone", "{:.2f}x", "emulated", hw, interval=at + ("speedup_interval",)),
+                fig(root, rel, ("link", "model", {"target": model, "step_policy": policy, "B": 1, "N": 1}, "measured",
+                                {"injected_rtt_ms": r}, "model"), f"what Ethernet costs: the event model at {r:g} ms",
+                    "{:.2f}x", "modelled", hw)]
+    return [f for f in out if f]
+
+
 def targets(root: Path) -> list[Target]:
     root = Path(root)
     out = [t for t in (target_8b(root), target_big(root, "32B", "Qwen3-32B", "bf16"),
                        target_big(root, "72B-class", "Qwen2.5-72B", "fp8")) if t]
     for t in out:
         t.modelled = crossover(root, t.name)
+        t.link = link_figures(root, t.name)
     return out

@@ -114,6 +114,8 @@ def _details(t: Target) -> list[Cell]:
                   f"{o.baseline.split(' | ')[0]}; {o.note}") for o in t.apart]
     never = [o for o in ("remote sync", "remote pipelined") if not any(f.label.startswith(f"modelled: {o} ")
                                                                        for f in t.modelled)]
+    rows += [Cell(t.name, "details", "details", None, t.link, "what Ethernet costs: a device call's link curve "
+                  "(its own call and harness, not compared with this row's options)")] if t.link else []
     return rows + ([Cell(t.name, "details", "details", None, t.modelled, "what would change the answer: the models "
                          "fed this row's components" + (f"; {' and '.join(never)} never beat colocated SD below alpha "
                                                         "0.99" if never else ""))] if t.modelled else [])
