@@ -17,7 +17,7 @@ LOCAL_WHEELS ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/nul
 TORCH_INDEX ?= $(if $(wildcard $(LOCAL_WHEELS)/torch-2.13.0+cpu*),,--extra-index-url https://download.pytorch.org/whl/cpu)
 STAMP  := $(VENV)/.installed-$(REQ)
 
-.PHONY: venv prepare test test-fast test-vllm-server soak report clean-reports distill-cpu bench-gpu bench-step bench-vllm bench-baseline-h200 bench-branches-link-gpu bench-link-cpu
+.PHONY: venv prepare test test-fast test-vllm-server soak report clean-reports distill-cpu bench-gpu bench-step bench-vllm bench-baseline-h200 bench-branches-link-gpu bench-colocated-real-gpu bench-link-cpu
 
 venv: $(STAMP)
 
@@ -105,6 +105,14 @@ bench-branches-link-gpu:
 		--ssd-rows 16 --ssd-ranks synthetic:0.9,synthetic:0.5,trace --ssd-s 5 --link-rtts 0.02,0.5,1,2 \
 		--link-points 1:1 --policy policy,sync --min-steps 1000 --max-s 5 --remote-s 3 --budget-s 540 \
 		--json reports/gpu/bench_streams_ssd_link_$(CALL).json
+
+# Real colocated SD beside its emulation on one GPU (about 3 minutes): the Qwen3-8B and Qwen3-32B shapes (random bf16
+# weights) as real targets with the draft in one process, and each emulated at the t_v the call measures of it, at
+# B = 1 and 4; real over emulated says what the remote options' harness leaves out (reports/gpu/bench_streams_colocated_<CALL>.json).
+bench-colocated-real-gpu:
+	$(BENCH_PY) -m sdeth bench streams --call $(CALL) --only-colocated --models-compile default --compile "" \
+		--colocated-real Qwen3-8B,Qwen3-32B --batches 1,4 --colocated-ks 3 --colocated-s 4 --budget-s 400 \
+		--json reports/gpu/bench_streams_colocated_$(CALL).json
 
 # What Ethernet costs on the CPU testbed: the link curve through the real draft server (reports/link_cpu.json, ~6 min)
 bench-link-cpu: prepare

@@ -306,3 +306,27 @@ def test_the_link_points_go_through_a_delay_relay_and_carry_the_model_between(fa
     (line,) = link_lines({"c": res})
     assert "2 round trips measured" in line and "within 10%" in line
     assert list(link_table({"c": res})["injected RTT ms"]) == [0.02, 6.0]
+
+
+def test_a_colocated_only_call_sets_a_real_target_beside_its_emulation(tmp_path, monkeypatch):
+    """`bench streams --only-colocated --colocated-real` on a CPU (tiny-2L as draft and target): the real target's
+    t_v measured in the call, colocated SD with it and with its emulation at that t_v, their ratio per (B, k)."""
+    import json
+    from sdeth.study.bench.targets import DRAFT_ALPHA
+    from sdeth.study.streambench.call import grid_of, parser, run_call
+    monkeypatch.setitem(DRAFT_ALPHA, "tiny-2L", 0.71)
+    g = grid_of(parser().parse_args(["--json", "x", "--only-colocated", "--colocated-real", "tiny-2L", "--batches",
+                                     "1", "--colocated-ks", "2", "--colocated-s", "0.5"]))
+    g.prompt, g.context = PROMPT, 100
+    path = tmp_path / "colocated.json"
+    run_call(1, str(path), g, ("tiny-2L",), "cpu", budget_s=120, progress=lambda line: None)
+    res = json.loads(path.read_text())
+    part = res["colocated_real"]["tiny-2L"]
+    assert res["bench"] == "streams-colocated" and set(part["t_v_ms"]) == {"1,0", "1,1", "1,2"}
+    real, emu = part["points"]
+    assert real["target"] == "real" and emu["target"] == "emulated" and "measured in this call" in emu["label"]
+    (r,) = part["real_over_emulated"]
+    assert (r["B"], r["k"]) == (1, 2) and r["tpot_mean"] == pytest.approx(real["tpot_ms"]["mean"] / emu["tpot_ms"]["mean"],
+                                                                          abs=1e-3)
+    with pytest.raises(SystemExit, match="--only-colocated"):
+        grid_of(parser().parse_args(["--json", "x", "--only-colocated"]))

@@ -382,17 +382,15 @@ class BatchDrafter:
         slot), each row's first drafted position [R] and the end of its own drafts (n + k) [R], on the device
         in one copy."""
         cap = self.dec.capacity
-        t = torch.zeros((5, R, W), dtype=torch.long)
-        t[2].fill_(cap)
-        t[4].fill_(1)
+        ids, pos, slots = [[0] * W] * R, [[0] * W] * R, [[cap] * W] * R     # (rows are replaced, never mutated)
+        base, stop = [[0] * W] * R, [[1] * W] * R
         for seq, k in batch:
             pad = W - len(seq.pending)          # a row with fewer tokens repeats its first at its own position
-            t[0, seq.row] = torch.tensor(seq.pending[:1] * pad + seq.pending)
-            t[1, seq.row] = torch.tensor([seq.fed] * pad + list(range(seq.fed, seq.n)))
-            t[2, seq.row] = t[1, seq.row]
-            t[3, seq.row] = seq.n
-            t[4, seq.row] = seq.n + k
-        if self.device.type == "cuda":
+            ids[seq.row] = seq.pending[:1] * pad + seq.pending
+            pos[seq.row] = slots[seq.row] = [seq.fed] * pad + list(range(seq.fed, seq.n))
+            base[seq.row], stop[seq.row] = [seq.n] * W, [seq.n + k] * W
+        t = torch.tensor([ids, pos, slots, base, stop], dtype=torch.long)     # one tensor from lists: the host work
+        if self.device.type == "cuda":                                       # of a step grows with its rows
             t = t.pin_memory()
         t = t.to(self.device, non_blocking=True)
         return t[0], t[1], t[2], t[3][:, 0], t[4][:, 0]

@@ -47,15 +47,17 @@ def run_call(call: int, json_path: str, grid: Grid, drafts=("Qwen3-1.7B",), devi
            "draft_step": [], "target": {}, "colocated": [], "remote": {}, "goal_check": [], "skipped": []}
     save = lambda: Path(json_path).write_text(json.dumps(res, indent=1, default=str))  # noqa: E731
     first = drafts[0]
-    if g.only_ssd or g.only_link:     # (their own bench name: the streams tables read complete calls only)
-        res["bench"] = "streams-ssd" if g.only_ssd else "streams-link"
+    if g.only_ssd or g.only_link or g.only_colocated:     # (their own bench name: the streams tables read complete
+        res["bench"] = ("streams-ssd" if g.only_ssd else "streams-link" if g.only_link  # calls only)
+                        else "streams-colocated")
         if g.only_ssd:
             res["settings"]["acceptance"] = "ranks (streambench.ranks: trace-driven or synthetic), target side"
-        if g.colocated_emulated:      # the line the remote figures are held against: colocated SD, same harness
-            dfast = build_fast(first, device, 1)
-            colocated_emulated_part(res, dfast, first, big_tv(TARGET, sorted(set(g.colocated_batches)),
-                                                              max(g.colocated_ks)), g, t_end, progress, save)
-            if g.colocated_real:      # real targets beside their emulation at this call's t_v
+        if g.colocated_emulated or g.colocated_real:   # the line the remote figures are held against: colocated SD in
+            dfast = build_fast(first, device, 1)        # the same harness; real targets beside their emulation
+            if g.colocated_emulated:
+                colocated_emulated_part(res, dfast, first, big_tv(TARGET, sorted(set(g.colocated_batches)),
+                                                                  max(g.colocated_ks)), g, t_end, progress, save)
+            if g.colocated_real:
                 colocated_real_part(res, dfast, first, g.colocated_real, device, g, t_end, progress, save)
             del dfast
             free()
@@ -169,7 +171,10 @@ def grid_of(a) -> Grid:
     g.min_steps, g.max_s, g.read_while_stepping = a.min_steps, a.max_s, a.read_while_stepping
     if g.only_ssd and not a.verdict_cache:
         raise SystemExit("--only-ssd runs the verdict cache's part: give --verdict-cache, e.g. off,on")
-    g.only_link = a.only_link
+    g.only_link, g.only_colocated = a.only_link, a.only_colocated
+    if g.only_colocated and not (a.colocated_emulated or a.colocated_real):
+        raise SystemExit("--only-colocated runs colocated SD in the remote options' harness: give --colocated-emulated "
+                         "and/or --colocated-real, e.g. --colocated-emulated Qwen3-32B --colocated-real Qwen3-32B")
     if g.only_link and not a.link_rtts:
         raise SystemExit("--only-link runs the link part: give --link-rtts, e.g. 0.02,0.5,1,2 (ms)")
     for name, text, parse in (("compile_modes", a.compile, lambda t: tuple(x for x in t.split(",") if x)),
@@ -239,9 +244,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--ssd-s", type=float, default=1.5, help="ssd: seconds of each point")
     ap.add_argument("--ssd-rows", type=int, default=0, help="ssd: the servers' cache rows (default 128; B*N of "
                     "them: a full server, whose cache drafts no branch)")
-    ap.add_argument("--colocated-real", default=None, help="with --only-ssd or --only-link and --colocated-emulated: "
-                    "colocated SD with a real target of these shapes too (random bf16 weights), beside it emulated at "
+    ap.add_argument("--colocated-real", default=None, help="with --only-ssd, --only-link or --only-colocated: "
+                    "colocated SD with a real target of these shapes (random bf16 weights), beside it emulated at "
                     "the t_v this call measures, comma-separated, e.g. Qwen3-32B")
+    ap.add_argument("--only-colocated", action="store_true", help="run colocated SD in the remote options' harness "
+                    "alone (--colocated-emulated, --colocated-real)")
     ap.add_argument("--link-rtts", default=None, help="the link part: round trips (ms) injected by a delay relay in "
                     "front of the draft server, comma-separated, e.g. 0.02,0.5,1,2 (default: the part is left out)")
     ap.add_argument("--only-link", action="store_true", help="run the link part alone (with --colocated-emulated "

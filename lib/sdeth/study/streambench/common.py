@@ -75,6 +75,7 @@ class Grid:
     ssd_rows: int = SERVER_ROWS        # the ssd servers' cache rows (B*N of them: a full server)
     link_rtts: tuple = ()              # the link part's injected round trips (ms); () leaves it out
     only_link: bool = False            # run the link part alone (with colocated_emulated first, if given)
+    only_colocated: bool = False       # run colocated_emulated and colocated_real alone
     link_targets: tuple = ("Qwen3-8B", "Qwen3-32B", "Qwen2.5-72B")  # emulated from their t_v (bench targets)
     link_points: tuple = ((1, 1),)     # their (B, N)
 
