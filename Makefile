@@ -17,7 +17,7 @@ LOCAL_WHEELS ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/nul
 TORCH_INDEX ?= $(if $(wildcard $(LOCAL_WHEELS)/torch-2.13.0+cpu*),,--extra-index-url https://download.pytorch.org/whl/cpu)
 STAMP  := $(VENV)/.installed-$(REQ)
 
-.PHONY: venv prepare test test-fast test-vllm-server soak report clean-reports distill-cpu bench-gpu bench-step bench-vllm bench-baseline-h200 bench-branches-link-gpu bench-colocated-real-gpu bench-link-cpu
+.PHONY: venv prepare test test-fast test-vllm-server soak report clean-reports distill-cpu bench-gpu bench-step bench-vllm bench-baseline-h200 bench-branches-link-gpu bench-colocated-real-gpu bench-policy-cpu bench-link-cpu
 
 venv: $(STAMP)
 
@@ -113,6 +113,12 @@ bench-colocated-real-gpu:
 	$(BENCH_PY) -m sdeth bench streams --call $(CALL) --only-colocated --models-compile default --compile "" \
 		--colocated-real Qwen3-8B,Qwen3-32B --batches 1,4 --colocated-ks 3 --colocated-s 4 --budget-s 400 \
 		--json reports/gpu/bench_streams_colocated_$(CALL).json
+
+# The step policies on the CPU testbed (about 1 minute): the embedded pair through the real draft server on a core of
+# its own, 1 and 4 streams, policy against sync and offered, and the restart in server periods (reports/policy_cpu.json)
+bench-policy-cpu: prepare
+	$(PY) -m sdeth bench ssd-cpu --specs off --streams 1,4 --policies policy,sync,offered --draft-core 1 --no-model \
+		--json reports/policy_cpu.json
 
 # What Ethernet costs on the CPU testbed: the link curve through the real draft server (reports/link_cpu.json, ~6 min)
 bench-link-cpu: prepare

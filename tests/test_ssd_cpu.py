@@ -133,5 +133,9 @@ def test_a_small_cpu_run_of_the_embedded_pair_is_lossless_and_counted(pair):
     for p in (off, on):
         assert p["components"]["verify_s"] and p["components"]["draft_period_ms"] > 0
         assert p["components"]["link_rtt_ms"] > 0 and p["tokens_per_target_step"] >= 1
+    r = off["restart"]              # restarts at the target: the draft's step (one clock) plus a transit, in periods
+    if r is not None:               # (None only when no restart came in 10 tokens)
+        assert r["n"] >= 1 and r["transit_ms"] > 0 and r["p50_ms"] > r["transit_ms"] and r["period_ms_p50"] > 0
+        assert r["taken_by_the_loop_ms"]["p50"] > 0 and isinstance(r["met"], bool)
     check = M.model_check(cpu)
     assert len(check["points"]) == 2 and all("missing" not in r for r in check["points"])

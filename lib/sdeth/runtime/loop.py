@@ -56,6 +56,8 @@ class RequestRecord:
     alt_among: int = 0              # ... of those, the ones among them (the outcome cache's hit input)
     restarts_ms: list[float] = field(default_factory=list)  # pipelined, remote: a correcting commit sent ->
                                     # the draft's first token of the new epoch received, each time
+    restarts_stepped_ms: list[float] = field(default_factory=list)  # ... -> that token stepped at the draft (one
+                                    # clock: draft and target on one host; a remote stream that can tell)
     stream_restarts: int = 0        # pipelined: the target's token differed from a streamed draft's (new epoch)
     cache_hits: int = 0             # pipelined, outcome cache: of those, the ones a drafted branch served
     branch_tokens: int = 0          # pipelined, outcome cache: branch tokens the draft streamed

@@ -505,12 +505,13 @@ class StreamStats:
     link_ms: float | None = None                                # the link's own round trip (two transits)
     periods_ms: list[float] = field(default_factory=list)      # the draft's wall step, launch to launch
     restarts_ms: list[float] = field(default_factory=list)     # a Commit's mismatch to the new epoch's 1st token
+    restarts_stepped_ms: list[float] = field(default_factory=list)   # ... to that token stepped (one host's clock)
     branched: int = 0                                           # outcome-cache branch tokens drafted
 
     @classmethod
     def of(cls, stream: DraftStream) -> "StreamStats":
-        return cls(**{f: getattr(stream, f) for f in ("link_ms", "periods_ms", "restarts_ms", "branched")
-                      if hasattr(stream, f)})
+        return cls(**{f: getattr(stream, f) for f in ("link_ms", "periods_ms", "restarts_ms", "restarts_stepped_ms",
+                                                      "branched") if hasattr(stream, f)})
 
 
 @dataclass
@@ -632,7 +633,7 @@ def _record_stream(req: RequestRecord, target: Engine, feed: DraftFeed) -> None:
         est.observe_link(req.link_rtt_ms / 1e3)
     periods = stats.periods_ms
     req.draft_period_ms, req.draft_periods = (sum(periods) / len(periods) if periods else None), len(periods)
-    req.restarts_ms = list(stats.restarts_ms)
+    req.restarts_ms, req.restarts_stepped_ms = list(stats.restarts_ms), list(stats.restarts_stepped_ms)
     req.stream_restarts, req.cache_hits = view.restarts, view.hits
     req.branch_tokens = stats.branched
     req.wire_s = feed.wait_s                       # target idle, waiting for streamed drafts

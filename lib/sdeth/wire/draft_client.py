@@ -257,10 +257,16 @@ class ServerStream:
         self.seq, self.gen, self.compute_s, self.streamed = "", 0, 0.0, 0
         self.est = None
         self._last = (-1, -1, 0.0)               # (epoch, pos, stepped_at) of the last token of this stream
+        self.periods_ms: list[float] = []        # this request's server periods (two tokens of one run, stepped)
+        self.restarts_ms: list[float] = []       # ... and restarts: the Commits that restarted the run, sent, to the
+                                                 # new run's first token, here (runtime.pipeline.StreamStats)
+        self.restarts_stepped_ms: list[float] = []   # ... to that token stepped at the server (its wall clock against
+                                                     # this host's: one host, or clocks in step)
 
     def start(self, prompt_ids, size, first, s=None, seed=None):
         self.count += 1
         self.seq, self.compute_s, self.streamed = f"{self.name}-s{self.count}", 0.0, 0
+        self.periods_ms, self.restarts_ms, self.restarts_stepped_ms = [], [], []
         self.view.reset()
         s = s or self.s
         seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
@@ -296,13 +302,23 @@ class ServerStream:
         """The step's policy's inputs from one streamed token (see the class)."""
         est, (epoch, pos, at) = self.est, self._last
         self._last = (r.epoch, r.pos, m.stepped_at)
-        if est is None or not m.batch:
+        if not m.batch:
+            return
+        period = m.stepped_at - at if r.epoch == epoch and r.pos == pos + 1 and m.stepped_at > at else None
+        restart = (time.perf_counter() - self.view.t_epoch          # (epoch 0 waits for the prefill)
+                   if 0 < r.epoch == self.view.epoch and self.view.received == 0 else None)
+        if period is not None:
+            self.periods_ms.append(period * 1e3)
+        if restart is not None:
+            self.restarts_ms.append(restart * 1e3)
+            self.restarts_stepped_ms.append((m.stepped_at - (time.time() - restart)) * 1e3)   # (sent, in wall time)
+        if est is None:
             return
         est.observe_draft(m.draft_ms / 1e3)
-        if r.epoch == epoch and r.pos == pos + 1 and m.stepped_at > at:
-            est.observe_period(m.stepped_at - at)
-        if 0 < r.epoch == self.view.epoch and self.view.received == 0:     # (epoch 0 waits for the prefill)
-            est.observe_rtt(time.perf_counter() - self.view.t_epoch - m.draft_ms / 1e3)
+        if period is not None:
+            est.observe_period(period)
+        if restart is not None:
+            est.observe_rtt(restart - m.draft_ms / 1e3)
 
     def poll(self) -> None:
         try:

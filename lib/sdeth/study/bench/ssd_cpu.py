@@ -128,6 +128,30 @@ def _components(recs: list, server, c0: float, s0: int, rtt_ms: float) -> dict:
             "link_rtt_ms": round(rtt_ms, 3)}
 
 
+RESTART_GOAL_PERIODS = 1.5     # the restart's goal at p50: one transit + this many server periods
+
+
+def restart_periods(recs: list, rtt_ms: float) -> dict | None:
+    """The restart: a Commits that restarted a stream's run, sent, to the new run's first draft at the target. At
+    the target (the draft's step, ServerStream.restarts_stepped_ms, one clock on one host, plus one transit: half
+    the Ping round trip), p50 and p99, in server periods (the median of each request's mean period: two tokens of
+    one run stepped apart); met: p50 <= one transit + 1.5 periods. Beside it, as the target's loop took it
+    (ServerStream.restarts_ms): a real target reads its socket between its forwards, so that adds the rest of the
+    forward in flight."""
+    from ...metrics import percentile
+    stepped = [x for r in recs for x in r.restarts_stepped_ms]
+    taken = [x for r in recs for x in r.restarts_ms]
+    periods = [r.draft_period_ms for r in recs if r.draft_period_ms]
+    if not stepped or not periods:
+        return None
+    period, transit = percentile(periods, 50), rtt_ms / 2
+    p50, p99 = percentile(stepped, 50) + transit, percentile(stepped, 99) + transit
+    return {"n": len(stepped), "p50_ms": round(p50, 3), "p99_ms": round(p99, 3), "period_ms_p50": round(period, 3),
+            "transit_ms": round(transit, 3), "p50_periods_less_transit": round((p50 - transit) / period, 2),
+            "p99_periods": round(p99 / period, 2), "met": (p50 - transit) / period <= RESTART_GOAL_PERIODS,
+            "taken_by_the_loop_ms": {"p50": round(percentile(taken, 50), 3), "p99": round(percentile(taken, 99), 3)}}
+
+
 def point(pair, prompts: list, ref: dict, spec: str, n: int, cfg: SsdCpuConfig, policy: str = "policy") -> dict:
     """One (cache spec, stream count, step policy): the server's cache counters, the clients' records, outputs
     checked."""
@@ -153,7 +177,8 @@ def point(pair, prompts: list, ref: dict, spec: str, n: int, cfg: SsdCpuConfig, 
          "draft_steps": steps, "wall_s": round(wall, 2),
          "wall_ms_per_token": round(sum(r.e2e_s for _, r in recs) * 1e3 / tokens, 2) if tokens else None,
          "wall_ms_per_token_all_streams": round(wall * 1e3 / tokens, 2) if tokens else None,
-         "components": _components([r for _, r in recs], server, c0, s0, rtt_ms)}
+         "components": _components([r for _, r in recs], server, c0, s0, rtt_ms),
+         "restart": restart_periods([r for _, r in recs], rtt_ms)}
     if server.verdicts is not None:
         s = server.verdicts.summary()
         rej_at = {k: s["rejections_at"][k] for k in sorted(s["rejections_at"], key=int)}
@@ -189,7 +214,8 @@ def measure(pair, cfg: SsdCpuConfig, progress=print) -> dict:
         progress(f"cache {spec} x {n} streams, {policy}: identical {p['greedy_identical']}, tokens/s "
                  f"{p['tokens_per_s']}, tokens/step "
                  f"{p['tokens_per_target_step']}, restarts {p['restarts']}, hit rate {v.get('hit_rate')}, "
-                 f"branches {v.get('branches')}, {p['wall_ms_per_token']} ms/token (CPU), {p['wall_s']} s")
+                 f"branches {v.get('branches')}, {p['wall_ms_per_token']} ms/token (CPU), {p['wall_s']} s, restart "
+                 f"{(p['restart'] or {}).get('p50_periods_less_transit')} periods past a transit (p50)")
     return out
 
 

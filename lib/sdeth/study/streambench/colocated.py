@@ -274,3 +274,27 @@ def colocated_real_part(res, dfast, name, models, device, g, t_end, progress, sa
         free()
     del ddec, drafter
     free()
+
+
+def real_runs() -> dict[str, dict]:
+    """The results of reports/gpu with real colocated SD beside its emulation (`--colocated-real`), by file stem."""
+    from ..results import gpu_results
+    return {n: g for n, g in gpu_results().items() if g.get("colocated_real")}
+
+
+def real_table(runs: dict):
+    """Per call, target shape, B and k: real colocated SD's mean TPOT beside the same target emulated at the call's
+    own t_v, their ratio, and the draft's and the verify's share of a round in each."""
+    import pandas as pd
+    rows = []
+    for name, run in runs.items():
+        for model, part in run["colocated_real"].items():
+            pts = {(p["B"], p["k"], p["target"]): p for p in part["points"]}
+            for r in part["real_over_emulated"]:
+                real, emu = pts[(r["B"], r["k"], "real")], pts[(r["B"], r["k"], "emulated")]
+                rows.append({"call": name, "target": model, "B": r["B"], "k": r["k"],
+                             "real TPOT ms": real["tpot_ms"]["mean"], "emulated TPOT ms": emu["tpot_ms"]["mean"],
+                             "real / emulated": r["tpot_mean"], "within 5%": abs(r["tpot_mean"] - 1) <= 0.05,
+                             "draft ms (real, emulated)": r["draft_ms_mean"],
+                             "verify ms (real, emulated)": r["verify_ms_mean"]})
+    return pd.DataFrame(rows)

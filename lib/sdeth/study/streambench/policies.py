@@ -117,3 +117,44 @@ def goal_lines(runs: dict) -> list[str]:
                    "points" + (": not at " + ", ".join(f"{r['target']} B={r['B']} N={r['N']} ({r['measured / model']})"
                                                      for _, r in off.iterrows()) if len(off) else ""))
     return out
+
+
+CPU_WITHIN = 0.05        # the CPU goal: the policy's tokens/s >= the better corner's less 5%, at 1 and 4 streams
+
+
+def cpu_lines() -> list[str]:
+    """The CPU goals of the step policy from reports/policy_cpu.json (`bench ssd-cpu --specs off --policies
+    policy,sync,offered --draft-core 1`): at each stream count, the policy's tokens/s against the better corner's,
+    and the restart (at the target: the draft's step, one clock, plus a transit) in server periods."""
+    import json
+
+    from ..results import POLICY_CPU
+    from ...paths import REPO
+    path = REPO / POLICY_CPU
+    if not path.exists():
+        return [f"no {POLICY_CPU} (python -m sdeth bench ssd-cpu --specs off --policies policy,sync,offered)"]
+    doc = json.loads(path.read_text())
+    cpu = doc["measured_cpu"]
+    out = [f"CPU testbed ({doc['hardware']['label']}, {doc['created'][:16]}; {doc['models']['target']} with "
+           f"{doc['models']['draft']}, the draft server on core {cpu['config']['draft_core']}, greedy, real "
+           f"acceptance, {cpu['config']['prompts']} x {cpu['config']['max_tokens']} tokens, k {cpu['config']['k']}):"]
+    for n in sorted({p["streams"] for p in cpu["points"]}):
+        pts = {p["step_policy"]: p for p in cpu["points"] if p["streams"] == n and p["cache"] == "off"}
+        if "policy" not in pts:
+            continue
+        corners = [pts[x]["tokens_per_s"] for x in ("sync", "offered") if x in pts]
+        best = max(corners) if corners else None
+        met = best is not None and pts["policy"]["tokens_per_s"] >= (1 - CPU_WITHIN) * best
+        line = (f"  {n} stream(s): tokens/s policy {pts['policy']['tokens_per_s']}, sync "
+                f"{pts.get('sync', {}).get('tokens_per_s')}, offered {pts.get('offered', {}).get('tokens_per_s')} "
+                f"(goal >= the better corner less 5%: {'met' if met else 'missed'}); outputs identical to target-only: "
+                f"{all(p['greedy_identical'] for p in pts.values())}")
+        for pol, p in pts.items():
+            r = p.get("restart")
+            if r:
+                line += (f"\n    restart [{pol}]: p50 {r['p50_ms']} ms = one transit ({r['transit_ms']} ms) + "
+                         f"{r['p50_periods_less_transit']} periods of {r['period_ms_p50']} ms (goal <= 1.5: "
+                         f"{'met' if r['met'] else 'missed'}), p99 {r['p99_periods']} periods; as the target's loop "
+                         f"took it (between its forwards) p50 {r['taken_by_the_loop_ms']['p50']} ms")
+        out.append(line)
+    return out
