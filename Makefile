@@ -120,9 +120,9 @@ bench-policy-cpu: prepare
 	$(PY) -m sdeth bench ssd-cpu --specs off --streams 1,4 --policies policy,sync,offered --draft-core 1 --no-model \
 		--json reports/policy_cpu.json
 
-# What Ethernet costs on the CPU testbed: the link curve through the real draft server (reports/link_cpu.json, ~6 min)
+# What Ethernet costs on the CPU testbed: the link curve through the real draft server at 0.02-40 ms (reports/link_cpu.json, ~5 min)
 bench-link-cpu: prepare
-	$(PY) -m sdeth bench link --json reports/link_cpu.json
+	$(PY) -m sdeth bench link --rtts 0.02,0.5,2,10,40 --json reports/link_cpu.json
 
 # The decode step, lever by lever, on one GPU (reports/gpu/bench_step_<date>.json; 20_ethernet reads every
 # bench_step*.json in reports/gpu beside the committed runs).
