@@ -17,7 +17,7 @@ LOCAL_WHEELS ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/nul
 TORCH_INDEX ?= $(if $(wildcard $(LOCAL_WHEELS)/torch-2.13.0+cpu*),,--extra-index-url https://download.pytorch.org/whl/cpu)
 STAMP  := $(VENV)/.installed-$(REQ)
 
-.PHONY: venv prepare test test-fast test-vllm-server soak report clean-reports distill-cpu bench-gpu bench-step bench-vllm bench-baseline-h200 bench-branches-link-gpu bench-colocated-real-gpu bench-policy-cpu bench-link-cpu
+.PHONY: venv prepare test test-fast test-vllm-server soak report clean-reports distill-cpu bench-gpu bench-step bench-vllm bench-baseline-h200 bench-branches-h200 bench-link-h200 bench-policy-cpu bench-link-cpu
 
 venv: $(STAMP)
 
@@ -91,28 +91,29 @@ bench-baseline-h200:
 		--draft-device cuda:1 --impl fast --compile default --requests 16 --context 512 --max-tokens 128 \
 		--k 3 --k-max 8 --rtts 0.02,0.5,2,5 --json reports/gpu/bench_rtt_1.7b_link.json
 
-# Branches sent ahead and what Ethernet costs, on one GPU (about 9 minutes a call): colocated SD in the same harness
-# (the 8B, 32B and 72B-class targets emulated at their measured t_v), then branches sent ahead against the verdict
-# cache off at three hit rates (synthetic 0.9 and 0.5, the embedded pair's trace) at B=1 N=1 and on a full server
-# (4 targets of 4 streams on 16 rows), then the link curve: each target through a delay relay at 0.02-2 ms injected
-# round trip under the step policy and sync. CALL numbers the file (reports/gpu/bench_streams_ssd_link_<CALL>.json);
-# 25_draft_server reads every such file.
+# Branches sent ahead, on one GPU (about 8 minutes a call; run it twice, CALL=12 then CALL=13: timings move between
+# calls): colocated SD in the remote options' harness (the 8B, 32B and 72B-class targets emulated at their measured
+# t_v), then branches sent ahead against the verdict cache off at three hit rates (synthetic 0.9 and 0.5, the
+# embedded pair's trace) at B=1 N=1 and on a full server (4 targets of 4 streams on 16 rows)
+# (reports/gpu/bench_streams_ssd_<CALL>.json; 25_draft_server reads every such file).
 CALL ?= 12
-bench-branches-link-gpu:
-	$(BENCH_PY) -m sdeth bench streams --call $(CALL) --only-ssd --only-link --models-compile default --compile "" \
+bench-branches-h200:
+	$(BENCH_PY) -m sdeth bench streams --call $(CALL) --only-ssd --models-compile default --compile "" \
 		--colocated-emulated Qwen3-8B,Qwen3-32B,Qwen2.5-72B --batches 1 --colocated-ks 3 --colocated-s 4 \
 		--verdict-cache off,4x4x8+ahead --ssd-targets Qwen3-8B,Qwen3-32B,Qwen2.5-72B --ssd-points 1:1,4:4 \
-		--ssd-rows 16 --ssd-ranks synthetic:0.9,synthetic:0.5,trace --ssd-s 5 --link-rtts 0.02,0.5,1,2 \
-		--link-points 1:1 --policy policy,sync --min-steps 1000 --max-s 5 --remote-s 3 --budget-s 540 \
-		--json reports/gpu/bench_streams_ssd_link_$(CALL).json
+		--ssd-rows 16 --ssd-ranks synthetic:0.9,synthetic:0.5,trace --ssd-s 8 --budget-s 540 \
+		--json reports/gpu/bench_streams_ssd_$(CALL).json
 
-# Real colocated SD beside its emulation on one GPU (about 3 minutes): the Qwen3-8B and Qwen3-32B shapes (random bf16
-# weights) as real targets with the draft in one process, and each emulated at the t_v the call measures of it, at
-# B = 1 and 4; real over emulated says what the remote options' harness leaves out (reports/gpu/bench_streams_colocated_<CALL>.json).
-bench-colocated-real-gpu:
-	$(BENCH_PY) -m sdeth bench streams --call $(CALL) --only-colocated --models-compile default --compile "" \
-		--colocated-real Qwen3-8B,Qwen3-32B --batches 1,4 --colocated-ks 3 --colocated-s 4 --budget-s 400 \
-		--json reports/gpu/bench_streams_colocated_$(CALL).json
+# What Ethernet costs, and real colocated SD beside its emulation, on one GPU (about 7 minutes a call; twice, as
+# above): colocated SD with the 8B and 32B shapes as real targets (random bf16 weights) beside the same targets
+# emulated at the t_v the call measures, colocated SD in the same harness for the three shapes, then the link curve:
+# each emulated target through a delay relay at 0.02, 0.5, 1 and 2 ms injected round trip, under the step policy and
+# sync (reports/gpu/bench_streams_link_<CALL>.json; 25_draft_server and the decision table's details read it).
+bench-link-h200:
+	$(BENCH_PY) -m sdeth bench streams --call $(CALL) --only-link --models-compile default --compile "" \
+		--colocated-emulated Qwen3-8B,Qwen3-32B,Qwen2.5-72B --colocated-real Qwen3-8B,Qwen3-32B --batches 1 \
+		--colocated-ks 3 --colocated-s 4 --link-rtts 0.02,0.5,1,2 --link-points 1:1 --policy policy,sync \
+		--min-steps 1000 --max-s 6 --remote-s 3 --budget-s 540 --json reports/gpu/bench_streams_link_$(CALL).json
 
 # The step policies on the CPU testbed (about 1 minute): the embedded pair through the real draft server on a core of
 # its own, 1 and 4 streams, policy against sync and offered, and the restart in server periods (reports/policy_cpu.json)

@@ -306,6 +306,8 @@ def test_the_link_points_go_through_a_delay_relay_and_carry_the_model_between(fa
     (line,) = link_lines({"c": res})
     assert "2 round trips measured" in line and "within 10%" in line
     assert list(link_table({"c": res})["injected RTT ms"]) == [0.02, 6.0]
+    cut = {"c": {"link": {"points": res["link"]["points"]}}}              # a call cut before its model was written
+    assert link_lines(cut) == [] and list(link_table(cut)["model"]) == [None, None]
 
 
 def test_a_colocated_only_call_sets_a_real_target_beside_its_emulation(tmp_path, monkeypatch):

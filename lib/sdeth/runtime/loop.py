@@ -58,6 +58,8 @@ class RequestRecord:
                                     # the draft's first token of the new epoch received, each time
     restarts_stepped_ms: list[float] = field(default_factory=list)  # ... -> that token stepped at the draft (one
                                     # clock: draft and target on one host; a remote stream that can tell)
+    draft_gaps_ms: list[float] = field(default_factory=list)  # pipelined, draft server: two tokens of one run
+                                    # stepped apart (the server's period; a pause where the window was full)
     stream_restarts: int = 0        # pipelined: the target's token differed from a streamed draft's (new epoch)
     cache_hits: int = 0             # pipelined, outcome cache: of those, the ones a drafted branch served
     branch_tokens: int = 0          # pipelined, outcome cache: branch tokens the draft streamed

@@ -506,12 +506,13 @@ class StreamStats:
     periods_ms: list[float] = field(default_factory=list)      # the draft's wall step, launch to launch
     restarts_ms: list[float] = field(default_factory=list)     # a Commit's mismatch to the new epoch's 1st token
     restarts_stepped_ms: list[float] = field(default_factory=list)   # ... to that token stepped (one host's clock)
+    gaps_ms: list[float] = field(default_factory=list)         # two tokens of one run stepped apart (pauses too)
     branched: int = 0                                           # outcome-cache branch tokens drafted
 
     @classmethod
     def of(cls, stream: DraftStream) -> "StreamStats":
         return cls(**{f: getattr(stream, f) for f in ("link_ms", "periods_ms", "restarts_ms", "restarts_stepped_ms",
-                                                      "branched") if hasattr(stream, f)})
+                                                      "gaps_ms", "branched") if hasattr(stream, f)})
 
 
 @dataclass
@@ -634,6 +635,7 @@ def _record_stream(req: RequestRecord, target: Engine, feed: DraftFeed) -> None:
     periods = stats.periods_ms
     req.draft_period_ms, req.draft_periods = (sum(periods) / len(periods) if periods else None), len(periods)
     req.restarts_ms, req.restarts_stepped_ms = list(stats.restarts_ms), list(stats.restarts_stepped_ms)
+    req.draft_gaps_ms = list(stats.gaps_ms)
     req.stream_restarts, req.cache_hits = view.restarts, view.hits
     req.branch_tokens = stats.branched
     req.wire_s = feed.wait_s                       # target idle, waiting for streamed drafts

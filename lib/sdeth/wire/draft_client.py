@@ -173,11 +173,13 @@ class DraftServerClient:
 def ping_ms(addr: str, hello: protocol.Hello, n: int = 10, timeout_s: float = 2.0) -> float:
     """The link's round trip to the draft server at addr (the median of n Ping/Pong, ms)."""
     c, ts = DraftServerClient(addr, hello, timeout_s=10), []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        c.client.call(protocol.Ping(time.time()), timeout_s=timeout_s)
-        ts.append((time.perf_counter() - t0) * 1e3)
-    c.close()
+    try:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            c.client.call(protocol.Ping(time.time()), timeout_s=timeout_s)
+            ts.append((time.perf_counter() - t0) * 1e3)
+    finally:
+        c.close()
     return sorted(ts)[n // 2]
 
 
@@ -257,7 +259,8 @@ class ServerStream:
         self.seq, self.gen, self.compute_s, self.streamed = "", 0, 0.0, 0
         self.est = None
         self._last = (-1, -1, 0.0)               # (epoch, pos, stepped_at) of the last token of this stream
-        self.periods_ms: list[float] = []        # this request's server periods (two tokens of one run, stepped)
+        self.gaps_ms: list[float] = []           # this request's gaps between two tokens of one run, stepped at the
+                                                 # server: its period, and a pause where the window was full
         self.restarts_ms: list[float] = []       # ... and restarts: the Commits that restarted the run, sent, to the
                                                  # new run's first token, here (runtime.pipeline.StreamStats)
         self.restarts_stepped_ms: list[float] = []   # ... to that token stepped at the server (its wall clock against
@@ -266,7 +269,7 @@ class ServerStream:
     def start(self, prompt_ids, size, first, s=None, seed=None):
         self.count += 1
         self.seq, self.compute_s, self.streamed = f"{self.name}-s{self.count}", 0.0, 0
-        self.periods_ms, self.restarts_ms, self.restarts_stepped_ms = [], [], []
+        self.gaps_ms, self.restarts_ms, self.restarts_stepped_ms = [], [], []
         self.view.reset()
         s = s or self.s
         seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
@@ -308,7 +311,7 @@ class ServerStream:
         restart = (time.perf_counter() - self.view.t_epoch          # (epoch 0 waits for the prefill)
                    if 0 < r.epoch == self.view.epoch and self.view.received == 0 else None)
         if period is not None:
-            self.periods_ms.append(period * 1e3)
+            self.gaps_ms.append(period * 1e3)
         if restart is not None:
             self.restarts_ms.append(restart * 1e3)
             self.restarts_stepped_ms.append((m.stepped_at - (time.time() - restart)) * 1e3)   # (sent, in wall time)

@@ -134,14 +134,15 @@ RESTART_GOAL_PERIODS = 1.5     # the restart's goal at p50: one transit + this m
 def restart_periods(recs: list, rtt_ms: float) -> dict | None:
     """The restart: a Commits that restarted a stream's run, sent, to the new run's first draft at the target. At
     the target (the draft's step, ServerStream.restarts_stepped_ms, one clock on one host, plus one transit: half
-    the Ping round trip), p50 and p99, in server periods (the median of each request's mean period: two tokens of
-    one run stepped apart); met: p50 <= one transit + 1.5 periods. Beside it, as the target's loop took it
+    the Ping round trip), p50 and p99, in server periods (the p50 of every gap between two tokens of one run
+    stepped, pooled: a full window's pause is a rare long gap, which the median leaves out); met: p50 <= one
+    transit + 1.5 periods. Beside it, as the target's loop took it
     (ServerStream.restarts_ms): a real target reads its socket between its forwards, so that adds the rest of the
     forward in flight."""
     from ...metrics import percentile
     stepped = [x for r in recs for x in r.restarts_stepped_ms]
     taken = [x for r in recs for x in r.restarts_ms]
-    periods = [r.draft_period_ms for r in recs if r.draft_period_ms]
+    periods = [x for r in recs for x in r.draft_gaps_ms]
     if not stepped or not periods:
         return None
     period, transit = percentile(periods, 50), rtt_ms / 2

@@ -291,7 +291,7 @@ LINK_MODELS = {"8B": "Qwen3-8B", "32B": "Qwen3-32B", "72B-class": "Qwen2.5-72B"}
 
 def link_call(root: Path) -> tuple[str, dict] | None:
     """The newest device call with a link part (`bench streams --link-rtts`): (its path, its document)."""
-    docs = [(f"reports/gpu/{p.name}", load(root, f"reports/gpu/{p.name}")) for p in (root / "reports/gpu").glob("*link*.json")]
+    docs = [(f"reports/gpu/{p.name}", load(root, f"reports/gpu/{p.name}")) for p in (root / "reports/gpu").glob("*.json")]
     docs = [(rel, d) for rel, d in docs if d and d.get("link", {}).get("points")]
     return max(docs, key=lambda x: (x[1].get("call", 0), x[0])) if docs else None
 
@@ -312,7 +312,8 @@ def link_figures(root: Path, name: str, policy: str = "policy") -> list[Figure]:
         r = p["injected_rtt_ms"]
         at = ("link", "points", {"target": model, "step_policy": policy, "injected_rtt_ms": r, "B": 1, "N": 1})
         out += [fig(root, rel, at + ("speedup",), f"what Ethernet costs: remote step policy at {r:g} ms injected "
-                    "round trip, over the target alone", "{:.2f}x", "emulated", hw, interval=at + ("speedup_interval",)),
+                    "round trip, over the target alone", "{:.2f}x", "emulated", hw,
+                    interval=at + ("speedup_interval",) if p.get("speedup_interval") else None),
                 fig(root, rel, ("link", "model", {"target": model, "step_policy": policy, "B": 1, "N": 1}, "measured",
                                 {"injected_rtt_ms": r}, "model"), f"what Ethernet costs: the event model at {r:g} ms",
                     "{:.2f}x", "modelled", hw)]

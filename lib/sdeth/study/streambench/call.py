@@ -21,7 +21,7 @@ from .link import link_part
 from .remote import remote_part
 from .ssd import SSD_ALPHA, ssd_part
 from .report import NOTES, draft_row, summary_lines
-from .target import big_tv, target_points, tv_table
+from .target import target_points, tv_table
 
 def run_call(call: int, json_path: str, grid: Grid, drafts=("Qwen3-1.7B",), device: str = "cuda:0",
              budget_s: float = 500, quick: bool = False, progress=print) -> dict:
@@ -54,16 +54,15 @@ def run_call(call: int, json_path: str, grid: Grid, drafts=("Qwen3-1.7B",), devi
             res["settings"]["acceptance"] = "ranks (streambench.ranks: trace-driven or synthetic), target side"
         if g.colocated_emulated or g.colocated_real:   # the line the remote figures are held against: colocated SD in
             dfast = build_fast(first, device, 1)        # the same harness; real targets beside their emulation
-            if g.colocated_emulated:
-                colocated_emulated_part(res, dfast, first, big_tv(TARGET, sorted(set(g.colocated_batches)),
-                                                                  max(g.colocated_ks)), g, t_end, progress, save)
+            if g.colocated_emulated:  # (own t_v None: the call measured no target; colocated reads bench targets')
+                colocated_emulated_part(res, dfast, first, None, g, t_end, progress, save)
             if g.colocated_real:
                 colocated_real_part(res, dfast, first, g.colocated_real, device, g, t_end, progress, save)
             del dfast
             free()
         if g.only_ssd:
             ssd_part(res, first, device, g, t_end, progress, save)
-        if g.only_link:
+        if g.link_rtts:
             link_part(res, first, device, g, t_end, progress, save)
         res["wall_s"] = round(time.time() - t_start, 1)
         save()
@@ -172,6 +171,9 @@ def grid_of(a) -> Grid:
     if g.only_ssd and not a.verdict_cache:
         raise SystemExit("--only-ssd runs the verdict cache's part: give --verdict-cache, e.g. off,on")
     g.only_link, g.only_colocated = a.only_link, a.only_colocated
+    if a.colocated_real and not (g.only_ssd or g.only_link or g.only_colocated):
+        raise SystemExit("--colocated-real runs with --only-colocated, --only-ssd or --only-link (a full call measures "
+                         "its own target beside colocated SD already): add one of them")
     if g.only_colocated and not (a.colocated_emulated or a.colocated_real):
         raise SystemExit("--only-colocated runs colocated SD in the remote options' harness: give --colocated-emulated "
                          "and/or --colocated-real, e.g. --colocated-emulated Qwen3-32B --colocated-real Qwen3-32B")
@@ -251,8 +253,8 @@ def parser() -> argparse.ArgumentParser:
                     "alone (--colocated-emulated, --colocated-real)")
     ap.add_argument("--link-rtts", default=None, help="the link part: round trips (ms) injected by a delay relay in "
                     "front of the draft server, comma-separated, e.g. 0.02,0.5,1,2 (default: the part is left out)")
-    ap.add_argument("--only-link", action="store_true", help="run the link part alone (with --colocated-emulated "
-                    "first, if given: colocated SD in the same harness)")
+    ap.add_argument("--only-link", action="store_true", help="run the link part alone (with --colocated-emulated and "
+                    "--colocated-real first, if given: colocated SD in the same harness; with --only-ssd, after it)")
     ap.add_argument("--link-targets", default=None, help="link: emulated targets (default "
                     "Qwen3-8B,Qwen3-32B,Qwen2.5-72B)")
     ap.add_argument("--link-points", default=None, help="link: (B, N) as B:N,... (default 1:1)")

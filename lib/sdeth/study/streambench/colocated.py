@@ -189,13 +189,14 @@ def colocated_part(res, dfast, name, tdec, g, ks, t_end, progress, save) -> None
 
 def emulated_tables(targets: tuple, own_tv: dict, batches, k: int) -> dict:
     """target -> its (B, k) -> ms table: the call's own target shape from the target part's t_v (as the remote
-    options use it), a bigger one from `bench targets` (target.big_tv); a target with no measured t_v -> its error."""
+    options use it; own_tv None: the call measured none), others from `bench targets` (target.big_tv); a target
+    with no measured t_v -> its error."""
     from .common import TARGET
     from .target import big_tv
     out = {}
     for name in targets:
         try:
-            out[name] = own_tv if name == TARGET else big_tv(name, batches, k)
+            out[name] = own_tv if name == TARGET and own_tv is not None else big_tv(name, batches, k)
         except ValueError as e:
             out[name] = str(e)
     return out

@@ -12,11 +12,12 @@ transit). The x axis is the hit rate over all restarts, as the target counts it 
 """
 from __future__ import annotations
 
-from ...costmodel import CacheTerms, Costs, simulate_pipelined, verdict_terms
+from ...costmodel import CacheTerms, simulate_pipelined, verdict_terms
 from ...runtime.verdictcache import VerdictSpec
 from .common import PIPELINED_WINDOW
 from .ranks import TOP, Ranks
 from .ssd import AHEAD, server_spec
+from .ssd_model import point_costs
 
 SSD_PUBLISHED = 2.29     # SSD (Saguaro, arXiv 2603.03251): Qwen3-32B over the target alone, its own setting
 SWEEP = tuple(i / 10 for i in range(11))
@@ -40,13 +41,6 @@ def colocated_speedup(run: dict, target: str, b: int = 1) -> float | None:
     return round(t1 / best[0]["tpot_ms_mean"], 3) if t1 and best else None
 
 
-def _costs(p: dict, tv: dict, b: int, k: int) -> Costs:
-    one_way = (p["timeline_ms"]["sent_to_read"]["p50"] or 0.0) / 1e3
-    step = p["draft_ms_mean"]
-    return Costs(tv[(b, 0)] / 1e3, step / 1e3, {m + 1: tv[(b, m)] / 1e3 for m in range(1, k + 1)}, rtt=2 * one_way,
-                 draft_period=max(p["server_period_ms_p25"] or step, step) / 1e3)
-
-
 def curve(run: dict, target: str, b: int = 1, n: int = 1) -> dict | None:
     """One target's curve in one call: measured points (the hit rate, the speedup and its interval, per ranks and
     setting), the modelled sweep, and the crossovers (against colocated SD of the same call, and SSD's 2.29x)."""
@@ -65,7 +59,7 @@ def curve(run: dict, target: str, b: int = 1, n: int = 1) -> dict | None:
     alpha = fed["alpha"]
     shares = Ranks(fed["verdict_cache"]["ranks"], alpha, 0).shares()[:TOP]
     base = verdict_terms(alpha, spec.fanout, spec.depth, spec.budget, shares, 1.0, PIPELINED_WINDOW)
-    c = _costs(fed, tv, b, k)
+    c = point_costs(fed, tv, b, k)
     sweep = []
     for h in SWEEP:
         sim = simulate_pipelined(alpha, c, k, n_tokens=6000, policy="offered",
@@ -138,29 +132,46 @@ def crossing_lines(cs: list[dict]) -> list[str]:
             f"SSD's {SSD_PUBLISHED}x from {c['hit_to_match_ssd']}" for c in cs]
 
 
+def target_panels(targets):
+    """One panel per target shape, the 8B first and the 72B last: (figure, [(axes, target)])."""
+    import matplotlib.pyplot as plt
+    targets = sorted(set(targets), key=lambda t: ("8B" not in t, "72B" in t))
+    fig, axes = plt.subplots(1, len(targets), figsize=(4.2 * len(targets), 3.4), squeeze=False)
+    return fig, list(zip(axes[0], targets))
+
+
+def point_with_interval(ax, x: float, y: float, interval, color, fmt: str = "o") -> None:
+    """A measured point and its 95% interval (none drawn when it has none)."""
+    lo, hi = interval or [y, y]
+    ax.errorbar([x], [y], yerr=[[y - lo], [hi - y]], fmt=fmt, color=color)
+
+
+def finish_panel(ax, target: str, xlabel: str, level: float, level_style: str = ":") -> None:
+    """A panel's reference line (SSD's figure, or the target alone), title, axes' labels and legend."""
+    ax.axhline(level, ls=level_style, color="black", lw=0.8)
+    ax.set_title(target, fontsize=9)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("speedup over the target alone")
+    ax.legend(fontsize=7)
+
+
 def figure(cs: list[dict]):
     """Speedup against the hit rate, one panel per target: the model's sweep (line), the measured points (markers,
     with their intervals), colocated SD (dashed) and SSD's 2.29x (dotted), the trace's hit rate marked."""
-    import matplotlib.pyplot as plt
-    targets = sorted({c["target"] for c in cs}, key=lambda t: ("8B" not in t, "72B" in t))
-    fig, axes = plt.subplots(1, len(targets), figsize=(4.2 * len(targets), 3.4), squeeze=False)
-    for ax, target in zip(axes[0], targets):
+    fig, panels = target_panels(c["target"] for c in cs)
+    for ax, target in panels:
         for c in (c for c in cs if c["target"] == target):
             ln, = ax.plot([s["hit_rate"] for s in c["model"]], [s["speedup"] for s in c["model"]], "-",
                           label=f"model ({c['call']})")
             for m in c["measured"]:
-                lo, hi = (m["speedup_interval"] or [m["speedup"], m["speedup"]])
-                ax.errorbar([m["hit_rate"]], [m["speedup"]], yerr=[[m["speedup"] - lo], [hi - m["speedup"]]],
-                            fmt="o" if m["spec"].endswith(AHEAD) else "x", color=ln.get_color())
+                point_with_interval(ax, m["hit_rate"], m["speedup"], m["speedup_interval"], ln.get_color(),
+                                    "o" if m["spec"].endswith(AHEAD) else "x")
             if c["colocated_speedup"]:
-                ax.axhline(c["colocated_speedup"], ls="--", color=ln.get_color(), lw=0.8)
+                ax.axhline(c["colocated_speedup"], ls="--", color=ln.get_color(), lw=0.8,
+                           label=f"colocated SD ({c['call']})")
             if c["trace_hit_rate"] is not None:
                 ax.axvline(c["trace_hit_rate"], ls=":", color="grey", lw=0.8)
-        ax.axhline(SSD_PUBLISHED, ls=":", color="black", lw=0.8)
-        ax.set_title(target, fontsize=9)
-        ax.set_xlabel("hit rate (restarts answered by a branch)")
-        ax.set_ylabel("speedup over the target alone")
-        ax.legend(fontsize=7)
+        finish_panel(ax, target, "hit rate (restarts answered by a branch)", SSD_PUBLISHED)
     fig.tight_layout()
     return fig
 
@@ -196,4 +207,4 @@ def goal_lines(runs: dict) -> list[str]:
 
 
 __all__ = ["AHEAD_GOALS", "SSD_PUBLISHED", "crossing", "crossing_lines", "curve", "curve_table", "curves",
-           "figure", "goal_lines"]
+           "figure", "finish_panel", "goal_lines", "point_with_interval", "target_panels"]

@@ -48,17 +48,36 @@ LINK_NOTES = [
 ]
 
 
-def start_relay(upstream: str, rtt_ms: float) -> tuple[subprocess.Popen, str]:
-    """A delay relay (rtt_ms / 2 each way) to the draft server at `upstream`, in a process of its own: (process,
-    its address)."""
+def start_relay(upstream: str, rtt_ms: float, seconds: float = 900) -> tuple[subprocess.Popen, str]:
+    """A delay relay (rtt_ms / 2 each way) to the draft server at `upstream`, in a process of its own, up once its
+    port takes a connection: (process, its address). stop_relay ends it."""
+    import socket
     from ...place.testbed import free_port
     port, up = free_port(), upstream.rsplit(":", 1)[1]
-    proc = subprocess.Popen([sys.executable, "-m", "sdeth.place.testbed", "relay", "--listen", f"127.0.0.1:{port}",
-                             "--to", f"127.0.0.1:{up}", "--up-ms", str(rtt_ms / 2), "--down-ms", str(rtt_ms / 2)])
-    time.sleep(1.0)                          # the interpreter's start and the bind
-    if proc.poll() is not None:
-        raise RuntimeError(f"the delay relay for {rtt_ms} ms exited with {proc.returncode}")
-    return proc, f"tcp://127.0.0.1:{port}"
+    proc = subprocess.Popen(["timeout", str(int(seconds)), sys.executable, "-m", "sdeth.place.testbed", "relay",
+                             "--listen", f"127.0.0.1:{port}", "--to", f"127.0.0.1:{up}", "--up-ms", str(rtt_ms / 2),
+                             "--down-ms", str(rtt_ms / 2)])
+    deadline = time.time() + 30
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the delay relay for {rtt_ms} ms exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, f"tcp://127.0.0.1:{port}"
+        except OSError:
+            if time.time() > deadline:
+                stop_relay(proc)
+                raise RuntimeError(f"the delay relay for {rtt_ms} ms took no connection in 30 s") from None
+            time.sleep(0.05)
+
+
+def stop_relay(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 def link_points(res: dict, name: str, addr: str, pool: Targets, vocab: int, g, t_end: float, progress, save) -> None:
@@ -73,7 +92,12 @@ def link_points(res: dict, name: str, addr: str, pool: Targets, vocab: int, g, t
             out["targets"][model] = {"error": str(e)}
             progress(f"{model}: {e}")
     for rtt in g.link_rtts:
-        relay, raddr = start_relay(addr, rtt)
+        try:
+            relay, raddr = start_relay(addr, rtt, max(t_end - time.time(), 60) + 30)
+        except RuntimeError as e:
+            out.setdefault("errors", []).append(str(e))
+            progress(str(e))
+            continue
         try:
             probe_ms = ping_ms(raddr, hello(vocab), n=20, timeout_s=5.0)
             progress(f"link {rtt:g} ms injected: Ping through the relay {probe_ms:.3f} ms")
@@ -86,11 +110,13 @@ def link_points(res: dict, name: str, addr: str, pool: Targets, vocab: int, g, t
                     p.update(target=model, injected_rtt_ms=rtt, probe_rtt_ms=round(probe_ms, 4))
                 out["points"] += pts
                 save()
+        except Exception as e:               # noqa: BLE001 (recorded; the next round trip goes on)
+            out.setdefault("errors", []).append(f"{rtt:g} ms: {type(e).__name__}: {e}"[:500])
+            progress(f"link {rtt:g} ms: {type(e).__name__}: {e}")
         finally:
-            relay.terminate()
-            relay.wait(10)
-    out["model"] = link_model(out["points"], tvs)
-    save()
+            stop_relay(relay)
+            out["model"] = link_model(out["points"], tvs)       # (after each round trip: a cut call keeps its model)
+            save()
 
 
 def link_model(points: list[dict], tvs: dict) -> list[dict]:
@@ -112,12 +138,12 @@ def link_model(points: list[dict], tvs: dict) -> list[dict]:
             one_way = fed["one_way_ms"] + (rtt - r0) / 2
             return model_of(tv, b, k, alpha, fed["step_ms"], fed["period_ms"], one_way, policy)["speedup"]
 
-        curve = [{"injected_rtt_ms": r, "speedup": at(r)} for r in sorted({*LINK_CURVE_MS, *(p["injected_rtt_ms"]
-                                                                                             for p in pts)})]
-        measured, scale = [], None
+        curve = [{"injected_rtt_ms": r, "speedup": at(r)}     # (from the lowest point up: never below what it fed)
+                 for r in sorted({*(x for x in LINK_CURVE_MS if x >= r0), *(p["injected_rtt_ms"] for p in pts)})]
+        measured, m0 = [], curve[0]["speedup"]
+        scale = base["speedup"] / m0 if m0 else None              # the lowest point's measured over modelled
         for p in pts:
             m = next(c["speedup"] for c in curve if c["injected_rtt_ms"] == p["injected_rtt_ms"])
-            scale = scale or (p["speedup"] / m if m else None)       # the lowest point's measured over modelled
             measured.append({"injected_rtt_ms": p["injected_rtt_ms"], "speedup": p["speedup"],
                              "speedup_interval": p.get("speedup_interval"), "model": m,
                              "measured_over_model": round(p["speedup"] / m, 3) if m else None,
@@ -132,12 +158,14 @@ def link_part(res: dict, name: str, device: str, g, t_end: float, progress, save
     from ...place.testbed import free_port
     res["link"] = {"draft": name, "alpha": DRAFT_ALPHA[name], "k": PIPELINED_K, "rtts_ms": list(g.link_rtts),
                    "policies": list(g.policies), "points_bn": [list(x) for x in g.link_points],
+                   "read_while_stepping": g.read_while_stepping,
                    "address": "loopback TCP through a delay relay", "notes": LINK_NOTES, "targets": {}, "points": []}
     addr = f"tcp://127.0.0.1:{free_port()}"
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
     server = ctx.Process(target=serve_random, args=(name, device, addr, ready, max(t_end - time.time(), 60)),
-                         kwargs={"compile_mode": g.models_compile}, daemon=True, name="draft-server")
+                         kwargs={"compile_mode": g.models_compile, "read_while_stepping": g.read_while_stepping},
+                         daemon=True, name="draft-server")
     server.start()
     try:
         with Targets(max(n for _, n in g.link_points)) as pool:
@@ -170,8 +198,8 @@ def link_table(runs: dict):
     from .hitcurve import colocated_speedup
     rows = []
     for name, run in runs.items():
-        model = {(m["target"], m["B"], m["N"], m["step_policy"], x["injected_rtt_ms"]): x for m in run["link"]["model"]
-                 for x in m["measured"]}
+        model = {(m["target"], m["B"], m["N"], m["step_policy"], x["injected_rtt_ms"]): x
+                 for m in run["link"].get("model", []) for x in m["measured"]}
         for p in (p for p in run["link"]["points"] if "speedup" in p):
             m = model.get((p["target"], p["B"], p["N"], p["step_policy"], p["injected_rtt_ms"]), {})
             rows.append({"call": name, "target": p["target"], "B": p["B"], "N": p["N"], "policy": p["step_policy"],
@@ -189,7 +217,7 @@ def link_lines(runs: dict) -> list[str]:
     from .hitcurve import colocated_speedup
     out = []
     for name, run in runs.items():
-        for m in run["link"]["model"]:
+        for m in run["link"].get("model", []):
             worst, worst_scaled = (max((x[key] for x in m["measured"] if x.get(key)), key=lambda r: abs(r - 1),
                                        default=None) for key in ("measured_over_model", "measured_over_scaled_model"))
             colo = colocated_speedup(run, m["target"], m["B"])
@@ -201,36 +229,31 @@ def link_lines(runs: dict) -> list[str]:
                        + ("met" if worst is not None and abs(worst - 1) <= MODEL_WITHIN else "missed")
                        + f"; the model scaled to the lowest point ({m.get('scale_at_lowest')}): worst {worst_scaled}, "
                        + ("within" if worst_scaled is not None and abs(worst_scaled - 1) <= MODEL_WITHIN else "not within")
-                       + f" 10%); colocated SD {colo}x" + (f", beaten up to {max(above):g} ms" if above else
-                                                        ", not beaten at any round trip" if colo else ""))
+                       + " 10%)" + (f"; colocated SD {colo}x (same call), " + (f"beaten up to {max(above):g} ms"
+                                                                              if above else "not beaten at any round trip")
+                                    if colo else ""))
     return out
 
 
 def link_figure(runs: dict):
     """Speedup over the target alone against the injected round trip, one panel per target: the model between
     (line, per policy), the measured points with their intervals, colocated SD of the same call (dashed)."""
-    import matplotlib.pyplot as plt
-    from .hitcurve import colocated_speedup
-    targets = sorted({m["target"] for run in runs.values() for m in run["link"]["model"]},
-                     key=lambda t: ("8B" not in t, "72B" in t))
-    fig, axes = plt.subplots(1, len(targets), figsize=(4.2 * len(targets), 3.4), squeeze=False)
-    for ax, target in zip(axes[0], targets):
+    from .hitcurve import colocated_speedup, finish_panel, point_with_interval, target_panels
+    fig, panels = target_panels(m["target"] for run in runs.values() for m in run["link"].get("model", []))
+    for ax, target in panels:
         for name, run in runs.items():
-            for m in (m for m in run["link"]["model"] if m["target"] == target):
+            batches = set()
+            for m in (m for m in run["link"].get("model", []) if m["target"] == target):
                 ln, = ax.plot([c["injected_rtt_ms"] for c in m["curve"]], [c["speedup"] for c in m["curve"]], "-",
-                              label=f"{m['step_policy']}, model ({name})")
+                              label=f"{m['step_policy']} B={m['B']} N={m['N']}, model ({name})")
                 for x in m["measured"]:
-                    lo, hi = x["speedup_interval"] or [x["speedup"], x["speedup"]]
-                    ax.errorbar([x["injected_rtt_ms"]], [x["speedup"]], yerr=[[x["speedup"] - lo], [hi - x["speedup"]]],
-                                fmt="o", color=ln.get_color())
-            colo = colocated_speedup(run, target, 1)
-            if colo:
-                ax.axhline(colo, ls="--", color="grey", lw=0.8)
-        ax.axhline(1.0, ls=":", color="black", lw=0.8)
-        ax.set_title(target, fontsize=9)
-        ax.set_xlabel("injected round trip (ms)")
-        ax.set_ylabel("speedup over the target alone")
-        ax.legend(fontsize=7)
+                    point_with_interval(ax, x["injected_rtt_ms"], x["speedup"], x["speedup_interval"], ln.get_color())
+                batches.add(m["B"])
+            for b in sorted(batches):
+                colo = colocated_speedup(run, target, b)
+                if colo:
+                    ax.axhline(colo, ls="--", color="grey", lw=0.8, label=f"colocated SD B={b} ({name})")
+        finish_panel(ax, target, "injected round trip (ms)", 1.0)
     fig.tight_layout()
     return fig
 
