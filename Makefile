@@ -17,7 +17,7 @@ LOCAL_WHEELS ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/nul
 TORCH_INDEX ?= $(if $(wildcard $(LOCAL_WHEELS)/torch-2.13.0+cpu*),,--extra-index-url https://download.pytorch.org/whl/cpu)
 STAMP  := $(VENV)/.installed-$(REQ)
 
-.PHONY: venv prepare test test-fast test-vllm-server soak report clean-reports distill-cpu bench-gpu bench-step bench-vllm bench-baseline-h200 bench-branches-h200 bench-link-h200 bench-policy-cpu bench-link-cpu
+.PHONY: venv prepare test test-fast test-vllm-server soak report clean-reports distill-cpu bench-gpu bench-step bench-vllm bench-baseline-h200 bench-branches-h200 bench-link-h200 bench-batch16-h200 bench-h200-open bench-policy-cpu bench-link-cpu
 
 venv: $(STAMP)
 
@@ -114,6 +114,18 @@ bench-link-h200:
 		--colocated-emulated Qwen3-8B,Qwen3-32B,Qwen2.5-72B --colocated-real Qwen3-8B,Qwen3-32B --batches 1 \
 		--colocated-ks 3 --colocated-s 4 --link-rtts 0.02,0.5,1,2 --link-points 1:1 --policy policy,sync \
 		--min-steps 1000 --max-s 6 --remote-s 3 --budget-s 540 --json reports/gpu/bench_streams_link_$(CALL).json
+
+# B = 16 streams per target in the same harness (about 6 minutes): the draft step, the 8B target's t_v and real
+# colocated SD at B = 16, colocated SD against the three emulated shapes, and remote pipelined streams (16 streams, one
+# target per draft GPU) under the step policy, sync and offered (reports/gpu/bench_streams_server_<CALL>.json; add
+# it to study.results.POLICY_STREAMS for the decision table's relaxed cells).
+bench-batch16-h200:
+	$(BASELINE_STREAMS) --call $(CALL) --batches 16 --colocated-emulated Qwen3-8B,Qwen3-32B,Qwen2.5-72B \
+		--pipelined 16:1 --big-targets Qwen3-32B,Qwen2.5-72B --big-points 16:1 \
+		--json reports/gpu/bench_streams_server_$(CALL).json
+
+# Every GPU figure still open, one call each on one GPU (run twice with two CALL numbers: timings move between calls)
+bench-h200-open: bench-link-h200 bench-branches-h200 bench-batch16-h200
 
 # The step policies on the CPU testbed (about 1 minute): the embedded pair through the real draft server on a core of
 # its own, 1 and 4 streams, policy against sync and offered, and the restart in server periods (reports/policy_cpu.json)

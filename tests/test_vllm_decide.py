@@ -50,6 +50,14 @@ def test_the_stream_tracker_measures_the_restart_latency_and_the_verdicts():
     assert s.view.epoch == 2
     tr.take([W.StreamRow(s.seq, 0, 2, 4, 14)], now=3.5)
     assert sorted(tr.restarts_s) == pytest.approx([0.25, 0.5])
+    tr.take([W.StreamRow(s.seq, 0, 2, 5, 16)], now=3.6)
+    b.grow(0, [14, 5])                                       # the draft's 14 accepted, then 5, not its 16: a restart
+    tr.plan(*b.args(), k=3, context=200, now=4.0)            # at 4.0 ...
+    assert s.view.epoch == 3
+    # ... whose first draft carries the server's stamps: read the commit at 100.010, stepped at 100.030 (its clock);
+    # taken a whole vLLM step later (4.9), the restart is the server's 20 ms plus the link's 2 ms round trip
+    tr.take([W.StreamRow(s.seq, 0, 3, 6, 15, since=5, read_at=100.010)], now=4.9, stepped_at=100.030, link_s=0.002)
+    assert tr.restarts_s[-1] == pytest.approx(0.022)
 
 
 class WaitingProposer(VP.StreamingDraftProposer):

@@ -250,8 +250,8 @@ class ServerStream:
     branches: ask for the server's verdict-cache branches ahead (Open.branches): the view holds them, and a
     rejection they foresaw finds its drafts already here (StreamView's rules)."""
 
-    def __init__(self, client: DraftServerClient, s: Sampling = Sampling(), q_top: int = 64, window: int = 8,
-                 device="cpu", name: str = "", branches: bool = False):
+    def __init__(self, client: DraftServerClient, s: Sampling = Sampling(), q_top: int = 64,
+                 window: int = protocol.STREAM_WINDOW, device="cpu", name: str = "", branches: bool = False):
         from ..runtime.pipeline import StreamView
         self.c, self.s, self.q_top, self.window, self.device = client, s, q_top, window, torch.device(device)
         self.branches = branches
@@ -353,7 +353,7 @@ class ServerStreamer(ServerStream):
     server drafts no outcome cache: cache stays off."""
 
     def __init__(self, addr: str, hello: protocol.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0,
-                 device="cpu", spin_s: float = 0.0, health=None, keys=None, window: int = 8):
+                 device="cpu", spin_s: float = 0.0, health=None, keys=None, window: int = protocol.STREAM_WINDOW):
         try:
             c = DraftServerClient(addr, hello, timeout_s, spin_s, keys)
         except (TimeoutError, PeerGone) as e:

@@ -169,6 +169,9 @@ class Pong(msgspec.Struct, tag="pong"):
     t2: float        # server clock at send
 
 
+STREAM_WINDOW = 8          # a draft server's stream: how far it drafts past what the client settled (Open.window),
+                           # the one default every client of the server takes
+
 class Open(msgspec.Struct, tag="open"):
     """Draft server: a sequence (or the same one again, under a new generation after a desync) and its
     context so far. No reply: the first Rounds row for it is answered once its prompt is fed."""
@@ -182,7 +185,7 @@ class Open(msgspec.Struct, tag="open"):
     q_top: int = 64
     seed: DraftSeed = 0
     stream: bool = False     # pipelined: the server drafts ahead (up to `window` past what the client settled)
-    window: int = 8          # and streams each token in Streamed; the client sends Commits, not Rounds
+    window: int = STREAM_WINDOW   # and streams each token in Streamed; the client sends Commits, not Rounds
     watch: int = 0           # stream: send the draft's next `watch` choices with each token (StreamRow.alts)
     branches: bool = False   # stream: send the server's verdict-cache branches ahead, as they are drafted
                              # (StreamRow.fork/corr), so that a foreseen rejection's drafts are at the client already

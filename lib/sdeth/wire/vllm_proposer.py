@@ -213,6 +213,7 @@ class RemoteDraftProposer:
         self.peer: protocol.Welcome | None = None      # the server's Welcome (None: not answered yet)
         self.refusal = ""                              # its Error to the last Hello
         self.t_hello = self.t_heard = self.t_ping = self.t_retry = 0.0   # t_retry: the next Hello not before it
+        self.link_s = 0.0                                # the link's round trip (the last Hello's, to its Welcome)
         self.backoff_s = 0.0                           # the wait after the last refused Hello (0: none refused)
         self.waiting: dict[str, tuple[int, int]] = {}  # this step's rounds: seq -> (row, k)
         self.out: list[list[int]] = []
@@ -498,9 +499,13 @@ class RemoteDraftProposer:
                 self.log.line(f"drafting with {m.model_id} at {self.addr} ({self.mode} mode, k={self.bounds.k}, "
                               f"deadline "
                               f"{self.deadline_s * 1e3:.0f} ms or {self.step_ratio:g} target steps if longer)")
+            if self.peer is None and self.t_hello:           # the Hello's round trip: the link, as a restart adds it
+                rtt = self.t_heard - self.t_hello            # (the least: a Welcome read only at the next step is late)
+                self.link_s = min(self.link_s, rtt) if self.link_s else rtt
             self.peer, self.backoff_s = m, 0.0
         elif isinstance(m, protocol.Streamed):
-            self.stats.streamed += self.streams.take(m.rows, self.t_heard) if self.streams is not None else 0
+            self.stats.streamed += (self.streams.take(m.rows, self.t_heard, m.stepped_at, self.link_s)
+                                    if self.streams is not None else 0)
             if m.draft_ms > 0:                             # a step's tokens (not a foreseen verdict's branch)
                 self.stats.server_draft_s += m.draft_ms / 1e3
                 self.stats.server_steps += 1

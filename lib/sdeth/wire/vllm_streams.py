@@ -18,11 +18,14 @@ not resumed), and at once while `max_streams` are held and a new row waits. A st
 stream). A row whose context leaves no room for the window within `context` gets no stream.
 
 Measured on the way, for a policy that decides whether a step waits (each an O(1) update of an event this module
-already handles): the *restart latency*, from the commit that starts a new epoch leaving here (its step's `now`) to
-that epoch's first draft being taken (`now` of the take); and the verdicts: of the drafts offered to a row, how many
-its next commits accepted. The proposer reads messages only inside its propose calls, so a draft that arrived while
-vLLM ran its forward is taken at the next call: the latency is then a bound, in whole steps, and exact only for a
-draft taken while a step waits. (How fast drafts come, the draft period, is the server's step: the proposer takes it
+already handles): the *restart latency*, from the commit that starts a new epoch leaving here to that epoch's first
+draft arriving here; and the verdicts: of the drafts offered to a row, how many its next commits accepted. The
+proposer reads messages only inside its propose calls, so a draft that arrived while vLLM ran its forward is taken
+at the next call: timed by its take, the latency would be a bound in whole steps (a restart would look as slow as
+vLLM's step, and a policy would never wait for one). So it is timed on the server's clock: the new epoch's first
+row carries when the server read the commit that restarted it (StreamRow.read_at) and its Streamed when the step
+ended (stepped_at); that lag plus the link's round trip (the Hello's, as the proposer measured it) is the restart.
+A row without those stamps falls back to the take's time. (How fast drafts come, the draft period, is the server's step: the proposer takes it
 from the Streamed messages' compute, not from arrival times, which the same polling blurs.)
 """
 from __future__ import annotations
@@ -218,9 +221,11 @@ class StreamTracker:
         s.context = ctx.copy()
         s.raw = s.context.tobytes()
 
-    def take(self, rows: list[protocol.StreamRow], now: float | None = None) -> int:
+    def take(self, rows: list[protocol.StreamRow], now: float | None = None, stepped_at: float = 0.0,
+             link_s: float = 0.0) -> int:
         """A Streamed's rows into their streams' views (rows of ended streams or old generations are dropped);
-        the rows taken. `now`: when the message was taken (default: now), for the restart latency."""
+        the rows taken. For the restart latency: `now`, when the message was taken (default: now); stepped_at, the
+        Streamed's (the server's clock; 0: unknown); link_s, the link's round trip."""
         now = time.perf_counter() if now is None else now
         n = 0
         for r in rows:
@@ -233,7 +238,8 @@ class StreamTracker:
             if s.view.restarts != restarts:              # our unresolved commit differed: the server restarts there
                 s.t_restart = self._sent_at(s, r.pos)
             elif r.epoch == s.view.epoch and s.t_restart:
-                self.restarts_s.append(now - s.t_restart)
+                timed = stepped_at > 0 and r.since >= 0 and r.read_at > 0       # the server's lag, its clock
+                self.restarts_s.append(max(stepped_at - r.read_at, 0.0) + link_s if timed else now - s.t_restart)
                 s.t_restart = 0.0
         return n
 

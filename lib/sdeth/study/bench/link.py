@@ -52,7 +52,7 @@ class LinkConfig:
     prompts: str = "sharegpt:6"
     max_tokens: int = 40
     k: int = 4
-    window: int = 8
+    window: int = protocol.STREAM_WINDOW
     rows: int = 8
     rtts_ms: tuple = (0.02, 0.5, 2.0, 5.0)
 

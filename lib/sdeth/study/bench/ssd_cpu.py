@@ -52,7 +52,7 @@ class SsdCpuConfig:
     prompts: str = "sharegpt:4"
     max_tokens: int = 24
     k: int = 4
-    window: int = 8
+    window: int = protocol.STREAM_WINDOW
     rows: int = 16
     specs: tuple = ("off", "4x4x8", "8x4x16")
     streams: tuple = (1, 4)

@@ -47,23 +47,8 @@ def run_call(call: int, json_path: str, grid: Grid, drafts=("Qwen3-1.7B",), devi
            "draft_step": [], "target": {}, "colocated": [], "remote": {}, "goal_check": [], "skipped": []}
     save = lambda: Path(json_path).write_text(json.dumps(res, indent=1, default=str))  # noqa: E731
     first = drafts[0]
-    if g.only_ssd or g.only_link or g.only_colocated:     # (their own bench name: the streams tables read complete
-        res["bench"] = ("streams-ssd" if g.only_ssd else "streams-link" if g.only_link  # calls only)
-                        else "streams-colocated")
-        if g.only_ssd:
-            res["settings"]["acceptance"] = "ranks (streambench.ranks: trace-driven or synthetic), target side"
-        if g.colocated_emulated or g.colocated_real:   # the line the remote figures are held against: colocated SD in
-            dfast = build_fast(first, device, 1)        # the same harness; real targets beside their emulation
-            if g.colocated_emulated:  # (own t_v None: the call measured no target; colocated reads bench targets')
-                colocated_emulated_part(res, dfast, first, None, g, t_end, progress, save)
-            if g.colocated_real:
-                colocated_real_part(res, dfast, first, g.colocated_real, device, g, t_end, progress, save)
-            del dfast
-            free()
-        if g.only_ssd:
-            ssd_part(res, first, device, g, t_end, progress, save)
-        if g.link_rtts:
-            link_part(res, first, device, g, t_end, progress, save)
+    if g.only_ssd or g.only_link or g.only_colocated:
+        only_parts(res, first, device, g, t_end, progress, save)
         res["wall_s"] = round(time.time() - t_start, 1)
         save()
         return res
@@ -93,6 +78,27 @@ def run_call(call: int, json_path: str, grid: Grid, drafts=("Qwen3-1.7B",), devi
     for line in summary_lines(res):
         progress(line)
     return res
+
+
+def only_parts(res, first, device, g, t_end, progress, save) -> None:
+    """A call of the parts named alone (--only-ssd, --only-link, --only-colocated): colocated SD in the remote
+    options' harness first (emulated, and real beside its emulation), then the ssd part, then the link part."""
+    res["bench"] = ("streams-ssd" if g.only_ssd else "streams-link" if g.only_link   # (their own bench name: the
+                    else "streams-colocated")                                         # streams tables read complete
+    if g.only_ssd:                                                                    # calls only)
+        res["settings"]["acceptance"] = "ranks (streambench.ranks: trace-driven or synthetic), target side"
+    if g.colocated_emulated or g.colocated_real:   # the line the remote figures are held against: colocated SD in
+        dfast = build_fast(first, device, 1)        # the same harness; real targets beside their emulation
+        if g.colocated_emulated:  # (own t_v None: the call measured no target; colocated reads bench targets')
+            colocated_emulated_part(res, dfast, first, None, g, t_end, progress, save)
+        if g.colocated_real:
+            colocated_real_part(res, dfast, first, g.colocated_real, device, g, t_end, progress, save)
+        del dfast
+        free()
+    if g.only_ssd:
+        ssd_part(res, first, device, g, t_end, progress, save)
+    if g.link_rtts:
+        link_part(res, first, device, g, t_end, progress, save)
 
 
 def extras(res, dfast, first, tdec, g, device, t_end, progress, save) -> None:
@@ -193,6 +199,33 @@ def grid_of(a) -> Grid:
     return g
 
 
+def part_flags(ap: argparse.ArgumentParser) -> None:
+    """The flags of the parts that run alone or after the main ones: ssd, link, colocated in the same harness."""
+    ap.add_argument("--verdict-cache", default=None, help="the ssd part: the servers' verdict caches, comma-separated "
+                    "(e.g. off,on or off,4x4x8; default: the part is left out)")
+    ap.add_argument("--only-ssd", action="store_true", help="run the ssd part alone (with --colocated-emulated "
+                    "first, if given; with --only-link, the link part after it)")
+    ap.add_argument("--ssd-targets", default=None, help="ssd: emulated targets (default Qwen3-8B,Qwen3-32B,Qwen2.5-72B)")
+    ap.add_argument("--ssd-points", default=None, help="ssd: (B, N) as B:N,... (default 1:1,1:4,2:1,2:4,4:1,4:4,8:1,8:4)")
+    ap.add_argument("--ssd-ranks", default=None, help="ssd: acceptance ranks, comma-separated (default "
+                    "trace,synthetic:0.9; coins: no ranks)")
+    ap.add_argument("--ssd-s", type=float, default=1.5, help="ssd: seconds of each point")
+    ap.add_argument("--ssd-rows", type=int, default=0, help="ssd: the servers' cache rows (default 128; B*N of "
+                    "them: a full server, whose cache drafts no branch)")
+    ap.add_argument("--colocated-real", default=None, help="with --only-ssd, --only-link or --only-colocated: "
+                    "colocated SD with a real target of these shapes (random bf16 weights), beside it emulated at "
+                    "the t_v this call measures, comma-separated, e.g. Qwen3-32B")
+    ap.add_argument("--only-colocated", action="store_true", help="run colocated SD in the remote options' harness "
+                    "alone (--colocated-emulated, --colocated-real)")
+    ap.add_argument("--link-rtts", default=None, help="the link part: round trips (ms) injected by a delay relay in "
+                    "front of the draft server, comma-separated, e.g. 0.02,0.5,1,2 (default: the part is left out)")
+    ap.add_argument("--only-link", action="store_true", help="run the link part alone (with --colocated-emulated and "
+                    "--colocated-real first, if given: colocated SD in the same harness; with --only-ssd, after it)")
+    ap.add_argument("--link-targets", default=None, help="link: emulated targets (default "
+                    "Qwen3-8B,Qwen3-32B,Qwen2.5-72B)")
+    ap.add_argument("--link-points", default=None, help="link: (B, N) as B:N,... (default 1:1)")
+
+
 def parser() -> argparse.ArgumentParser:
     from . import __doc__ as doc
     ap = argparse.ArgumentParser(prog="python -m sdeth bench streams", description=doc.split("\n\n")[0])
@@ -227,10 +260,6 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--remote-ns", default=None, help="sync rounds: N values (default 1, 2, 4, 8, 16)")
     ap.add_argument("--remote-ks", default=None, help="sync rounds: k values (default 3, 5)")
     ap.add_argument("--colocated-ks", default=None, help="colocated: k values (default 2, 3, 4, 5)")
-    ap.add_argument("--verdict-cache", default=None, help="the ssd part: the servers' verdict caches, comma-separated "
-                    "(e.g. off,on or off,4x4x8; default: the part is left out)")
-    ap.add_argument("--only-ssd", action="store_true", help="run the ssd part alone (with --colocated-emulated "
-                    "first, if given; with --only-link, the link part after it)")
     ap.add_argument("--policy", default="policy", help="the pipelined targets' step policies, comma-separated, each "
                     "point run under each in turn: policy (long-run tokens/s), sync (always wait for k), offered (go "
                     "with what is on offer; the earlier rule), adaptive, fixed")
@@ -239,25 +268,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-s", type=float, default=20.0, help="the longest a pipelined point runs with --min-steps")
     ap.add_argument("--read-while-stepping", action="store_true", help="the draft server reads its socket while a "
                     "step runs (DraftServerConfig.read_while_stepping)")
-    ap.add_argument("--ssd-targets", default=None, help="ssd: emulated targets (default Qwen3-8B,Qwen3-32B,Qwen2.5-72B)")
-    ap.add_argument("--ssd-points", default=None, help="ssd: (B, N) as B:N,... (default 1:1,1:4,2:1,2:4,4:1,4:4,8:1,8:4)")
-    ap.add_argument("--ssd-ranks", default=None, help="ssd: acceptance ranks, comma-separated (default "
-                    "trace,synthetic:0.9; coins: no ranks)")
-    ap.add_argument("--ssd-s", type=float, default=1.5, help="ssd: seconds of each point")
-    ap.add_argument("--ssd-rows", type=int, default=0, help="ssd: the servers' cache rows (default 128; B*N of "
-                    "them: a full server, whose cache drafts no branch)")
-    ap.add_argument("--colocated-real", default=None, help="with --only-ssd, --only-link or --only-colocated: "
-                    "colocated SD with a real target of these shapes (random bf16 weights), beside it emulated at "
-                    "the t_v this call measures, comma-separated, e.g. Qwen3-32B")
-    ap.add_argument("--only-colocated", action="store_true", help="run colocated SD in the remote options' harness "
-                    "alone (--colocated-emulated, --colocated-real)")
-    ap.add_argument("--link-rtts", default=None, help="the link part: round trips (ms) injected by a delay relay in "
-                    "front of the draft server, comma-separated, e.g. 0.02,0.5,1,2 (default: the part is left out)")
-    ap.add_argument("--only-link", action="store_true", help="run the link part alone (with --colocated-emulated and "
-                    "--colocated-real first, if given: colocated SD in the same harness; with --only-ssd, after it)")
-    ap.add_argument("--link-targets", default=None, help="link: emulated targets (default "
-                    "Qwen3-8B,Qwen3-32B,Qwen2.5-72B)")
-    ap.add_argument("--link-points", default=None, help="link: (B, N) as B:N,... (default 1:1)")
+    part_flags(ap)
     return ap
 
 

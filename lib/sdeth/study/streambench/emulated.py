@@ -140,7 +140,7 @@ class EmulatedPipelined:
     verify, as a target that knows the server speculates on its verdicts would."""
 
     def __init__(self, addr: str, index: int, B: int, k: int, tv_ms: dict, alpha: float, seed: int, vocab: int,
-                 window: int = 8, prompt: int = PROMPT, context: int = CONTEXT, ranks: str = "coins",
+                 window: int = protocol.STREAM_WINDOW, prompt: int = PROMPT, context: int = CONTEXT, ranks: str = "coins",
                  watch: int = 0, foreseen: bool = False, policy: str = "policy", ahead: bool = False, **_):
         from ...wire.draft_client import DraftServerClient
         self.est = step_setting(policy)()      # before the connection: a bad name fails first
