@@ -297,8 +297,8 @@ def test_the_link_points_go_through_a_delay_relay_and_carry_the_model_between(fa
     assert far["timeline_ms"]["sent_to_read"]["p50"] >= 3.0 > near["timeline_ms"]["sent_to_read"]["p50"]
     (m,) = res["link"]["model"]
     curve = [c["speedup"] for c in m["curve"]]
-    assert m["fed_from_rtt_ms"] == 0.02 and curve[0] > curve[-1]
-    assert all(b <= a + 0.02 for a, b in zip(curve, curve[1:])), curve     # (the event model draws its own coins)
+    assert m["fed_from_rtt_ms"] == 0.02 and curve[-1] < curve[0]              # 6 ms costs more than 0.02 ms, and
+    assert max(curve) <= 1.05 * curve[0], curve     # nothing between gains (the model's own coins wobble a little)
     assert [x["injected_rtt_ms"] for x in m["measured"]] == [0.02, 6.0]
     assert all(x["measured_over_model"] > 0 for x in m["measured"])
     assert m["measured"][0]["measured_over_scaled_model"] == 1.0           # the scaled curve holds its lowest point

@@ -21,7 +21,6 @@ further round trip: the curve between the measured points, and measured over mod
 """
 from __future__ import annotations
 
-import multiprocessing as mp
 import subprocess
 import sys
 import time
@@ -30,8 +29,7 @@ from ...wire.draft_client import ping_ms
 from ..bench.targets import DRAFT_ALPHA
 from .common import PIPELINED_K, hello
 from .emulated import Targets
-from .remote import model_of, pipelined_part
-from .server import serve_random
+from .remote import model_of, pipelined_part, start_server
 from .target import big_tv
 
 LINK_CURVE_MS = (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0)   # the modelled curve's round trips
@@ -155,18 +153,11 @@ def link_model(points: list[dict], tvs: dict) -> list[dict]:
 
 def link_part(res: dict, name: str, device: str, g, t_end: float, progress, save) -> None:
     """The draft server in a process of its own, the emulated targets' processes, every injected round trip."""
-    from ...place.testbed import free_port
     res["link"] = {"draft": name, "alpha": DRAFT_ALPHA[name], "k": PIPELINED_K, "rtts_ms": list(g.link_rtts),
                    "policies": list(g.policies), "points_bn": [list(x) for x in g.link_points],
                    "read_while_stepping": g.read_while_stepping,
                    "address": "loopback TCP through a delay relay", "notes": LINK_NOTES, "targets": {}, "points": []}
-    addr = f"tcp://127.0.0.1:{free_port()}"
-    ctx = mp.get_context("spawn")
-    ready = ctx.Queue()
-    server = ctx.Process(target=serve_random, args=(name, device, addr, ready, max(t_end - time.time(), 60)),
-                         kwargs={"compile_mode": g.models_compile, "read_while_stepping": g.read_while_stepping},
-                         daemon=True, name="draft-server")
-    server.start()
+    server, addr, ready = start_server(name, device, g, t_end)
     try:
         with Targets(max(n for _, n in g.link_points)) as pool:
             info = ready.get(timeout=600)

@@ -261,13 +261,10 @@ def big_part(res, name, addr, pool, vocab, g, t_end, progress, save) -> None:
         save()
 
 
-def remote_part(res, name, device, tv, g, t_end, progress, save) -> None:
-    """The draft server in a process of its own and the emulated targets' processes; every grid point."""
+def start_server(name: str, device: str, g, t_end: float):
+    """The draft server (serve_random: the draft shape, random weights) in a process of its own, started, on a free
+    loopback port, serving until t_end (at least 60 s): (process, address, the queue its ready info comes on)."""
     from ...place.testbed import free_port
-    grid = remote_grid(g.remote_batches, g.remote_ns, g.remote_ks) if g.sync else []
-    missing = sorted({(b, k) for b, _, k in grid} - tv.keys())
-    if missing:
-        raise ValueError(f"remote points {missing} (B, k) have no measured t_v: measure those in the target part")
     addr = f"tcp://127.0.0.1:{free_port()}"
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
@@ -275,6 +272,16 @@ def remote_part(res, name, device, tv, g, t_end, progress, save) -> None:
                          kwargs={"compile_mode": g.models_compile, "read_while_stepping": g.read_while_stepping},
                          daemon=True, name="draft-server")
     server.start()
+    return server, addr, ready
+
+
+def remote_part(res, name, device, tv, g, t_end, progress, save) -> None:
+    """The draft server in a process of its own and the emulated targets' processes; every grid point."""
+    grid = remote_grid(g.remote_batches, g.remote_ns, g.remote_ks) if g.sync else []
+    missing = sorted({(b, k) for b, _, k in grid} - tv.keys())
+    if missing:
+        raise ValueError(f"remote points {missing} (B, k) have no measured t_v: measure those in the target part")
+    server, addr, ready = start_server(name, device, g, t_end)
     out = res["remote"] = {"draft": name, "address": "loopback TCP", "server_rows": SERVER_ROWS,
                            "compile": compiled(g), "points": []}
     try:
