@@ -131,7 +131,7 @@ def _components(recs: list, server, c0: float, s0: int, rtt_ms: float) -> dict:
 RESTART_GOAL_PERIODS = 1.5     # the restart's goal at p50: one transit + this many server periods
 
 
-def restart_periods(recs: list, rtt_ms: float) -> dict | None:
+def restart_at_target(recs: list, rtt_ms: float) -> dict | None:
     """The restart: a Commits that restarted a stream's run, sent, to the new run's first draft at the target. At
     the target (the draft's step, ServerStream.restarts_stepped_ms, one clock on one host, plus one transit: half
     the Ping round trip), p50 and p99, in server periods (the p50 of every gap between two tokens of one run
@@ -179,7 +179,7 @@ def point(pair, prompts: list, ref: dict, spec: str, n: int, cfg: SsdCpuConfig, 
          "wall_ms_per_token": round(sum(r.e2e_s for _, r in recs) * 1e3 / tokens, 2) if tokens else None,
          "wall_ms_per_token_all_streams": round(wall * 1e3 / tokens, 2) if tokens else None,
          "components": _components([r for _, r in recs], server, c0, s0, rtt_ms),
-         "restart": restart_periods([r for _, r in recs], rtt_ms)}
+         "restart": restart_at_target([r for _, r in recs], rtt_ms)}
     if server.verdicts is not None:
         s = server.verdicts.summary()
         rej_at = {k: s["rejections_at"][k] for k in sorted(s["rejections_at"], key=int)}

@@ -163,9 +163,7 @@ def best_k(points: list[dict], by=("B",)) -> list[dict]:
 
 def colocated_part(res, dfast, name, tdec, g, ks, t_end, progress, save) -> None:
     """Colocated SD of each (B, k) with this draft shape; the best k per B."""
-    ddec = BatchDecoder(dfast, max(g.colocated_batches), CONTEXT + SLACK, compile_mode=g.models_compile)
-    ddec.warm(buckets=g.colocated_batches, widths=(1, 2), spans=(ddec.span_for(CONTEXT),))
-    drafter = BatchDrafter(ddec, dfast.vocab, chunk=PREFILL_CHUNK)
+    ddec, drafter = batch_drafter(dfast, g.colocated_batches, g.models_compile)
     prefill_ms = prompt_prefill_ms(ddec)
     pts = []
     for b in g.colocated_batches:
@@ -202,13 +200,19 @@ def emulated_tables(targets: tuple, own_tv: dict, batches, k: int) -> dict:
     return out
 
 
+def batch_drafter(dfast, batches, compile_mode) -> tuple:
+    """The draft shape's batched decoder for colocated rounds at these batches (context up to CONTEXT), warmed,
+    and its BatchDrafter: (decoder, drafter)."""
+    ddec = BatchDecoder(dfast, max(batches), CONTEXT + SLACK, compile_mode=compile_mode)
+    ddec.warm(buckets=tuple(batches), widths=(1, 2), spans=(ddec.span_for(CONTEXT),))
+    return ddec, BatchDrafter(ddec, dfast.vocab, chunk=PREFILL_CHUNK)
+
+
 def colocated_emulated_part(res, dfast, name, own_tv, g, t_end, progress, save) -> None:
     """Colocated SD against each emulated target of g.colocated_emulated (real draft steps, the target's t_v in
     series): the remote options' harness, so that each row compares like with like."""
     batches, ks = sorted(set(g.colocated_batches)), g.colocated_ks
-    ddec = BatchDecoder(dfast, max(batches), CONTEXT + SLACK, compile_mode=g.models_compile)
-    ddec.warm(buckets=tuple(batches), widths=(1, 2), spans=(ddec.span_for(CONTEXT),))
-    drafter = BatchDrafter(ddec, dfast.vocab, chunk=PREFILL_CHUNK)
+    ddec, drafter = batch_drafter(dfast, batches, g.models_compile)
     out = res["colocated_emulated"] = {}
     for target, tv in emulated_tables(g.colocated_emulated, own_tv, batches, max(ks)).items():
         if isinstance(tv, str):
@@ -240,9 +244,7 @@ def colocated_real_part(res, dfast, name, models, device, g, t_end, progress, sa
     from .common import build_fast
     from .target import target_points, tv_table
     batches, ks = sorted(set(g.colocated_batches)), g.colocated_ks
-    ddec = BatchDecoder(dfast, max(batches), CONTEXT + SLACK, compile_mode=g.models_compile)
-    ddec.warm(buckets=tuple(batches), widths=(1, 2), spans=(ddec.span_for(CONTEXT),))
-    drafter = BatchDrafter(ddec, dfast.vocab, chunk=PREFILL_CHUNK)
+    ddec, drafter = batch_drafter(dfast, batches, g.models_compile)
     out = res.setdefault("colocated_real", {})
     for model in models:
         if time.time() + 90 > t_end:

@@ -89,32 +89,42 @@ def link_points(res: dict, name: str, addr: str, pool: Targets, vocab: int, g, t
         except ValueError as e:
             out["targets"][model] = {"error": str(e)}
             progress(f"{model}: {e}")
-    for rtt in g.link_rtts:
-        try:
-            relay, raddr = start_relay(addr, rtt, max(t_end - time.time(), 60) + 30)
-        except RuntimeError as e:
-            out.setdefault("errors", []).append(str(e))
-            progress(str(e))
-            continue
-        try:
-            probe_ms = ping_ms(raddr, hello(vocab), n=20, timeout_s=5.0)
-            progress(f"link {rtt:g} ms injected: Ping through the relay {probe_ms:.3f} ms")
-            for model, tv in tvs.items():
-                label = (f"emulated target (measured t_v of the {model} shape), pipelined streams, real draft server "
-                         f"through a delay relay ({rtt:g} ms injected round trip)")
-                pts = pipelined_part(res, name, raddr, pool, tv, vocab, g, t_end, progress, save,
-                                     points=g.link_points, key=None, label=label)
-                for p in pts:
-                    p.update(target=model, injected_rtt_ms=rtt, probe_rtt_ms=round(probe_ms, 4))
-                out["points"] += pts
-                save()
-        except Exception as e:               # noqa: BLE001 (recorded; the next round trip goes on)
-            out.setdefault("errors", []).append(f"{rtt:g} ms: {type(e).__name__}: {e}"[:500])
-            progress(f"link {rtt:g} ms: {type(e).__name__}: {e}")
-        finally:
-            stop_relay(relay)
-            out["model"] = link_model(out["points"], tvs)       # (after each round trip: a cut call keeps its model)
+    try:
+        for rtt in g.link_rtts:
+            round_trip(res, name, addr, pool, vocab, g, t_end, progress, save, rtt, tvs)
+    finally:                                 # (once, when the round trips end or a failure cuts them short)
+        out["model"] = link_model(out["points"], tvs)
+        save()
+
+
+def round_trip(res: dict, name: str, addr: str, pool: Targets, vocab: int, g, t_end: float, progress, save,
+               rtt: float, tvs: dict) -> None:
+    """One injected round trip: a relay in front of the server, a Ping through it, every target's points through
+    it; a failure is recorded in res['link']['errors'] and the next round trip goes on."""
+    out = res["link"]
+    try:
+        relay, raddr = start_relay(addr, rtt, max(t_end - time.time(), 60) + 30)
+    except RuntimeError as e:
+        out.setdefault("errors", []).append(str(e))
+        progress(str(e))
+        return
+    try:
+        probe_ms = ping_ms(raddr, hello(vocab), n=20, timeout_s=5.0)
+        progress(f"link {rtt:g} ms injected: Ping through the relay {probe_ms:.3f} ms")
+        for model, tv in tvs.items():
+            label = (f"emulated target (measured t_v of the {model} shape), pipelined streams, real draft server "
+                     f"through a delay relay ({rtt:g} ms injected round trip)")
+            pts = pipelined_part(res, name, raddr, pool, tv, vocab, g, t_end, progress, save,
+                                 points=g.link_points, key=None, label=label)
+            for p in pts:
+                p.update(target=model, injected_rtt_ms=rtt, probe_rtt_ms=round(probe_ms, 4))
+            out["points"] += pts
             save()
+    except Exception as e:                   # noqa: BLE001 (recorded; the next round trip goes on)
+        out.setdefault("errors", []).append(f"{rtt:g} ms: {type(e).__name__}: {e}"[:500])
+        progress(f"link {rtt:g} ms: {type(e).__name__}: {e}")
+    finally:
+        stop_relay(relay)
 
 
 def link_model(points: list[dict], tvs: dict) -> list[dict]:
@@ -250,4 +260,4 @@ def link_figure(runs: dict):
 
 
 __all__ = ["LINK_CURVE_MS", "link_figure", "link_lines", "link_model", "link_part", "link_points", "link_runs",
-           "link_table", "start_relay"]
+           "link_table", "round_trip", "start_relay"]
