@@ -284,20 +284,23 @@ def _cycle(alpha: float, tv: tuple, d: float, link: float, u: float, rule: WaitR
     periods on; a round of m drafts waits for the m-th, verifies (tv[m]: that forward plus the round's overhead),
     and the cycle goes on while every draft is accepted and the target's own token is the draft's next one
     (probability alpha once drafted; a position the draft had not reached is taken as given and the run goes on
-    one step behind). Deterministic along the way: the only branch is 'accepted, go on' or 'restart'."""
+    one step behind). Deterministic along the way: the only branch is 'accepted, go on' or 'restart'. (WaitRule.m,
+    alpha ** m and expected_tokens are taken out of the loop: a vLLM proposer scores rules between its steps.)"""
     t, o, base, alive, tokens, secs = 0.0, 0, link + (1 + u) * d, 1.0, 0.0, 0.0
+    k = len(tv) - 1
+    cap, empty, some = min(rule.cap, k), rule.empty, rule.some
+    gain = [expected_tokens(alpha, m) for m in range(k + 1)]
+    p_all = [alpha ** m for m in range(k + 1)]
     for _ in range(CYCLE_ROUNDS):
-        arrived = int((t - base) // d) + 1 if t >= base else 0
-        avail = max(arrived - o, 0)
-        m = rule.m(avail, len(tv) - 1)
+        avail = max(int((t - base) // d) + 1 - o, 0) if t >= base else 0
+        m = min(cap, max(avail, some if avail else empty))
         end = max(t, base + (o + m - 1) * d) + tv[m] if m > avail else t + tv[m]
-        p_all = alpha ** m
-        tokens += alive * expected_tokens(alpha, m)
+        tokens += alive * gain[m]
         secs += alive * (end - t)
         if base + (o + m) * d <= end + link:      # the draft's token at the target's own position: compared
-            alive *= p_all * alpha
+            alive *= p_all[m] * alpha
         else:                                     # not drafted yet: taken as given, the run one step behind
-            alive *= p_all
+            alive *= p_all[m]
             base = max(base - d, end + link + d - (o + m + 1) * d)
         o, t = o + m + 1, end
         if alive < 1e-5:
@@ -307,8 +310,10 @@ def _cycle(alpha: float, tv: tuple, d: float, link: float, u: float, rule: WaitR
 
 def rule_rate(alpha: float, tv: tuple, d: float, link: float, rule: WaitRule) -> float:
     """Long-run tokens/s of a rule: E[tokens per cycle] / E[seconds per cycle], over the restart's phases."""
-    alpha = min(alpha, 0.999)
-    runs = [_cycle(alpha, tv, d, link, u, rule) for u in PHASES]
+    return _rate([_cycle(min(alpha, 0.999), tv, d, link, u, rule) for u in PHASES])
+
+
+def _rate(runs: list[tuple[float, float]]) -> float:
     return sum(r[0] for r in runs) / sum(r[1] for r in runs)
 
 
@@ -323,18 +328,21 @@ def best_rule(alpha: float, tv: tuple, d: float, link: float) -> tuple[WaitRule,
 
 
 def best_rule_steps(alpha: float, tv: tuple, d: float, link: float):
-    """best_rule one rule at a time, for a caller that cannot spend the whole scoring at once: a generator that
-    yields None after each rule it scores and, last, best_rule's (rule, rate)."""
-    k = len(tv) - 1
-    corners, best = [], None
-    for r in (WaitRule(0, 0, k), WaitRule(k, k, k)):
-        corners.append((r, rule_rate(alpha, tv, d, link, r)))
-        yield None
-    for r in (WaitRule(e, s, cap) for cap in range(1, k + 1) for e in range(cap + 1) for s in range(cap + 1)):
-        x = (r, rule_rate(alpha, tv, d, link, r))
-        best = x if best is None or x[1] > best[1] else best
-        yield None
-    corner = max(corners, key=lambda x: x[1])
+    """best_rule a piece at a time, for a caller that cannot spend the whole scoring at once: a generator that
+    yields None after each restart cycle it plays (one phase of one rule: 62 pieces for k = 3) and, last,
+    best_rule's (rule, rate)."""
+    k, a = len(tv) - 1, min(alpha, 0.999)
+    rules = [WaitRule(0, 0, k), WaitRule(k, k, k)]
+    rules += [WaitRule(e, s, cap) for cap in range(1, k + 1) for e in range(cap + 1) for s in range(cap + 1)]
+    rates = []
+    for r in rules:
+        runs = []
+        for u in PHASES:
+            runs.append(_cycle(a, tv, d, link, u, r))
+            yield None
+        rates.append((r, _rate(runs)))
+    corner = max(rates[:2], key=lambda x: x[1])
+    best = max(rates[2:], key=lambda x: x[1])
     yield best if best[1] > corner[1] * (1 + CORNER_MARGIN) else corner
 
 

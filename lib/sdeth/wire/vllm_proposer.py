@@ -44,8 +44,9 @@ read only inside propose), and the drafts verified and accepted so far. Policy m
 (rounded, so that the rule it scores is mostly a cached one): alpha from each row's verdicts, the target's step as
 t_v(m) for every m (one vLLM step verifies m drafts for every row at about the cost of one: the proposer cannot time
 it per m), the draft period, and the restart less 1.5 periods as the link; until the target's step and the draft
-period are measured it takes what is on offer, and so while the first rule is scored (one rule a step, about 30
-steps at k = 3; a later scoring keeps the last rule meanwhile). Its rule (costmodel.WaitRule) is applied to the row
+period are measured it takes what is on offer, and so while the first rule is scored (SCORE_BUDGET_S of it a step:
+one to a few dozen steps at k = 3; a later scoring keeps the last rule meanwhile). Once it holds a rule, it takes the
+costs again and looks for their rule every RULE_EVERY steps (the medians move slowly; each look costs the host). Its rule (costmodel.WaitRule) is applied to the row
 with the fewest drafts on offer: the step waits until every row has the rule's m (or all its room), at most OVERDUE
 times as long as they are due and never past the deadline. Each step's decision (drafts waited for beyond those on offer, the longest
 wait) and the time it waited go in the step log.
@@ -62,7 +63,7 @@ from typing import NamedTuple
 
 import zmq
 
-from ..costmodel import OVERDUE, StepPolicy, WaitRule, best_rule_steps
+from ..costmodel import OVERDUE, RULE_EVERY, StepPolicy, WaitRule, best_rule_steps
 from . import protocol, vllm_cpu_expand
 from .auth import Keys
 from .transport import Client, Log, PeerGone
@@ -88,6 +89,8 @@ POLICY_ROUNDING = 0.1    # policy mode: measured times are rounded to about 10% 
 POLICY_ALPHA_STEP = 0.05  # ... and alpha to 0.05 (each distinct set of costs costs a rule scoring, 0.3-10 ms for k=3,
                           # spread over the steps, a rule a step)
 RULES_KEPT = 1024        # policy mode: rules kept, one per set of rounded costs met
+SCORE_BUDGET_S = 50e-6   # ... a step's share of a rule scoring (costmodel.best_rule_steps' pieces: one at least, up to
+                         # 0.2 ms each; 0.005-0.03 ms at the CPU study's costs): the host time of a step that scores
 WINDOW_ENV = "SDETH_DRAFT_WINDOW"        # stream: tokens the server drafts past what the target settled
 STEPS_LOG_ENV = "SDETH_PROPOSER_STEPS"   # a path: each step's figures appended there (JSON lines)
 RETRY_S = 1.0            # Hello again (a fresh socket) at most this often while the server does not answer
@@ -203,6 +206,7 @@ class RemoteDraftProposer:
         self.rules: dict[tuple, WaitRule] = {}        # policy mode: the rule chosen for each set of rounded costs
         self.scoring: tuple | None = None              # ... (the costs being scored, the scoring: a rule a step)
         self.rule_now: WaitRule | None = None          # ... the rule of the last costs scored
+        self.rule_due = 0                              # ... steps before the costs are taken again
         self.steplog = StepLog(os.environ.get(STEPS_LOG_ENV, ""))
         self.bounds = Bounds.of(self.k, self.max_len, None)    # within the server's limits once it says them
         self.log = Log("vllm proposer")
@@ -277,7 +281,7 @@ class RemoteDraftProposer:
         (the module docstring has how)."""
         if self.streams is None:
             return self.bounds.k, self.deadline()
-        if self.policy is None or not offered or not self._feed():
+        if self.policy is None or not offered:
             return 0, 0.0
         rule = self._rule()
         if rule is None:
@@ -289,20 +293,27 @@ class RemoteDraftProposer:
         return m, min(OVERDUE * est.due_s(m, least), self.deadline())
 
     def _rule(self) -> WaitRule | None:
-        """The step policy's wait rule for the costs now (StepPolicy.rule_key), scored one rule a step
+        """The step policy's wait rule for the costs now (StepPolicy.rule_key), scored SCORE_BUDGET_S a step
         (costmodel.best_rule_steps: a whole scoring costs 0.3 to 10 ms at k = 3, too much for one step); meanwhile,
-        the rule of the last costs scored (None before the first: take what is on offer). A scoring once begun is
-        finished, whatever the costs do meanwhile."""
+        the rule of the last costs scored (None before the first: take what is on offer). The costs are taken
+        (_feed) at every step until a rule is held, then every RULE_EVERY steps. A scoring once begun is finished,
+        whatever the costs do meanwhile."""
         if self.scoring is None:
-            key = self.policy.rule_key(self.bounds.k)
+            if self.rule_now is not None and self.rule_due > 0:
+                self.rule_due -= 1
+                return self.rule_now
+            key = self.policy.rule_key(self.bounds.k) if self._feed() else None
             if key is None:
                 return self.rule_now
+            self.rule_due = RULE_EVERY - 1
             if key in self.rules:
                 self.rule_now = self.rules[key]
                 return self.rule_now
             self.scoring = (key, best_rule_steps(*key))
         key, steps = self.scoring
-        done = next(steps)
+        t_end = time.perf_counter() + SCORE_BUDGET_S
+        while (done := next(steps)) is None and time.perf_counter() < t_end:
+            pass
         if done is not None:
             if len(self.rules) >= RULES_KEPT:
                 self.rules.clear()
