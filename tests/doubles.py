@@ -3,7 +3,8 @@ decoding that several tests share."""
 import random
 
 from sdeth.runtime.loop import DraftUnavailable
-from sdeth.runtime.pipeline import StreamDrafter, StreamView
+from sdeth.runtime.pipeline import StreamView
+from sdeth.runtime.streamdraft import StreamDrafter
 from sdeth.runtime.verify import Sampling
 
 

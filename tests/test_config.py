@@ -8,7 +8,7 @@ from sdeth import cli
 from sdeth.models.prompts import PromptError
 from sdeth.runtime import EngineConfig
 from sdeth.runtime.emulated import Emulation
-from sdeth.runtime.pipeline import CACHE_DEFAULT, CacheSpec
+from sdeth.runtime.streamdraft import CACHE_DEFAULT, CacheSpec
 from sdeth.study import summary
 from sdeth.study.config import ConfigError, PromptSpec, RunConfig, parse_rtts
 

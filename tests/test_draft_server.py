@@ -341,7 +341,7 @@ def test_target_workers_share_a_draft_server_over_the_wire(pair, target_only_ref
 def test_a_stream_row_drafts_what_the_stream_drafter_does():
     """Stream rows follow runtime.pipeline's commit rules: the same tokens, epochs and restarts as StreamDrafter
     under a scripted run of hits, rejections and extensions, two streams batched together."""
-    from sdeth.runtime.pipeline import StreamDrafter
+    from sdeth.runtime.streamdraft import StreamDrafter
     model = tiny_qwen3(0)
     bd = BatchDrafter(BatchDecoder(FastDecoder(model, 8), rows=4, capacity=128), VOCAB, chunk=4)
     prompts = [[5, 6, 7, 8, 9, 10], [3, 1, 4]]

@@ -17,7 +17,7 @@ from sdeth.wire.remote import RemoteDrafter
 from sdeth.wire.draft_worker import serve_draft
 from sdeth.runtime.loop import DraftUnavailable
 from sdeth.runtime.verify import Sampling
-from sdeth.runtime.pipeline import CACHE_DEFAULT
+from sdeth.runtime.streamdraft import CACHE_DEFAULT
 from conftest import REF, ref_outputs
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from sdeth.runtime import loop, pipeline, synthetic, verify
+from sdeth.runtime import loop, streamdraft, synthetic, verify
 from sdeth.runtime.verify import Sampling
 from test_verify import DRAFT, V, BigramEngine
 
@@ -45,7 +45,7 @@ def test_sampled_verdict_takes_the_bonus_from_p_after_full_acceptance():
 def test_launched_steps_settle_in_order_and_a_commit_settles_what_it_covers():
     """Depth 2 (as on a GPU): a commit at a position still in flight first settles it (it must reach the
     target before anything after the commit); a mismatch drops the later step in flight."""
-    d = pipeline.StreamDrafter(BigramEngine(DRAFT), window=8)
+    d = streamdraft.StreamDrafter(BigramEngine(DRAFT), window=8)
     d.depth = 2
     d.start([0], 32, first=3, s=Sampling())
     d.launch(), d.launch()
@@ -58,7 +58,7 @@ def test_launched_steps_settle_in_order_and_a_commit_settles_what_it_covers():
     st = d.settle()
     assert (st.epoch, st.pos) == (1, 2)
     # the same chain as a draft that steps one at a time from the corrected token
-    ref = pipeline.StreamDrafter(BigramEngine(DRAFT), window=8)
+    ref = streamdraft.StreamDrafter(BigramEngine(DRAFT), window=8)
     ref.start([0], 32, first=3, s=Sampling())
     ref.step()
     ref.commit(1, d.chain[1])

@@ -1,5 +1,5 @@
-"""Pipelined SD (sdeth.pipeline): lossless through every path of the streaming protocol, driven by
-a simulated link with random interleavings (LocalStream), and the cost model's event simulation."""
+"""Pipelined SD (runtime.pipeline, runtime.streamdraft): lossless through every path of the streaming protocol,
+driven by a simulated link with random interleavings (LocalStream), and the cost model's event simulation."""
 import random
 from dataclasses import replace
 
@@ -8,7 +8,7 @@ import torch
 from scipy.stats import chisquare
 
 from sdeth import costmodel
-from sdeth.runtime import loop, pipeline, verify
+from sdeth.runtime import loop, pipeline, streamdraft, verify
 from sdeth.costmodel import Costs, AdaptivePolicy
 from sdeth.runtime.verify import Sampling
 from doubles import LocalStream, row_bigram, tiny_qwen3
@@ -65,7 +65,7 @@ def test_greedy_pipelined_equals_target_only(die_after):
 
 def test_stream_view_follows_the_draft():
     """Commit rules on both sides agree: kept, dropped (new epoch), and taken as given."""
-    d = pipeline.StreamDrafter(BigramEngine(DRAFT), window=8)
+    d = streamdraft.StreamDrafter(BigramEngine(DRAFT), window=8)
     d.start([0], 32, first=3, s=Sampling())
     view = pipeline.StreamView()
     msgs = [d.step()[0] for _ in range(3)]               # positions 1, 2, 3
@@ -94,7 +94,7 @@ def test_stream_view_follows_the_draft():
 def test_commits_made_before_a_restart_is_seen_are_compared_in_the_new_epoch():
     """The target steps alone at p and p+1 before the draft's token for p arrives. The draft drafted p
     differently, restarts at p, drafts p+1 in the new epoch, then compares it with our p+1."""
-    d = pipeline.StreamDrafter(BigramEngine(DRAFT), window=8)
+    d = streamdraft.StreamDrafter(BigramEngine(DRAFT), window=8)
     d.start([0], 32, first=3, s=Sampling())
     view = pipeline.StreamView()
     x1 = d.step()[0]                                     # position 1, in flight
@@ -198,7 +198,7 @@ def test_outcome_cache_adopts_the_branch_rows_exactly(in_flight):
     from sdeth.runtime.engine import Engine
     model = tiny_qwen3(3)
     eng = Engine(model, "draft", impl="fast", capacity=64, scratch=16)
-    d = pipeline.StreamDrafter(eng, window=12, fanout=3, depth=4, ranks=2)
+    d = streamdraft.StreamDrafter(eng, window=12, fanout=3, depth=4, ranks=2)
     prompt = [5, 17, 42, 9]
     d.start(prompt, 48, first=11, s=Sampling())
     for _ in range(4):                                # positions 1-4; the branches at 1 hold 3 tokens
@@ -226,15 +226,15 @@ def test_outcome_cache_adopts_the_branch_rows_exactly(in_flight):
 def test_outcome_cache_config_errors():
     from sdeth.study.config import ConfigError, RunConfig
     with pytest.raises(ValueError, match="FANOUT"):
-        pipeline.parse_cache("2x")
-    assert pipeline.parse_cache("3") == (3, 4, 1) and pipeline.parse_cache("off")[0] == 0
+        streamdraft.parse_cache("2x")
+    assert streamdraft.parse_cache("3") == (3, 4, 1) and streamdraft.parse_cache("off")[0] == 0
     with pytest.raises(ConfigError, match="impl 'fast'"):
         RunConfig(mode="pipelined", placement="ethernet", cache="2x4").check()
     with pytest.raises(ValueError, match="scratch slots"):
-        pipeline.StreamDrafter(BigramEngine(DRAFT), fanout=2)
+        streamdraft.StreamDrafter(BigramEngine(DRAFT), fanout=2)
     assert RunConfig(mode="pipelined", placement="ethernet", impl="fast").outcome_cache() == "auto"  # the target decides
     on = RunConfig(mode="pipelined", placement="ethernet", impl="fast", cache="on").check()
-    assert on.outcome_cache() == pipeline.CACHE_DEFAULT
+    assert on.outcome_cache() == streamdraft.CACHE_DEFAULT
     assert RunConfig(mode="sd", impl="fast", cache="on").outcome_cache() == "off"       # sync SD has no stream
 
 
@@ -299,7 +299,7 @@ def test_the_draft_times_its_step_and_sends_its_next_choices():
     """Step.period_ms: launch to launch while the draft steps on (0 for the first step, after a pause and after
     a restart); watch: each token carries the draft's next choices there (never its own token); the view counts
     how often a correction is among them."""
-    d = pipeline.StreamDrafter(BigramEngine(DRAFT), window=4, watch=2)
+    d = streamdraft.StreamDrafter(BigramEngine(DRAFT), window=4, watch=2)
     d.start([0], 32, first=3, s=Sampling())
     view = pipeline.StreamView()
     msgs = []

@@ -2,7 +2,7 @@
 'off', 'on' and FANOUT[xDEPTH[xTHIRD]] alike, and refuse bad specs naming the cache, the spec and the forms."""
 import pytest
 
-from sdeth.runtime.pipeline import CACHE_DEFAULT, CacheSpec
+from sdeth.runtime.streamdraft import CACHE_DEFAULT, CacheSpec
 from sdeth.runtime.verdictcache import VERDICT_DEFAULT, VerdictSpec
 
 

@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "turning the cache on per request where it predicts a gain; pipelined-sync, pipelined-offered, "
                    "pipelined-adaptive: pipelined under that step policy (pipelined: the step policy)")
     b.add_argument("--cache", default="auto", help="the outcome cache of mode 'cached': FANOUT[xDEPTH[xRANKS]] "
-                   "(auto: runtime.pipeline.CACHE_DEFAULT)")
+                   "(auto: runtime.streamdraft.CACHE_DEFAULT)")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json", required=True)
     b.add_argument("--draft-fast", default="", help="sd: the draft decoder's levers (FastOptions spec)")

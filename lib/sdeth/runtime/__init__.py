@@ -1,8 +1,8 @@
 """The decoding runtime: one engine over one model interface (`engine`, `fastmodel`), lossless
-acceptance (`verify`), the sync and pipelined loops (`loop`, `pipeline`), the roles a draft plays in
-them (`roles`), and synthetic acceptance for random-weight timing (`synthetic`); `make_engine` builds
-the engine a worker or an experiment runs, from one `EngineConfig`. Knows nothing of wires, clusters
-or notebooks."""
+acceptance (`verify`), the sync and pipelined loops (`loop`, `pipeline`), the pipelined draft and its
+outcome cache (`streamdraft`), the roles a draft plays in them (`roles`), and synthetic acceptance for
+random-weight timing (`synthetic`); `make_engine` builds the engine a worker or an experiment runs, from
+one `EngineConfig`. Knows nothing of wires, clusters or notebooks."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace

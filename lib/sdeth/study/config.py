@@ -4,7 +4,7 @@ whole, as JSON (`python -m sdeth worker --config JSON`).
 
 Each small language inside it is a typed value with its own parse and error:
     prompts          PromptSpec      sharegpt:N[:seed], humaneval:N[:seed], random:N:LEN[:seed]
-    cache            CacheSpec       off | on | FANOUT[xDEPTH[xRANKS]]          (runtime.pipeline; or auto)
+    cache            CacheSpec       off | on | FANOUT[xDEPTH[xRANKS]]          (runtime.streamdraft; or auto)
     draft_emulate    Emulation       PROFILE:SHAPE[:bf16|fp8]                   (runtime.emulated)
     target_emulate   TargetTimes     PATH[:MODEL], measured target forward times (runtime.emulated)
     draft_fast, target_fast  FastOptions  scope=...,weights=...,head=...        (runtime.fastmodel)
@@ -99,8 +99,8 @@ class RunConfig:
     target_fast: str = ""           # e.g. 'scope=layer,weights=fp8,head=32768'); the target's must keep its numerics
     draft_emulate: str = ""         # an emulated draft device, PROFILE:SHAPE[:fp8] (params/devices, runtime.emulated)
     draft_chains: str = ""          # ... replaying the draft's continuations recorded here (`python -m sdeth chains`)
-    cache: str = "auto"             # pipelined: the outcome cache (runtime.pipeline), off | on | auto | FANOUT[xDEPTH[xRANKS]];
-                                    # on: pipeline.CACHE_DEFAULT; auto: the target's event model turns CACHE_DEFAULT on
+    cache: str = "auto"             # pipelined: the outcome cache (runtime.streamdraft), off | on | auto | FANOUT[xDEPTH[xRANKS]];
+                                    # on: streamdraft.CACHE_DEFAULT; auto: the target's event model turns CACHE_DEFAULT on
                                     # per request where it predicts a gain (costmodel.AdaptivePolicy.choose_cache)
     target_emulate: str = ""        # an emulated target: no model, synthetic answers at the forward times measured in
                                     # PATH[:MODEL] (a results JSON's target.points; runtime.emulated.TargetTimes)
@@ -191,8 +191,8 @@ class RunConfig:
 
     @property
     def cache_spec(self):
-        """The outcome cache as written (a runtime.pipeline.CacheSpec; 'auto' reads as the default)."""
-        from ..runtime.pipeline import CacheSpec
+        """The outcome cache as written (a runtime.streamdraft.CacheSpec; 'auto' reads as the default)."""
+        from ..runtime.streamdraft import CacheSpec
         try:
             return CacheSpec.parse("on" if self.cache == "auto" else self.cache)
         except ValueError as e:
@@ -235,8 +235,8 @@ class RunConfig:
         return self.policy or ("policy" if self.adapts else "fixed")
 
     def outcome_cache(self) -> str:
-        """The outcome cache this run uses (a pipeline.parse_cache spec): 'auto' resolved."""
-        from ..runtime.pipeline import CACHE_DEFAULT
+        """The outcome cache this run uses (a streamdraft.parse_cache spec): 'auto' resolved."""
+        from ..runtime.streamdraft import CACHE_DEFAULT
         if self.mode != "pipelined":
             return "off"
         if self.cache == "auto":

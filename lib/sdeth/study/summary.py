@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass
 
 from .. import costmodel, metrics
-from ..runtime.pipeline import parse_cache
+from ..runtime.streamdraft import parse_cache
 from .config import RunConfig
 
 

@@ -15,7 +15,7 @@ import time
 
 from ..models.presets import tokenizer_hash
 from ..runtime.loop import Drafter, q_support
-from ..runtime.pipeline import StreamDrafter
+from ..runtime.streamdraft import StreamDrafter
 from ..runtime import make_engine
 from ..runtime.verify import Sampling
 from . import protocol
@@ -45,7 +45,7 @@ def q_pairs(q, q_top: int):
 
 
 def drafted_messages(req: str, st) -> list[protocol.Drafted]:
-    """One settled draft step (runtime.pipeline.Step) as Drafted messages: its token, then the outcome
+    """One settled draft step (runtime.streamdraft.Step) as Drafted messages: its token, then the outcome
     cache's branch tokens drafted in the same forward."""
     out = [protocol.Drafted(req, st.epoch, st.pos, st.token, st.ms, st.q_idx, st.q_val, st.restart_ms,
                             period_ms=st.period_ms, alts=st.alt_ids)]

@@ -146,7 +146,7 @@ class Drafted(msgspec.Struct, tag="drafted"):
     fork: int = -1                    # outcome cache: a branch token, valid if the target's token at `fork`
     corr: int = -1                    # is `corr` (runtime.pipeline's rules)
     period_ms: float = 0.0            # the draft's previous launch -> this step's, when it stepped on between
-                                      # (its host's work included; runtime.pipeline.Step.period_ms); 0: not timed
+                                      # (its host's work included; runtime.streamdraft.Step.period_ms); 0: not timed
     alts: list[int] | None = None     # the draft's next choices at pos (Start.watch, or the outcome cache's ranks)
 
 
@@ -220,7 +220,7 @@ class RowDraft(msgspec.Struct, array_like=True):
 
 class CommitRow(msgspec.Struct, array_like=True):
     """A stream's position settled by the client's target (pos 0: its first token after the prompt); the rules
-    are runtime.pipeline's (StreamDrafter.commit)."""
+    are runtime.pipeline's (runtime.streamdraft.StreamDrafter.commit)."""
     seq: ReqId
     gen: GenNo
     pos: int
@@ -429,7 +429,7 @@ def check_generate(m: Generate, vocab: int, max_len: int, k_max: int) -> Error |
            or (f"k {m.k}: use 1 to {k_max}" if not 1 <= m.k <= k_max else None))
     if why is None:
         try:
-            from ..runtime.pipeline import parse_cache
+            from ..runtime.streamdraft import parse_cache
             if m.cache != "auto":
                 parse_cache(m.cache)
         except ValueError as e:

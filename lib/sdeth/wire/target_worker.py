@@ -14,7 +14,8 @@ import torch
 from ..costmodel import AdaptivePolicy, step_setting
 from ..models.presets import tokenizer_hash
 from ..runtime.loop import DraftUnavailable, generate_sd, generate_target_only
-from ..runtime.pipeline import StreamView, generate_pipelined, parse_cache
+from ..runtime.pipeline import StreamView, generate_pipelined
+from ..runtime.streamdraft import parse_cache
 from ..runtime import make_engine
 from ..runtime.verify import Sampling
 from . import protocol

@@ -1,7 +1,7 @@
 """The pipelined draft's loop, timed phase by phase (`python -m sdeth bench draft-loop`): where a streamed
 draft step's wall time goes beyond its device time.
 
-A pipelined draft (runtime.pipeline.StreamDrafter, one step in flight) launches a step, waits for its token,
+A pipelined draft (runtime.streamdraft.StreamDrafter, one step in flight) launches a step, waits for its token,
 reads it, sends it, takes the target's commits, and launches the next: the device waits for the host between
 two steps. The event model charges the step as the draft lives it (`draft_period`), so this host work is part
 of every pipelined figure. Here the loop runs alone on one device, as the draft worker runs it, with every
@@ -17,7 +17,7 @@ on the host clock:
   host_gap_ms = period_ms - device_ms.
 
 Variants: the cache off, the cache off watching the draft's next two choices (`--cache auto`), the outcome cache
-on (pipeline.CACHE_DEFAULT), and the plain engine without the synthetic answer (what a real draft pays).
+on (streamdraft.CACHE_DEFAULT), and the plain engine without the synthetic answer (what a real draft pays).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ VARIANTS = {"off": dict(), "watch": dict(watch=2), "cache": dict(cache="on"), "o
 
 
 def _loop(engine, context: int, steps: int, skip: int, watch: int = 0, cache: str = "off") -> dict:
-    from ...runtime.pipeline import StreamDrafter, parse_cache
+    from ...runtime.streamdraft import StreamDrafter, parse_cache
     from ...runtime.verify import Sampling
     from ...wire import protocol
     fanout, depth, ranks = parse_cache(cache)

@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, replace
 
 from ... import hardware, metrics
-from ...runtime.pipeline import CACHE_DEFAULT
+from ...runtime.streamdraft import CACHE_DEFAULT
 from ..config import RunConfig
 from ..runs.experiment import run, testbed_for
 from ..summary import identical_outputs

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ... import costmodel
 from ...paths import REPO
-from ...runtime.pipeline import parse_cache
+from ...runtime.streamdraft import parse_cache
 from ..config import RunConfig
 from ..summary import draft_period, rank_shares, summarize
 
