@@ -11,7 +11,7 @@ mode the draft's distributions as q_top (index, prob) pairs per token.
     Start(req, prompt ids, sampling)   ->    <- Started            (draft prefill)
     Propose(req, n_prev, nxt, k)       ->    <- Proposal(tokens, q) (one per round)
     End(req)                           ->    <- Ended
-  pipelined (Start with stream=True; sdeth.pipeline has the rules):
+  pipelined (Start with stream=True; sdeth.runtime.pipeline has the rules):
     Commit(req, pos, token)            ->    (no reply)
                                              <- Drafted(epoch, pos, token, q)  (unasked, one per token)
     Ping(t0)                           ->    <- Pong(t0, t1, t2)   (link probe: four timestamps)
@@ -126,7 +126,7 @@ class Proposal(msgspec.Struct, tag="proposal"):
 
 class Commit(msgspec.Struct, tag="commit"):
     """Pipelined, target -> draft, no reply: the target's own token at `pos`; every earlier position
-    is settled (as drafted, or as earlier Commits said). See sdeth.pipeline."""
+    is settled (as drafted, or as earlier Commits said). See sdeth.runtime.pipeline."""
     req: ReqId
     pos: int
     token: int

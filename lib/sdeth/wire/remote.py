@@ -155,7 +155,7 @@ class RemoteDrafter:
 
 
 class RemoteStream(RemoteDrafter):
-    """The target's handle on a draft worker in pipelined mode (sdeth.pipeline's stream interface):
+    """The target's handle on a draft worker in pipelined mode (sdeth.runtime.pipeline's stream interface):
     Commits go out without waiting; Drafted messages are taken in whenever the target looks."""
     streamed: int = 0           # tokens the draft streamed in this request
 
