@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from sdeth import cli
+from sdeth.cli import main
+from sdeth.cli.worker import worker_config, worker_parser
 from sdeth.models.prompts import PromptError
 from sdeth.runtime import EngineConfig
 from sdeth.runtime.emulated import Emulation
@@ -52,16 +53,16 @@ def test_a_worker_gets_the_configuration_whole(tmp_path):
                   synthetic_alpha=0.6, synthetic_trace=str(trace), draft_fast="weights=fp8")
     sent = c.worker_config()
     assert sent["synthetic_trace"] == str(trace.resolve()) and RunConfig.from_dict(sent) == c
-    a = cli.worker_parser().parse_args(["--role", "draft", "--bind", "tcp://127.0.0.1:1", "--config", json.dumps(sent)])
-    got = cli.worker_config(a)
+    a = worker_parser().parse_args(["--role", "draft", "--bind", "tcp://127.0.0.1:1", "--config", json.dumps(sent)])
+    got = worker_config(a)
     assert got == c and got.engine_config() == EngineConfig(impl="fast", capacity=256, synthetic_alpha=0.6,
                                                              synthetic_trace=str(trace), draft_fast="weights=fp8")
-    by_hand = cli.worker_config(cli.worker_parser().parse_args(
+    by_hand = worker_config(worker_parser().parse_args(
         ["--role", "target", "--bind", "tcp://127.0.0.1:1", "--pair", "random-tiny", "--device", "cpu"]))
     assert (by_hand.pair, by_hand.device, by_hand.impl) == ("random-tiny", "cpu", "hf")
     with pytest.raises(ConfigError, match="unknown field"):
         RunConfig.from_dict({**sent, "k_max": 8})
-    assert cli.main(["worker", "--role", "draft", "--bind", "tcp://127.0.0.1:1", "--config", "{no json"]) == 2
+    assert main(["worker", "--role", "draft", "--bind", "tcp://127.0.0.1:1", "--config", "{no json"]) == 2
 
 
 def _req(**kw):

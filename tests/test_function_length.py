@@ -6,7 +6,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "lib" / "sdeth"
 MAX_LINES = 60
 LONG = {   # "module:function" -> why it may be longer; at most three
-    "sdeth.cli:build_parser": "the command line's reference: one add_argument a line, read top to bottom",
+    "sdeth.cli.parser:build_parser": "the command line's reference: one add_argument a line, read top to bottom",
 }
 
 

@@ -250,7 +250,7 @@ def test_every_setting_travels_from_the_command_line_to_the_running_server():
     """Each DraftServerConfig field (its limits too) set by a flag, read back from the running server's Welcome
     (limits and sizes) or its config (the rest): no setting dropped or re-guessed on the way."""
     from dataclasses import asdict, fields
-    from sdeth.cli import draft_server_config, worker_parser
+    from sdeth.cli.worker import draft_server_config, worker_parser
     from sdeth.wire.draft_client import DraftServerClient
     from sdeth.wire.draft_server import build_server
     from sdeth.wire.server_config import ServerLimits

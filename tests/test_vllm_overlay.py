@@ -117,7 +117,7 @@ def test_only_vllms_pods_reach_the_draft_servers_port(objs):
 
 
 def test_the_draft_servers_arguments_parse_and_cover_vllms_requests(objs):
-    from sdeth.cli import worker_config, worker_parser
+    from sdeth.cli.worker import worker_config, worker_parser
     args = _pod(objs, "sdeth-draft-server")["spec"]["containers"][0]["args"]
     assert args[:4] == ["python", "-m", "sdeth", "worker"]
     a = worker_parser().parse_args(args[4:])
@@ -126,7 +126,7 @@ def test_the_draft_servers_arguments_parse_and_cover_vllms_requests(objs):
     vllm = _vllm_args(objs)
     assert cfg.capacity >= int(vllm[vllm.index("--max-model-len") + 1])      # every context gets drafts
     assert a.rows >= int(vllm[vllm.index("--max-num-seqs") + 1])             # ... and every running request
-    from sdeth.cli import draft_server_config
+    from sdeth.cli.worker import draft_server_config
     told = draft_server_config(a, cfg, 0.0).resolved("cuda").limits
     assert int(vllm[vllm.index("--max-num-seqs") + 1]) <= told.sequences_per_client     # one client: vLLM
 

@@ -1,5 +1,5 @@
 """The draft server: one draft model drafts for many sequences of many clients at once.
-`python -m sdeth worker --role draft-server --bind tcp://ADDR:PORT` (the CLI is in `sdeth.cli`).
+`python -m sdeth worker --role draft-server --bind tcp://ADDR:PORT` (the CLI is in `sdeth.cli.worker`).
 
 Terms: a *client* is one connection (a target worker, an emulated target, a vLLM proposer), known by its zmq
 routing id from its Hello on; under CURVE with per-client keys its key names its *owner* (one client may hold

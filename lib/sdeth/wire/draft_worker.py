@@ -1,5 +1,5 @@
 """The draft worker: serves proposals (sync SD) and streams of drafts (pipelined SD) to target workers.
-`python -m sdeth worker --role draft --bind tcp://ADDR:PORT` (the CLI is in `sdeth.cli`).
+`python -m sdeth worker --role draft --bind tcp://ADDR:PORT` (the CLI is in `sdeth.cli.worker`).
 
 Terms: a *peer* is one connected target (its zmq routing id, and the address zmq saw); a *request* is one
 sequence a peer started (Start) and drafts for until End; a sync request is served by a `Drafter` (one

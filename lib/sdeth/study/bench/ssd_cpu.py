@@ -225,8 +225,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--prompts", default=SsdCpuConfig.prompts, help="prompt set (default %(default)s)")
     ap.add_argument("--max-tokens", type=int, default=SsdCpuConfig.max_tokens, help="tokens per prompt")
     ap.add_argument("--specs", default=",".join(SsdCpuConfig.specs), help="verdict cache specs, comma-separated")
-    ap.add_argument("--streams", default="1,4", help="stream counts, comma-separated")
-    ap.add_argument("--policies", default="fixed", help="the pipelined loop's step policies, comma-separated "
+    ap.add_argument("--streams", default=",".join(str(n) for n in SsdCpuConfig.streams),
+                    help="stream counts, comma-separated")
+    ap.add_argument("--policies", default=",".join(SsdCpuConfig.policies),
+                    help="the pipelined loop's step policies, comma-separated "
                     "(costmodel.POLICIES: policy, sync, offered, adaptive, fixed)")
     ap.add_argument("--draft-core", type=int, default=None, help="pin the draft server's thread to this core and the "
                     "target loops to the others (default: unpinned)")

@@ -32,6 +32,7 @@ from ... import hardware
 from ...models.presets import shape
 from ...runtime.engine import Engine
 from ...runtime.randomweights import fused_random
+from ..config import RunConfig
 from .step import copy_bandwidth, decode_run_ms, kernel_profile, timed_ms, timed_replays
 
 TARGETS = {"Qwen2.5-72B": "fp8", "Qwen3-32B": "bf16", "Qwen3-14B": "bf16", "Qwen3-8B": "bf16"}  # largest first
@@ -155,7 +156,6 @@ def sd_pair(model, name: str, draft: str, device: str):
 
 
 def sd_config(pair, device: str, acceptance: str, draft: str, k: int, requests: int, max_tokens: int):
-    from ..config import RunConfig
     if acceptance not in ("synthetic", "trace-driven"):
         raise ValueError(f"acceptance {acceptance!r}: use 'synthetic' or 'trace-driven'")
     return RunConfig(pair=pair.config.name, mode="sd", placement="colocated", adaptive=False, k=k, device=device,
@@ -165,8 +165,9 @@ def sd_config(pair, device: str, acceptance: str, draft: str, k: int, requests: 
                      synthetic_trace=TRACE if acceptance == "trace-driven" else None)
 
 
-def colocated_sd(model, name: str, drafts, acceptances, device: str = "cuda:0", k: int = 3, requests: int = 16,
-                 max_tokens: int = 64, deadline: float = float("inf")) -> list[dict]:
+def colocated_sd(model, name: str, drafts, acceptances, device: str = "cuda:0", k: int = RunConfig.k,
+                 requests: int = 16, max_tokens: int = RunConfig.max_tokens,
+                 deadline: float = float("inf")) -> list[dict]:
     """Target-only, then colocated SD with each draft and acceptance kind, on the same requests (in this process:
     one GPU holds both models). Each row: speedup over target-only with its 95% paired bootstrap interval,
     alpha with its interval, the cost model's prediction, and the per-request lists the intervals came from."""
@@ -207,7 +208,7 @@ def _label(cfg) -> str:
 
 def run_call(call: int, json_path: str, targets=tuple(TARGETS), grid: str = "full", sd_targets=("Qwen3-32B", "Qwen2.5-72B"),
              drafts=tuple(DRAFT_ALPHA), acceptances=("synthetic", "trace-driven"), device: str = "cuda:0",
-             budget_s: float = 520, requests: int = 16, max_tokens: int = 64, progress=print) -> dict:
+             budget_s: float = 520, requests: int = 16, max_tokens: int = RunConfig.max_tokens, progress=print) -> dict:
     """Measure each target (grid 'full': t(B), t_v(B, k); 'headline': the step and t_v(1, k)), then colocated SD
     over those in sd_targets; the JSON is rewritten after each part, and parts not started by budget_s are
     recorded as skipped."""
@@ -290,7 +291,7 @@ def main(argv=None) -> None:
     ap.add_argument("--acceptance", default="synthetic,trace-driven")
     ap.add_argument("--budget-s", type=float, default=520)
     ap.add_argument("--requests", type=int, default=16)
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=RunConfig.max_tokens)
     a = ap.parse_args(argv)
     split = lambda s: tuple(x for x in s.split(",") if x)  # noqa: E731
     bad = [t for t in split(a.targets) if t.partition(":")[0] not in TARGETS] + \

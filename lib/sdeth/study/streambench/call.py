@@ -209,7 +209,7 @@ def part_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--ssd-points", default=None, help="ssd: (B, N) as B:N,... (default 1:1,1:4,2:1,2:4,4:1,4:4,8:1,8:4)")
     ap.add_argument("--ssd-ranks", default=None, help="ssd: acceptance ranks, comma-separated (default "
                     "trace,synthetic:0.9; coins: no ranks)")
-    ap.add_argument("--ssd-s", type=float, default=1.5, help="ssd: seconds of each point")
+    ap.add_argument("--ssd-s", type=float, default=Grid.ssd_s, help="ssd: seconds of each point")
     ap.add_argument("--ssd-rows", type=int, default=0, help="ssd: the servers' cache rows (default 128; B*N of "
                     "them: a full server, whose cache drafts no branch)")
     ap.add_argument("--colocated-real", default=None, help="with --only-ssd, --only-link or --only-colocated: "
@@ -236,8 +236,8 @@ def parser() -> argparse.ArgumentParser:
                     "every part, the others draft_step and colocated while time is left")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--budget-s", type=float, default=500, help="parts not started by then are recorded as skipped")
-    ap.add_argument("--remote-s", type=float, default=2.0, help="seconds of each remote point")
-    ap.add_argument("--colocated-s", type=float, default=1.2, help="seconds of each colocated point")
+    ap.add_argument("--remote-s", type=float, default=Grid.remote_s, help="seconds of each remote point")
+    ap.add_argument("--colocated-s", type=float, default=Grid.colocated_s, help="seconds of each colocated point")
     ap.add_argument("--models-compile", default="", help="every BatchDecoder's torch.compile mode (target, "
                     "draft, draft server), e.g. default; '' (the default): eager kernels in CUDA graphs")
     ap.add_argument("--no-sync", action="store_true", help="leave out the remote sync-rounds points (the pipelined "
@@ -248,7 +248,8 @@ def parser() -> argparse.ArgumentParser:
                     "4, 8 with B*N <= 32)")
     ap.add_argument("--big-targets", default="Qwen3-32B,Qwen2.5-72B", help="bigger targets emulated from their t_v "
                     "in reports/gpu/bench_targets_*.json, comma-separated ('' none)")
-    ap.add_argument("--colocated-emulated", default="", help="colocated SD against emulated targets too (real draft "
+    ap.add_argument("--colocated-emulated", default=",".join(Grid.colocated_emulated),
+                    help="colocated SD against emulated targets too (real draft "
                     "steps, the target's t_v in series: the remote options' harness), comma-separated, e.g. "
                     "Qwen3-8B,Qwen3-32B,Qwen2.5-72B ('' none)")
     ap.add_argument("--big-points", default=None, help="their (B, N) points as B:N,... (default 1:1,1:4,2:4,4:4)")
@@ -260,12 +261,15 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--remote-ns", default=None, help="sync rounds: N values (default 1, 2, 4, 8, 16)")
     ap.add_argument("--remote-ks", default=None, help="sync rounds: k values (default 3, 5)")
     ap.add_argument("--colocated-ks", default=None, help="colocated: k values (default 2, 3, 4, 5)")
-    ap.add_argument("--policy", default="policy", help="the pipelined targets' step policies, comma-separated, each "
+    ap.add_argument("--policy", default=",".join(Grid.policies),
+                    help="the pipelined targets' step policies, comma-separated, each "
                     "point run under each in turn: policy (long-run tokens/s), sync (always wait for k), offered (go "
                     "with what is on offer; the earlier rule), adaptive, fixed")
-    ap.add_argument("--min-steps", type=int, default=0, help="a pipelined point runs for about this many target "
+    ap.add_argument("--min-steps", type=int, default=Grid.min_steps,
+                    help="a pipelined point runs for about this many target "
                     "steps (foretold from t_v; at least --remote-s, at most --max-s); 0: --remote-s")
-    ap.add_argument("--max-s", type=float, default=20.0, help="the longest a pipelined point runs with --min-steps")
+    ap.add_argument("--max-s", type=float, default=Grid.max_s,
+                    help="the longest a pipelined point runs with --min-steps")
     ap.add_argument("--read-while-stepping", action="store_true", help="the draft server reads its socket while a "
                     "step runs (DraftServerConfig.read_while_stepping)")
     part_flags(ap)

@@ -8,17 +8,19 @@ import torch
 
 from ...runtime.batchmodel import BatchDecoder
 from ...runtime.fastmodel import FastDecoder
+from ...wire.server_config import DraftServerConfig
 from .common import CONTEXT, PREFILL_CHUNK, PROMPT, SERVER_ROWS, SLACK, allow_recompiles, sync_device, welcome
 
 
 def serve_random(name: str, device: str, addr: str, ready, seconds: float, rows: int = SERVER_ROWS,
                  capacity: int = CONTEXT + SLACK, spin_s: float = 0.002, compile_mode: str | None = None,
-                 verdict_cache: str = "off", read_while_stepping: bool = False) -> None:
+                 verdict_cache: str = DraftServerConfig.verdict_cache,
+                 read_while_stepping: bool = DraftServerConfig.read_while_stepping) -> None:
     """A draft server process: the named draft shape (random bf16 weights) on `device`, its graphs captured and
     a prompt's prefill run once before `ready` is told; serves `addr` for `seconds` (verdict_cache: the server's
     DraftServerConfig.verdict_cache; read_while_stepping: its read_while_stepping)."""
     from ...runtime.randomweights import fused_random
-    from ...wire.draft_server import DraftServerConfig, ServerLimits, build_server
+    from ...wire.draft_server import ServerLimits, build_server
     try:
         if torch.device(device).type == "cuda":
             torch.cuda.set_device(device)

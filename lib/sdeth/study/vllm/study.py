@@ -338,9 +338,10 @@ def main(argv=None) -> int:
     d = StudyOptions()
     ap.add_argument("--quick", action="store_true", help="a smoke run: concurrency 1,2, 2 prompts, 16 tokens; "
                     "written to $TMPDIR unless --json")
-    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma list of " + ", ".join(CONFIGS))
-    ap.add_argument("--concurrency", default="1,2,4,8", help="requests in flight (comma list)")
-    ap.add_argument("--temperatures", default="0,0.8", help="comma list (0: greedy)")
+    ap.add_argument("--configs", default=",".join(d.configs), help="comma list of " + ", ".join(CONFIGS))
+    ap.add_argument("--concurrency", default=",".join(str(n) for n in d.concurrency),
+                    help="requests in flight (comma list)")
+    ap.add_argument("--temperatures", default=",".join(f"{t:g}" for t in d.temperatures), help="comma list (0: greedy)")
     ap.add_argument("--prompts", default=d.prompts), ap.add_argument("--max-tokens", type=int, default=d.max_tokens)
     ap.add_argument("--k", type=int, default=d.k, help="speculative tokens per step (both drafts)")
     ap.add_argument("--repeats", type=int, default=d.repeats, help="each point this many times (intervals over them)")
@@ -351,14 +352,15 @@ def main(argv=None) -> int:
     ap.add_argument("--slow-ms", type=float, default=d.slow_ms, help="the slowed draft server: ms added per reply")
     ap.add_argument("--jitter-ms", type=float, default=d.jitter_ms, help="the jittered one: uniform 0..J ms per reply")
     ap.add_argument("--faults-at", type=int, default=d.faults_at, help="concurrency of the slowed/jittered points")
-    ap.add_argument("--target-url", default="", help="measure an existing vLLM OpenAI server (e.g. a cluster's "
+    ap.add_argument("--target-url", default=d.target_url,
+                    help="measure an existing vLLM OpenAI server (e.g. a cluster's "
                     "port-forward, http://127.0.0.1:8000) instead of starting one; needs --label")
-    ap.add_argument("--metrics-url", default="", help="its Prometheus page (default TARGET_URL/metrics)")
-    ap.add_argument("--model", default="", help="the served model's name (default: the first of /v1/models)")
-    ap.add_argument("--label", default="", help="with --target-url: the configuration it serves (target-only, "
+    ap.add_argument("--metrics-url", default=d.metrics_url, help="its Prometheus page (default TARGET_URL/metrics)")
+    ap.add_argument("--model", default=d.model, help="the served model's name (default: the first of /v1/models)")
+    ap.add_argument("--label", default=d.label, help="with --target-url: the configuration it serves (target-only, "
                     "draft-model, remote; any other name is taken as speculative)")
-    ap.add_argument("--hardware-note", default="", help="where the servers ran (e.g. 'one H200 per pod')")
-    ap.add_argument("--logs", default="", help="keep the servers' logs in this directory")
+    ap.add_argument("--hardware-note", default=d.hardware_note, help="where the servers ran (e.g. 'one H200 per pod')")
+    ap.add_argument("--logs", default=d.logs, help="keep the servers' logs in this directory")
     ap.add_argument("--json", default="", help=f"write the results here (default {OUT})")
     a = ap.parse_args(argv)
     try:
