@@ -193,6 +193,33 @@ def test_policy_mode_waits_where_the_measured_costs_say_waiting_pays_and_not_whe
     assert q._decide([0, 1]) == (0, 0.0) and q._decide([0]) == (0, 0.0)
 
 
+def test_policy_mode_scores_a_piece_a_step_and_once_it_holds_a_rule_looks_at_the_costs_every_rule_every_steps(
+        monkeypatch):
+    """A step's host work stays small: with no time budget each step scores one piece of the rule (one restart
+    cycle of one rule: 2 x 31 for k = 3), and once a rule is held the costs (medians, the rule's key) are taken again
+    only every RULE_EVERY steps, so a change of costs reaches the rule within RULE_EVERY steps plus a scoring."""
+    monkeypatch.setattr(VP, "SCORE_BUDGET_S", 0.0)
+    p = VP.PolicyDraftProposer(vllm_config(3), addr="tcp://127.0.0.1:1", deadline_ms=500)
+    p.steps_s.extend([0.3] * VP.STEP_WINDOW)
+    p.draft_steps_s.extend([0.01] * 8)
+    feeds = []
+    feed = p._feed
+    monkeypatch.setattr(p, "_feed", lambda: feeds.append(1) or feed())
+    steps = 0
+    while p._rule() is None:
+        steps += 1
+    assert steps == 2 * 31 and len(feeds) == 1               # 62 pieces, then the step that returns the best
+    first = p.rule_now
+    for _ in range(3 * VP.RULE_EVERY):
+        assert p._rule() == first
+    assert len(feeds) == 4                                           # at steps RULE_EVERY, 2x and 3x after the first
+    p.steps_s.extend([0.001] * VP.STEP_WINDOW)                        # a fast target, a slow draft: another rule
+    p.draft_steps_s.extend([0.5] * 64)
+    for _ in range(VP.RULE_EVERY + 2 * 31):
+        p._rule()
+    assert p.rule_now != first and p.scoring is None
+
+
 def test_policy_mode_logs_its_decisions_and_waits_only_as_long_as_the_drafts_take(tmp_path, monkeypatch):
     """Against a stand-in server whose every Streamed is 50 ms late: with costs that say wait (slow target, fast
     draft, alpha high) the first step waits for the Open's drafts (about the server's delay), offers k and logs
