@@ -1,7 +1,7 @@
 """Clients of a draft server (wire.draft_server): `DraftServerClient` (one connection, many sequences: a
 target's batch) and `ServerDraft` (one sequence of it as the sync loop's draft source).
 
-The client keeps each sequence's settled context (`Track.context`), so that a `desync` answer costs one
+The client keeps each sequence's settled context (`ServerTrack.context`), so that a `desync` answer costs one
 re-open (the next generation, the whole context) and never a wrong draft.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ AGAIN = ("desync", "reclaimed")    # a row refused for these is opened again (ne
 
 
 @dataclass(eq=False)
-class Track:
+class ServerTrack:
     """One sequence as its client knows it."""
     seq: str
     s: Sampling
@@ -39,7 +39,7 @@ class Track:
 
 
 @dataclass
-class Costs:
+class RoundCosts:
     """What the server reported for the newest round, and totals (ms)."""
     draft_ms: float = 0.0
     queued_ms: float = 0.0
@@ -59,7 +59,7 @@ class DraftServerClient:
         # awaited, and is passed over
         self.client.on_reopen = lambda: self.client.send(self.hello)
         self._handshake()
-        self.last = Costs()
+        self.last = RoundCosts()
         self.n = 0
 
     def _handshake(self) -> None:
@@ -70,18 +70,18 @@ class DraftServerClient:
         self.peer = reply
 
     def open(self, seq: str, prompt_ids: list[int], s: Sampling = Sampling(), seed: int | None = None,
-             q_top: int = 64) -> Track:
+             q_top: int = 64) -> ServerTrack:
         """A new sequence; no wait (the server feeds its prompt while this client prefills its own)."""
         seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
-        t = Track(seq, s, seed, q_top, context=list(prompt_ids), have=len(prompt_ids))
+        t = ServerTrack(seq, s, seed, q_top, context=list(prompt_ids), have=len(prompt_ids))
         self._send_open(t, t.context)
         return t
 
-    def _send_open(self, t: Track, context: list[int]) -> None:
+    def _send_open(self, t: ServerTrack, context: list[int]) -> None:
         self.client.send(protocol.Open(t.seq, t.gen, list(context), q_top=t.q_top, seed=t.seed,
                                        **protocol.sampling_fields(t.s)))
 
-    def rounds(self, items: list[tuple[Track, int, list[int], int]]) -> list[protocol.RowDraft]:
+    def rounds(self, items: list[tuple[ServerTrack, int, list[int], int]]) -> list[protocol.RowDraft]:
         """One round for each (track, accepted of its last proposal, the target's tokens, k): their proposals
         (RowDrafts, in the order given; an error row is one the server refused). A desync is recovered once
         here (re-open, ask again)."""
@@ -101,7 +101,7 @@ class DraftServerClient:
             t.prev = [] if r.error else list(r.tokens)
         return got
 
-    def _row(self, t: Track, accepted: int, tokens: list[int], k: int, fresh: bool = False) -> protocol.Row:
+    def _row(self, t: ServerTrack, accepted: int, tokens: list[int], k: int, fresh: bool = False) -> protocol.Row:
         if not fresh:
             t.context += t.prev[:accepted] + list(tokens)
         row = protocol.Row(t.seq, t.gen, t.have, accepted, list(tokens), k)
@@ -147,11 +147,11 @@ class DraftServerClient:
 
     def _note(self, m: protocol.Drafts, t0: float) -> None:
         if m.batch:
-            self.last = Costs(m.draft_ms, m.queued_ms, m.held_ms, m.host_ms, m.batch,
-                              (time.perf_counter() - t0) * 1e3)
+            self.last = RoundCosts(m.draft_ms, m.queued_ms, m.held_ms, m.host_ms, m.batch,
+                                   (time.perf_counter() - t0) * 1e3)
             self.n += 1
 
-    def end(self, t: Track) -> None:
+    def end(self, t: ServerTrack) -> None:
         self.end_seq(t.seq)
 
     def end_seq(self, seq: str) -> None:
