@@ -189,7 +189,7 @@ class ServerDraft:
 
     def __init__(self, client: DraftServerClient, s: Sampling = Sampling(), q_top: int = 64, device="cpu",
                  name: str = ""):
-        self.c, self.s, self.q_top, self.device = client, s, q_top, torch.device(device)
+        self.server, self.sampling, self.q_top, self.device = client, s, q_top, torch.device(device)
         self.name, self.count, self.track = name or f"{os.getpid()}-{id(self):x}", 0, None
         self.compute_s = 0.0
 
@@ -198,19 +198,19 @@ class ServerDraft:
             self.end()
         self.count += 1
         self.compute_s = 0.0
-        self.track = self.c.open(f"{self.name}-{self.count}", prompt_ids, s or self.s, seed, self.q_top)
+        self.track = self.server.open(f"{self.name}-{self.count}", prompt_ids, s or self.sampling, seed, self.q_top)
         self.first = True
 
     def propose(self, n_prev: int, nxt: int, k: int):
-        r = self.c.rounds([(self.track, n_prev, [nxt], k)])[0]
+        r = self.server.rounds([(self.track, n_prev, [nxt], k)])[0]
         if r.error:
             raise DraftUnavailable(f"draft server refused the round ({r.error}): {r.message}")
-        self.compute_s += self.c.last.draft_ms / 1e3
-        return list(r.tokens), q_from_pairs(r.q_idx, r.q_val, self.c.peer.vocab_size, self.device, len(r.tokens))
+        self.compute_s += self.server.last.draft_ms / 1e3
+        return list(r.tokens), q_from_pairs(r.q_idx, r.q_val, self.server.peer.vocab_size, self.device, len(r.tokens))
 
     def end(self):
         if self.track is not None:
-            self.c.end(self.track)
+            self.server.end(self.track)
             self.track = None
 
 
@@ -253,7 +253,8 @@ class ServerStream:
     def __init__(self, client: DraftServerClient, s: Sampling = Sampling(), q_top: int = 64,
                  window: int = protocol.STREAM_WINDOW, device="cpu", name: str = "", branches: bool = False):
         from ..runtime.pipeline import StreamView
-        self.c, self.s, self.q_top, self.window, self.device = client, s, q_top, window, torch.device(device)
+        self.server, self.sampling, self.q_top, self.window = client, s, q_top, window
+        self.device = torch.device(device)
         self.branches = branches
         self.name, self.count, self.view = name or f"{os.getpid()}-{id(self):x}", 0, StreamView()
         self.seq, self.gen, self.compute_s, self.streamed = "", 0, 0.0, 0
@@ -271,16 +272,16 @@ class ServerStream:
         self.seq, self.compute_s, self.streamed = f"{self.name}-s{self.count}", 0.0, 0
         self.gaps_ms, self.restarts_ms, self.restarts_stepped_ms = [], [], []
         self.view.reset()
-        s = s or self.s
+        s = s or self.sampling
         seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
-        self.c.client.send(protocol.Open(self.seq, self.gen, list(prompt_ids), q_top=self.q_top, seed=seed,
+        self.server.client.send(protocol.Open(self.seq, self.gen, list(prompt_ids), q_top=self.q_top, seed=seed,
                                          stream=True, window=self.window, branches=self.branches,
                                          **protocol.sampling_fields(s)))
         self.commit(0, first)
 
     def commit(self, pos: int, token: int) -> None:
         self.view.on_commit(pos, token)
-        self.c.client.send(protocol.Commits([protocol.CommitRow(self.seq, self.gen, pos, token)]))
+        self.server.client.send(protocol.Commits([protocol.CommitRow(self.seq, self.gen, pos, token)]))
 
     def _take(self, m) -> None:
         if isinstance(m, protocol.Error):
@@ -298,8 +299,8 @@ class ServerStream:
             self.compute_s += m.draft_ms / 1e3 / max(len(m.rows), 1)
             if r.fork < 0:                        # (a branch sent ahead says nothing of the stream's own timing)
                 self._observe(r, m)
-            self.view.on_drafted(r.epoch, r.pos, r.token,
-                                 q_from_pairs(r.q_idx, r.q_val, self.c.peer.vocab_size, self.device), r.fork, r.corr)
+            q = q_from_pairs(r.q_idx, r.q_val, self.server.peer.vocab_size, self.device)
+            self.view.on_drafted(r.epoch, r.pos, r.token, q, r.fork, r.corr)
 
     def _observe(self, r, m) -> None:
         """The step's policy's inputs from one streamed token (see the class)."""
@@ -325,14 +326,14 @@ class ServerStream:
 
     def poll(self) -> None:
         try:
-            while (m := self.c.client.recv(0)) is not None:
+            while (m := self.server.client.recv(0)) is not None:
                 self._take(m)
         except PeerGone as e:
             raise DraftUnavailable(str(e)) from None
 
     def wait(self, timeout_s: float) -> bool:
         try:
-            m = self.c.client.recv(timeout_s)
+            m = self.server.client.recv(timeout_s)
         except PeerGone as e:
             raise DraftUnavailable(str(e)) from None
         if m is None:
@@ -343,7 +344,7 @@ class ServerStream:
 
     def end(self) -> None:
         if self.seq:
-            self.c.end_seq(self.seq)
+            self.server.end_seq(self.seq)
             self.seq = ""
 
 
