@@ -16,7 +16,7 @@ from ...runtime.verify import Sampling
 from ..bench.targets import DRAFT_ALPHA
 from .common import (COLOCATED_LABEL, CONTEXT, PREFILL_CHUNK, PROMPT, REQUEST_LEAST, SLACK, coins, compiled, free,
                      mean, pct, wait_until)
-from .report import colocated_row
+from .printout import colocated_row
 from .server import prompt_prefill_ms
 
 def emulated_label(target: str) -> str:
