@@ -432,7 +432,7 @@ def test_the_welcome_carries_the_limits_each_client_is_held_to():
 
 
 def test_connections_are_bounded_and_a_silent_one_is_forgotten(capsys, monkeypatch):
-    """Nothing is kept for a peer before its Hello; after it, one Client per connection, at most limits.clients of
+    """Nothing is kept for a peer before its Hello; after it, one ClientState per connection, at most limits.clients of
     them (a full table makes room only by a client that holds no row: tests/test_server_shared.py), and a
     connection silent past the TTL is forgotten like any other."""
     import sdeth.wire.clients as ds

@@ -67,7 +67,7 @@ def test_a_message_the_server_refused_whole_ends_the_point_naming_it():
     from sdeth.wire import protocol
     waiting = [protocol.Error("limit", "per_pass: 64 messages of this connection wait to be served")]
     t = sb.EmulatedPipelined.__new__(sb.EmulatedPipelined)
-    t.streams, t.c = [], types.SimpleNamespace(client=types.SimpleNamespace(recv=lambda _: waiting.pop() if waiting
-                                                                            else None))
+    recv = lambda _: waiting.pop() if waiting else None     # noqa: E731
+    t.streams, t.server = [], types.SimpleNamespace(client=types.SimpleNamespace(recv=recv))
     with pytest.raises(RuntimeError, match=r"refused a message \(limit\): per_pass: 64 messages"):
         t.take()

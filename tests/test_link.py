@@ -3,7 +3,7 @@ point, and the curve's rows in the decision table's testbed section, each point 
 import json
 from types import SimpleNamespace
 
-from sdeth.study.bench import link
+from sdeth.study.bench import link_cpu
 from sdeth.study.status import decide
 
 
@@ -14,8 +14,8 @@ def rec(pid, tpot, rounds=10, out=21, acc=12, rej=8):
 
 def test_tpot_stats_and_a_paired_speedup_on_one_definition():
     base = [rec("a", 10.0), rec("b", 12.0), rec("c", 14.0)]
-    got = link.summary([rec("a", 8.0), rec("b", 9.0), rec("c", 10.0)], base, {"a": [1] * 21, "b": [1] * 21,
-                                                                                "c": [2] * 21})
+    got = link_cpu.summary([rec("a", 8.0), rec("b", 9.0), rec("c", 10.0)], base, {"a": [1] * 21, "b": [1] * 21,
+                                                                                    "c": [2] * 21})
     assert got["tpot_ms"] == {"mean": 9.0, "p50": 9.0, "p99": 10.0, "n": 3}
     assert abs(got["speedup"] - 12.0 / 9.0) < 1e-3 and got["speedup_ci95"][0] <= got["speedup"] <= got["speedup_ci95"][1]
     assert got["greedy_identical"] is False and got["rounds_per_token"] == 0.5 and got["alpha"] == 0.6
@@ -24,7 +24,7 @@ def test_tpot_stats_and_a_paired_speedup_on_one_definition():
 def test_the_sync_model_goes_through_the_lowest_point_and_pays_a_round_trip_a_round():
     pts = [{"mode": "sync", "injected_rtt_ms": r, "probe_rtt_ms": r + 0.1, "tpot_ms": {"mean": 10.0 + r / 2},
             "speedup": 20.0 / (10.0 + r / 2), "rounds_per_token": 0.5} for r in (0.02, 2.0, 10.0)]
-    link.model(pts, [], {})
+    link_cpu.model(pts, [], {})
     for p in pts:                       # the data pay exactly one round trip a round: the model finds them
         assert abs(p["model_speedup"] - p["speedup"]) < 1e-3, p
 

@@ -114,17 +114,18 @@ def test_design_map_labels_neither_overlap_nor_leave_the_map():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from sdeth.study.pages import figures
+    from sdeth.study.pages import run_figures
     points = [{"device": d, "draft": f"Qwen3-1.7B {w}", "step_ms": s} for d, w, s in
               (("corsair", "fp8", 0.088), ("h200", "fp8", 1.56), ("h200", "bf16", 1.97), ("a100", "fp8", 2.33),
                ("a100", "bf16", 3.34), ("cpu", "fp8", 5.64), ("corsair", "bf16", 8.82))]
-    steps = [s for s, _ in figures._device_labels(points)]
+    steps = [s for s, _ in run_figures._device_labels(points)]
     assert all(b / a >= 1.5 for a, b in zip(steps, steps[1:]))          # apart on a log axis
     grid = [[1.0] * 3 for _ in range(3)]
     shown = plt.show
     plt.show = lambda: None
     try:
-        figures.plot_design_map({"Qwen3-8B on H200, alpha 0.71": grid}, [0.05, 0.5, 5.0], [0.02, 0.2, 2.0], points, [])
+        run_figures.plot_design_map({"Qwen3-8B on H200, alpha 0.71": grid}, [0.05, 0.5, 5.0], [0.02, 0.2, 2.0],
+                                    points, [])
         fig = plt.gcf()
     finally:
         plt.show = shown

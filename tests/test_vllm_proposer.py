@@ -598,7 +598,7 @@ def test_a_proposer_keeps_within_the_limits_its_servers_welcome_carries():
 
 def test_acceptance_from_vllms_counters_and_sdeths_records_with_standard_errors():
     from sdeth.study.vllm.baseline import SPEC_COUNTERS, scrape_spec_counters
-    from sdeth.study.vllm.remote import Acceptance, agree, counters_delta
+    from sdeth.study.vllm.measurement import Acceptance, agree, counters_delta
     page = "\n".join([f"{SPEC_COUNTERS[0]}_total{{engine=\"0\"}} 100.0", f"{SPEC_COUNTERS[1]}_total{{engine=\"0\"}} 300.0",
                       f"{SPEC_COUNTERS[2]}_total{{engine=\"0\"}} 120.0"] +
                      [f'{SPEC_COUNTERS[3]}_total{{engine="0",position="{i}"}} {v}' for i, v in enumerate((60, 40, 20))])
@@ -930,7 +930,7 @@ def test_at_t08_the_remote_proposers_output_distribution_is_target_onlys(openai_
 @slow
 @server_gate
 def test_vllms_counters_agree_with_sdeths_runtime_and_both_acceptances_are_reported_at_t08(openai_runs):
-    from sdeth.study.vllm.remote import Acceptance, agree
+    from sdeth.study.vllm.measurement import Acceptance, agree
     runs, ours = openai_runs
     theirs = Acceptance.of_counters(runs["sync"]["c1"]["counters"], K)
     mine = Acceptance.of_requests(ours[0.0])

@@ -1,4 +1,4 @@
-"""The vLLM study's measurement (study.vllm.study, study.vllm.remote) without vLLM: TPOT and TTFT from a scripted
+"""The vLLM study's measurement (study.vllm.study, study.vllm.measurement) without vLLM: TPOT and TTFT from a scripted
 stream, nearest-rank percentiles and their intervals, the spec-decode counters' change from /metrics pages, and the
 results JSON of a run against a stand-in OpenAI server (streamed token ids, /metrics, /version)."""
 import json
@@ -10,8 +10,8 @@ import pytest
 
 from sdeth.study.vllm import study as S
 from sdeth.study.vllm.baseline import SPEC_COUNTERS, scrape_spec_counters
-from sdeth.study.vllm.remote import (counters_delta, identical, percentile, point_figures, read_stream,
-                                     request_timing, t_interval)
+from sdeth.study.vllm.measurement import (counters_delta, identical, percentile, point_figures, read_stream,
+                                          request_timing, t_interval)
 
 
 def sse(*chunks):
@@ -265,7 +265,7 @@ def test_the_kv_cache_scales_one_requests_need_to_the_most_in_flight_unless_set(
 
 def test_the_study_table_shows_the_tokens_per_s_interval_only_over_repeats():
     pytest.importorskip("pandas")
-    from sdeth.study.vllm.remote import study_table
+    from sdeth.study.vllm.measurement import study_table
     point = {"config": "target-only", "variant": "plain", "temperature": 0.0, "tpot_p50_ms": None,
              "tpot_p99_ms": None, "ttft_p50_ms": None}
     doc = {"points": [{**point, "concurrency": 1, "tokens_per_s": {"mean": 5.0, "low": 5.0, "high": 5.0, "n": 1}},

@@ -37,7 +37,7 @@ def _openai_phases(base: str, model: str, prompts: list, sample_ids: list[int], 
     import urllib.request
     from concurrent.futures import ThreadPoolExecutor
     from sdeth.study.vllm.baseline import scrape_spec_counters
-    from sdeth.study.vllm.remote import counters_delta
+    from sdeth.study.vllm.measurement import counters_delta
     from test_vllm_proposer import MAX_TOKENS
     counters = lambda: scrape_spec_counters(urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode())  # noqa: E731
     phases = {f"c{c}": (c, [(ids, MAX_TOKENS, 0.0, 0) for ids in prompts]) for c in (1, 4, 8)}

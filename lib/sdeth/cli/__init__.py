@@ -15,8 +15,8 @@ def main(argv=None) -> int:
     if argv[:1] == ["worker"]:
         return worker_main(argv[1:])
     if argv[:2] == ["bench", "link"]:        # what Ethernet costs on the CPU testbed: the link curve (own parser)
-        from ..study.bench import link
-        link.main(argv[2:])
+        from ..study.bench import link_cpu
+        link_cpu.main(argv[2:])
         return 0
     if argv[:2] == ["bench", "ssd-cpu"]:     # the verdict cache on the CPU, modelled for the H200 (own parser)
         from ..study.bench import ssd_cpu

@@ -40,7 +40,7 @@ def _bench(a) -> int:
         from ..study.bench import draftloop
         res = draftloop.bench_draft_loop(tuple(m for m in a.models.split(",") if m != "Qwen3-8B"), a.device, a.context,
                                          a.capacity, a.compile, a.trace, bench_alpha(a.pair, a.synthetic_alpha, a.trace))
-        print(draftloop.table(res))
+        print(draftloop.draftloop_table(res))
         print("wrote", save(res, a.json))
         return 0
     if a.what == "step" and a.kernels:
@@ -60,7 +60,7 @@ def _bench(a) -> int:
         res = stepbench.bench_step(tuple(a.models.split(",")), a.device, a.context, a.capacity, a.compile,
                                    a.budget_s, save=lambda r: save(r, a.json),
                                    levers=a.levers.split(",") if a.levers else None)
-        print(stepbench.table(res))
+        print(stepbench.lever_table(res))
         print("wrote", save(res, a.json))
         return 0
     try:
@@ -75,7 +75,7 @@ def _bench(a) -> int:
     except (ConfigError, ValueError) as e:
         print(f"sdeth: error: {e}", file=sys.stderr)
         return 2
-    print(bench.table(res))
+    print(bench.modes_table(res))
     print(f"wrote {save(res, a.json)}")
     return 0
 

@@ -95,7 +95,7 @@ class Sequence:
 
 
 @dataclass
-class Drafted:
+class RowDrafted:
     """One sequence's proposal from a batched step."""
     tokens: list[int]
     q_idx: list[list[int]] | None = None
@@ -205,7 +205,7 @@ class BatchDrafter:
         seq.read_at, seq.read_pos = time.time(), pos
         return restart
 
-    def stream_step(self, seqs: list[Sequence]) -> list[Drafted]:
+    def stream_step(self, seqs: list[Sequence]) -> list[RowDrafted]:
         """One batched step over streams with room: each drafts its next token (its position: len(chain) before
         the step), which becomes part of its chain. A stream whose target ran ahead (commits past its chain, up
         to CATCH_UP tokens) is caught up in the same step: its tokens are fed in the step's first forward."""
@@ -303,7 +303,7 @@ class BatchDrafter:
         """Whether a prompt waits to be prefilled."""
         return bool(self.feeding())
 
-    def draft(self, batch: list[tuple[Sequence, int]]) -> list[Drafted]:
+    def draft(self, batch: list[tuple[Sequence, int]]) -> list[RowDrafted]:
         """One proposal of k tokens for each (sequence, k), all rows in the same steps; each sequence must be
         ready. Returns the proposals in batch order. Each row feeds its drafts only up to its own k (n + k slots;
         past that, to the scratch slot), so a short row beside a long one never writes past its cache row;
@@ -407,7 +407,7 @@ class BatchDrafter:
                 qs[seq.row] = q
         return t, qs
 
-    def _settle(self, seq: Sequence, k: int, row_tokens: list, qs: list[dict]) -> Drafted:
+    def _settle(self, seq: Sequence, k: int, row_tokens: list, qs: list[dict]) -> RowDrafted:
         choices = None
         if row_tokens and isinstance(row_tokens[0], list):    # [token, first choices...] per step
             choices = [[a for a in r[1:] if a != r[0]][:self.alts] for r in row_tokens[:k]]
@@ -416,7 +416,7 @@ class BatchDrafter:
         seq.prev, seq.ahead = row_tokens[:k], min(k, len(row_tokens) - 1)
         seq.drafted += 1
         seq.stepped = time.perf_counter()
-        out = Drafted(seq.prev, alts=choices)
+        out = RowDrafted(seq.prev, alts=choices)
         if seq.row in qs[0]:
             top = q_support(torch.stack([qs[i][seq.row] for i in range(k)]), seq.q_top)
             out.q_idx, out.q_val = top.indices.tolist(), top.values.tolist()

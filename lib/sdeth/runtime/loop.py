@@ -195,13 +195,13 @@ class Drafter:
     proposal (n_prev of its tokens accepted, then the target's token nxt), then proposes k tokens.
     """
     def __init__(self, engine: Engine, s: Sampling = Sampling(), seed: int = 0, q_top: int = 0):
-        self.engine, self.s, self.q_top = engine, s, q_top
+        self.engine, self.sampling, self.q_top = engine, s, q_top
         self.gen = torch.Generator(device=engine.device).manual_seed(seed)
         self.prev: list[int] = []
 
     def start(self, prompt_ids: list[int], size: int, s: Sampling | None = None, seed: int | None = None) -> None:
         if s is not None:
-            self.s = s
+            self.sampling = s
         self.prefill_s = draft_prefill(self.engine, self.gen, prompt_ids, size, seed)
         self.prev = []
 
@@ -215,7 +215,7 @@ class Drafter:
         if prev:  # the draft ate prev[:-1]: keep the accepted ones; its own last proposal is pending if accepted
             eng.rollback(eng.pos - (len(prev) - 1) + min(n_prev, len(prev) - 1))
         pending = ([prev[-1]] if prev and n_prev == len(prev) else []) + [nxt]
-        toks, q = draft_n_tokens(eng, pending, k, self.s, self.gen, self.q_top)
+        toks, q = draft_n_tokens(eng, pending, k, self.sampling, self.gen, self.q_top)
         self.prev = host_read(toks)              # the round's one read on the draft's side
         return self.prev, q
 

@@ -142,7 +142,7 @@ class StreamDrafter:
         self.branches: dict[tuple[int, int], Branch] = {}
         self.hits = 0           # commits that selected a branch
         self.gen = torch.Generator(device=engine.device)
-        self.s = Sampling()
+        self.sampling = Sampling()
         self.chain: list[int] = []          # settled tokens
         self.flight: list[Step] = []        # launched, not settled: positions len(chain), len(chain)+1, ...
         self.fed = 0            # tokens (chain, then flight) in the draft's cache
@@ -154,7 +154,7 @@ class StreamDrafter:
         self.depth = 1          # steps queued on the device at most (see above)
 
     def start(self, prompt_ids: list[int], size: int, first: int, s: Sampling, seed: int = 0) -> None:
-        self.s = s
+        self.sampling = s
         self.prefill_s = draft_prefill(self.engine, self.gen, prompt_ids, size, seed)
         self.base, self.size = len(prompt_ids), size
         self.chain, self.flight, self.fed, self.epoch, self.acked = [first], [], 0, 0, 1
@@ -225,7 +225,7 @@ class StreamDrafter:
 
     @property
     def _greedy(self) -> bool:
-        return self.s.greedy or not self.s.draft_sampled
+        return self.sampling.greedy or not self.sampling.draft_sampled
 
     def _greedy_step(self, logits: torch.Tensor, branches: list, n_alts: int, period: float) -> Step:
         """A greedy step's tokens and its next choices in one device-to-host copy: logits [1 + branch rows, V],
@@ -242,7 +242,7 @@ class StreamDrafter:
 
     def _draft(self, logits) -> tuple:
         """One position's token (and q) on the device, with the host copies that settle will read."""
-        tok, q = draft_token(logits, self.s, self.gen, self.q_top)
+        tok, q = draft_token(logits, self.sampling, self.gen, self.q_top)
         copies = (HostCopy(tok),)
         if q is not None:
             top = q_support(q, self.q_top)

@@ -31,7 +31,7 @@ import collections
 import time
 from dataclasses import dataclass, field
 
-from .batchdraft import BatchDrafter, Drafted, Sequence
+from .batchdraft import BatchDrafter, RowDrafted, Sequence
 from .specs import parse_branch_spec
 
 VERDICT_DEFAULT = "4x4x8"
@@ -61,13 +61,13 @@ class VerdictSpec:
 
 
 @dataclass(eq=False)
-class Branch:
+class VerdictBranch:
     row: Sequence                  # its cache row and chain (chain[pos] = token)
     pos: int
     token: int
     offset: int                    # pos past its stream's settled positions when it was made
     rank: int = 1                  # the token's rank among the draft's choices at pos (1: its second choice)
-    out: list = field(default_factory=list)     # (position, Drafted) of its continuation
+    out: list = field(default_factory=list)     # (position, RowDrafted) of its continuation
 
 
 def fanouts(alpha: float, fanout: int, budget: int, n: int) -> list[int]:
@@ -89,7 +89,7 @@ class VerdictCache:
             raise ValueError("a verdict cache needs fanout >= 1 (VerdictSpec.parse('on'))")
         self.drafter, self.spec = drafter, spec
         drafter.cache, drafter.alts = self, max(drafter.alts, spec.fanout)
-        self.held: dict[Sequence, dict[tuple[int, int], Branch]] = {}
+        self.held: dict[Sequence, dict[tuple[int, int], VerdictBranch]] = {}
         self.seen: dict[Sequence, list[float]] = {}       # stream -> [positions settled as drafted, rejections]
         self.given_back: collections.deque[float] = collections.deque()   # when live sequences gave rows back, not
                                                                           # yet taken by an Open (oldest first)
@@ -101,7 +101,7 @@ class VerdictCache:
         acc, rej = self.seen.get(seq, (0.0, 0.0))
         return (acc + ALPHA_PRIOR * PRIOR_WEIGHT) / (acc + rej + PRIOR_WEIGHT)
 
-    def branches(self) -> list[Branch]:
+    def branches(self) -> list[VerdictBranch]:
         return [b for held in self.held.values() for b in held.values()]
 
     def rows(self, room: int) -> list[Sequence]:
@@ -122,13 +122,13 @@ class VerdictCache:
         if self.given_back:
             self.given_back.popleft()
 
-    def took(self, drafted: dict) -> list[tuple[Sequence, Branch, int, Drafted]]:
-        """A step's tokens ({id(row): Drafted}) for the branches that were in it; returns (stream, branch,
-        position, Drafted) for each, the nearest forks first (what a stream's client gets ahead, Open.branches)."""
+    def took(self, drafted: dict) -> list[tuple[Sequence, VerdictBranch, int, RowDrafted]]:
+        """A step's tokens ({id(row): RowDrafted}) for the branches that were in it; returns (stream, branch,
+        position, RowDrafted) for each, the nearest forks first (what a stream's client gets ahead, Open.branches)."""
         out = []
         for seq, held in self.held.items():
             for b in held.values():
-                d: Drafted | None = drafted.get(id(b.row))
+                d: RowDrafted | None = drafted.get(id(b.row))
                 if d is not None:
                     b.out.append((len(b.row.chain) - 1, d))
                     self.stats["rows_stepped"] += 1
@@ -152,11 +152,11 @@ class VerdictCache:
             want += new[:room]
         want = [w for *_, w in sorted(want, key=lambda w: w[:2])][:self.spare()]   # nearest first, all streams
         for (seq, j, t), row in zip(want, self.drafter.fork(want)):
-            self.held.setdefault(seq, {})[(j, t)] = Branch(row, j, t, j - seq.acked, ranks.get((seq, j, t), 1))
+            self.held.setdefault(seq, {})[(j, t)] = VerdictBranch(row, j, t, j - seq.acked, ranks.get((seq, j, t), 1))
         self.stats["branches"] += len(want)
         return len(want)
 
-    def on_commit(self, seq: Sequence, pos: int, token: int) -> Branch | None:
+    def on_commit(self, seq: Sequence, pos: int, token: int) -> VerdictBranch | None:
         """The client's token at pos, before BatchDrafter.commit: a rejection whose (pos, token) was foreseen
         adopts that branch and returns it (the caller skips commit, the branch's drafts go out at once); any
         rejection drops the stream's other branches; a position settled as drafted drops the branches at it
@@ -185,7 +185,7 @@ class VerdictCache:
         self.stats["hits_by_rank"][str(b.rank)] = self.stats["hits_by_rank"].get(str(b.rank), 0) + 1
         return b
 
-    def _release(self, b: Branch) -> None:
+    def _release(self, b: VerdictBranch) -> None:
         self.drafter.release(b.row)
         self.stats["dropped"] += 1
 

@@ -12,7 +12,7 @@ WANT_S = 5.0             # a client refused a row counts as waiting for one this
 
 
 @dataclass
-class Client:
+class ClientState:
     ident: bytes
     peer: str
     seen: float
@@ -87,7 +87,7 @@ class Shares:
     def fair(self, clients: dict) -> int:
         return max(1, self.lim.sequences // max(1, len({c.owner for c in clients.values()})))
 
-    def refusal(self, c: Client, clients: dict, held: int, owned: int, now: float | None = None) -> tuple:
+    def refusal(self, c: ClientState, clients: dict, held: int, owned: int, now: float | None = None) -> tuple:
         """(field, why) an Open of a new sequence by c is refused; ('', '') when it may have a row. held: the
         sequences held in all, owned: c's owner's (neither counting the sequence re-opened)."""
         lim, now = self.lim, now or time.time()

@@ -7,7 +7,7 @@ import time
 
 from ..runtime.batchdraft import BatchDrafter
 from ..runtime.batchdraft import Sequence
-from .admission import Client, Shares, address_of, no_room, owner_key
+from .admission import ClientState, Shares, address_of, no_room, owner_key
 from .server_config import ServerLimits
 from .transport import Log, key_of
 
@@ -21,14 +21,14 @@ class ClientTable:
 
     def __init__(self, drafter: BatchDrafter, limits: ServerLimits, ttl_s: float, log: Log):
         self.drafter, self.limits, self.ttl_s, self.log = drafter, limits, ttl_s, log
-        self.by_ident: dict[bytes, Client] = {}       # routing id -> the client that said Hello with it
+        self.by_ident: dict[bytes, ClientState] = {}   # routing id -> the client that said Hello with it
         self.shares = Shares(limits)
         self.t_sweep = time.time()
 
     def __contains__(self, ident) -> bool:
         return ident in self.by_ident
 
-    def __getitem__(self, ident: bytes) -> Client:
+    def __getitem__(self, ident: bytes) -> ClientState:
         return self.by_ident[ident]
 
     def __iter__(self):
@@ -37,7 +37,7 @@ class ClientTable:
     def __len__(self) -> int:
         return len(self.by_ident)
 
-    def get(self, ident: bytes) -> Client | None:
+    def get(self, ident: bytes) -> ClientState | None:
         return self.by_ident.get(ident)
 
     def values(self):
@@ -58,7 +58,7 @@ class ClientTable:
                 field_, full = no_room(self.by_ident, self.limits, key, peer, self.ttl_s)
             if full:
                 return f"{field_}: {full}"
-        self.by_ident[ident] = Client(ident, peer, t1, key, name, active=t1)
+        self.by_ident[ident] = ClientState(ident, peer, t1, key, name, active=t1)
         if old is not None:
             self.take_over(old, self.by_ident[ident])
         return ""
@@ -81,7 +81,7 @@ class ClientTable:
                       f"sequence and sent nothing but Pings for {now - victim.active:.1f} s", victim.peer)
         return True
 
-    def idle_row(self, c: Client, idle_s: float) -> Sequence | None:
+    def idle_row(self, c: ClientState, idle_s: float) -> Sequence | None:
         """The row to reclaim for c, refused one: another owner's sequence that has not drafted for idle_s (none
         with work in flight), an owner's over its fair share before one's within it, the oldest idle first; only
         while c's owner holds less than its fair share (recounted over the clients there are now)."""
@@ -98,7 +98,7 @@ class ClientTable:
         over = {s.key: holder[s.key] is None or self.owned(holder[s.key]) > fair for s in idle}
         return min(idle, key=lambda s: (not over[s.key], max(s.stepped, s.opened)), default=None)
 
-    def take_over(self, old: Client, new: Client) -> None:
+    def take_over(self, old: ClientState, new: ClientState) -> None:
         """new (the same client, reconnected) takes old's sequences, waiting rounds and refusals; old is forgotten."""
         moved = self.drafter.rekey(old.ident, new.ident)
         new.waiting, new.refused = old.waiting, old.refused
@@ -114,12 +114,12 @@ class ClientTable:
         if c is not None and not c.gone:
             c.gone = time.time()
 
-    def owned(self, c: Client, but: str = "") -> int:
+    def owned(self, c: ClientState, but: str = "") -> int:
         """The sequences c's owner holds (its own key's, across its connections; else c's), less `but`."""
         mine = {i for i, o in self.by_ident.items() if o.owner == c.owner}
         return sum(1 for ident in mine for key in self.drafter.keys_of(ident) if key != (c.ident, but))
 
-    def open_refusal(self, c: Client) -> tuple[str, str]:
+    def open_refusal(self, c: ClientState) -> tuple[str, str]:
         """(field, why) c may not open a new sequence (('', '') when it may): the owner quotas and fair shares."""
         return self.shares.refusal(c, self.by_ident, self.drafter.held(), self.owned(c))
 
@@ -139,7 +139,7 @@ class ClientTable:
             elif now - c.seen > self.ttl_s:
                 self.forget(c, f"no word from the client for {self.ttl_s:.0f} s")
 
-    def forget(self, c: Client, why: str) -> None:
+    def forget(self, c: ClientState, why: str) -> None:
         """c's sequences freed and its handshake forgotten (logged when it held any)."""
         keys = self.drafter.keys_of(c.ident)
         for key in keys:

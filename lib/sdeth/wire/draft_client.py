@@ -1,7 +1,7 @@
 """Clients of a draft server (wire.draft_server): `DraftServerClient` (one connection, many sequences: a
 target's batch) and `ServerDraft` (one sequence of it as the sync loop's draft source).
 
-The client keeps each sequence's settled context (`Track.context`), so that a `desync` answer costs one
+The client keeps each sequence's settled context (`ServerTrack.context`), so that a `desync` answer costs one
 re-open (the next generation, the whole context) and never a wrong draft.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ AGAIN = ("desync", "reclaimed")    # a row refused for these is opened again (ne
 
 
 @dataclass(eq=False)
-class Track:
+class ServerTrack:
     """One sequence as its client knows it."""
     seq: str
     s: Sampling
@@ -39,7 +39,7 @@ class Track:
 
 
 @dataclass
-class Costs:
+class RoundCosts:
     """What the server reported for the newest round, and totals (ms)."""
     draft_ms: float = 0.0
     queued_ms: float = 0.0
@@ -59,7 +59,7 @@ class DraftServerClient:
         # awaited, and is passed over
         self.client.on_reopen = lambda: self.client.send(self.hello)
         self._handshake()
-        self.last = Costs()
+        self.last = RoundCosts()
         self.n = 0
 
     def _handshake(self) -> None:
@@ -70,18 +70,18 @@ class DraftServerClient:
         self.peer = reply
 
     def open(self, seq: str, prompt_ids: list[int], s: Sampling = Sampling(), seed: int | None = None,
-             q_top: int = 64) -> Track:
+             q_top: int = 64) -> ServerTrack:
         """A new sequence; no wait (the server feeds its prompt while this client prefills its own)."""
         seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
-        t = Track(seq, s, seed, q_top, context=list(prompt_ids), have=len(prompt_ids))
+        t = ServerTrack(seq, s, seed, q_top, context=list(prompt_ids), have=len(prompt_ids))
         self._send_open(t, t.context)
         return t
 
-    def _send_open(self, t: Track, context: list[int]) -> None:
+    def _send_open(self, t: ServerTrack, context: list[int]) -> None:
         self.client.send(protocol.Open(t.seq, t.gen, list(context), q_top=t.q_top, seed=t.seed,
                                        **protocol.sampling_fields(t.s)))
 
-    def rounds(self, items: list[tuple[Track, int, list[int], int]]) -> list[protocol.RowDraft]:
+    def rounds(self, items: list[tuple[ServerTrack, int, list[int], int]]) -> list[protocol.RowDraft]:
         """One round for each (track, accepted of its last proposal, the target's tokens, k): their proposals
         (RowDrafts, in the order given; an error row is one the server refused). A desync is recovered once
         here (re-open, ask again)."""
@@ -101,7 +101,7 @@ class DraftServerClient:
             t.prev = [] if r.error else list(r.tokens)
         return got
 
-    def _row(self, t: Track, accepted: int, tokens: list[int], k: int, fresh: bool = False) -> protocol.Row:
+    def _row(self, t: ServerTrack, accepted: int, tokens: list[int], k: int, fresh: bool = False) -> protocol.Row:
         if not fresh:
             t.context += t.prev[:accepted] + list(tokens)
         row = protocol.Row(t.seq, t.gen, t.have, accepted, list(tokens), k)
@@ -147,11 +147,11 @@ class DraftServerClient:
 
     def _note(self, m: protocol.Drafts, t0: float) -> None:
         if m.batch:
-            self.last = Costs(m.draft_ms, m.queued_ms, m.held_ms, m.host_ms, m.batch,
-                              (time.perf_counter() - t0) * 1e3)
+            self.last = RoundCosts(m.draft_ms, m.queued_ms, m.held_ms, m.host_ms, m.batch,
+                                   (time.perf_counter() - t0) * 1e3)
             self.n += 1
 
-    def end(self, t: Track) -> None:
+    def end(self, t: ServerTrack) -> None:
         self.end_seq(t.seq)
 
     def end_seq(self, seq: str) -> None:
@@ -189,7 +189,7 @@ class ServerDraft:
 
     def __init__(self, client: DraftServerClient, s: Sampling = Sampling(), q_top: int = 64, device="cpu",
                  name: str = ""):
-        self.c, self.s, self.q_top, self.device = client, s, q_top, torch.device(device)
+        self.server, self.sampling, self.q_top, self.device = client, s, q_top, torch.device(device)
         self.name, self.count, self.track = name or f"{os.getpid()}-{id(self):x}", 0, None
         self.compute_s = 0.0
 
@@ -198,19 +198,19 @@ class ServerDraft:
             self.end()
         self.count += 1
         self.compute_s = 0.0
-        self.track = self.c.open(f"{self.name}-{self.count}", prompt_ids, s or self.s, seed, self.q_top)
+        self.track = self.server.open(f"{self.name}-{self.count}", prompt_ids, s or self.sampling, seed, self.q_top)
         self.first = True
 
     def propose(self, n_prev: int, nxt: int, k: int):
-        r = self.c.rounds([(self.track, n_prev, [nxt], k)])[0]
+        r = self.server.rounds([(self.track, n_prev, [nxt], k)])[0]
         if r.error:
             raise DraftUnavailable(f"draft server refused the round ({r.error}): {r.message}")
-        self.compute_s += self.c.last.draft_ms / 1e3
-        return list(r.tokens), q_from_pairs(r.q_idx, r.q_val, self.c.peer.vocab_size, self.device, len(r.tokens))
+        self.compute_s += self.server.last.draft_ms / 1e3
+        return list(r.tokens), q_from_pairs(r.q_idx, r.q_val, self.server.peer.vocab_size, self.device, len(r.tokens))
 
     def end(self):
         if self.track is not None:
-            self.c.end(self.track)
+            self.server.end(self.track)
             self.track = None
 
 
@@ -253,7 +253,8 @@ class ServerStream:
     def __init__(self, client: DraftServerClient, s: Sampling = Sampling(), q_top: int = 64,
                  window: int = protocol.STREAM_WINDOW, device="cpu", name: str = "", branches: bool = False):
         from ..runtime.pipeline import StreamView
-        self.c, self.s, self.q_top, self.window, self.device = client, s, q_top, window, torch.device(device)
+        self.server, self.sampling, self.q_top, self.window = client, s, q_top, window
+        self.device = torch.device(device)
         self.branches = branches
         self.name, self.count, self.view = name or f"{os.getpid()}-{id(self):x}", 0, StreamView()
         self.seq, self.gen, self.compute_s, self.streamed = "", 0, 0.0, 0
@@ -271,16 +272,16 @@ class ServerStream:
         self.seq, self.compute_s, self.streamed = f"{self.name}-s{self.count}", 0.0, 0
         self.gaps_ms, self.restarts_ms, self.restarts_stepped_ms = [], [], []
         self.view.reset()
-        s = s or self.s
+        s = s or self.sampling
         seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
-        self.c.client.send(protocol.Open(self.seq, self.gen, list(prompt_ids), q_top=self.q_top, seed=seed,
+        self.server.client.send(protocol.Open(self.seq, self.gen, list(prompt_ids), q_top=self.q_top, seed=seed,
                                          stream=True, window=self.window, branches=self.branches,
                                          **protocol.sampling_fields(s)))
         self.commit(0, first)
 
     def commit(self, pos: int, token: int) -> None:
         self.view.on_commit(pos, token)
-        self.c.client.send(protocol.Commits([protocol.CommitRow(self.seq, self.gen, pos, token)]))
+        self.server.client.send(protocol.Commits([protocol.CommitRow(self.seq, self.gen, pos, token)]))
 
     def _take(self, m) -> None:
         if isinstance(m, protocol.Error):
@@ -298,8 +299,8 @@ class ServerStream:
             self.compute_s += m.draft_ms / 1e3 / max(len(m.rows), 1)
             if r.fork < 0:                        # (a branch sent ahead says nothing of the stream's own timing)
                 self._observe(r, m)
-            self.view.on_drafted(r.epoch, r.pos, r.token,
-                                 q_from_pairs(r.q_idx, r.q_val, self.c.peer.vocab_size, self.device), r.fork, r.corr)
+            q = q_from_pairs(r.q_idx, r.q_val, self.server.peer.vocab_size, self.device)
+            self.view.on_drafted(r.epoch, r.pos, r.token, q, r.fork, r.corr)
 
     def _observe(self, r, m) -> None:
         """The step's policy's inputs from one streamed token (see the class)."""
@@ -325,14 +326,14 @@ class ServerStream:
 
     def poll(self) -> None:
         try:
-            while (m := self.c.client.recv(0)) is not None:
+            while (m := self.server.client.recv(0)) is not None:
                 self._take(m)
         except PeerGone as e:
             raise DraftUnavailable(str(e)) from None
 
     def wait(self, timeout_s: float) -> bool:
         try:
-            m = self.c.client.recv(timeout_s)
+            m = self.server.client.recv(timeout_s)
         except PeerGone as e:
             raise DraftUnavailable(str(e)) from None
         if m is None:
@@ -343,7 +344,7 @@ class ServerStream:
 
     def end(self) -> None:
         if self.seq:
-            self.c.end_seq(self.seq)
+            self.server.end_seq(self.seq)
             self.seq = ""
 
 

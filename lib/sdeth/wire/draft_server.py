@@ -57,7 +57,7 @@ from ..runtime.batchdraft import BatchDrafter, Desync, Full, Overflow
 from ..runtime.verdictcache import VerdictCache, VerdictSpec
 from ..runtime.verify import Sampling
 from . import protocol
-from .admission import Client
+from .admission import ClientState
 from .bounds import open_bounds, row_bounds
 from .clients import GONE_S, ClientTable
 from .overlap import Overlap
@@ -160,11 +160,11 @@ class DraftServer:
     def handle_hello(self, c, msg: protocol.Hello, t1: float) -> list:
         return [protocol.check_hello(msg, self.welcome) or self.welcome]
 
-    def _refuse(self, c: Client, seq: str, gen: int, code: str, field_: str, message: str) -> None:
+    def _refuse(self, c: ClientState, seq: str, gen: int, code: str, field_: str, message: str) -> None:
         self.log.refused(c.peer, code, f"{field_}: {message}")
         c.refused.append(refusal(seq, gen, code, f"{field_}: {message}"))
 
-    def handle_open(self, c: Client, msg: protocol.Open, t1: float) -> list:
+    def handle_open(self, c: ClientState, msg: protocol.Open, t1: float) -> list:
         why = self._open_error(c, msg)
         if why and why[1] == "sequences" and self._reclaim(c):
             why = self._open_error(c, msg)
@@ -185,7 +185,7 @@ class DraftServer:
             self._refuse(c, msg.seq, msg.gen, "limit", "sequences", str(e))
         return []
 
-    def _reclaim(self, c: Client) -> bool:
+    def _reclaim(self, c: ClientState) -> bool:
         """A row for c, refused one for want of free rows: the oldest idle sequence past cfg.idle_s (of another
         owner, while c holds less than its fair share) is freed, and its holder told `reclaimed`."""
         seq = self.clients.idle_row(c, self.cfg.idle_s)
@@ -200,7 +200,7 @@ class DraftServer:
                 f"{self.cfg.idle_s:g}) while another client waited for a row: open it again to resume"))
         return True
 
-    def _open_error(self, c: Client, msg: protocol.Open) -> tuple | None:
+    def _open_error(self, c: ClientState, msg: protocol.Open) -> tuple | None:
         """(code, field, message) for an Open that cannot be served; None when it can."""
         why = open_bounds(msg, self.limits, self.welcome.vocab_size)
         if why:
@@ -210,7 +210,7 @@ class DraftServer:
         field_, full = self.clients.open_refusal(c)
         return ("limit", field_, full) if full else None
 
-    def handle_rounds(self, c: Client, msg: protocol.Rounds, t1: float) -> list:
+    def handle_rounds(self, c: ClientState, msg: protocol.Rounds, t1: float) -> list:
         lim = self.limits
         if len(msg.rows) > lim.rows_per_message:
             return [protocol.Error("limit", f"rows_per_message: {len(msg.rows)} rows in one Rounds, the most is "
@@ -230,7 +230,7 @@ class DraftServer:
             c.waiting.append((seq, row.k, t1))
         return []
 
-    def _row_error(self, c: Client, row: protocol.Row) -> tuple | None:
+    def _row_error(self, c: ClientState, row: protocol.Row) -> tuple | None:
         """(code, field, message) for a row that cannot be drafted; None when it can."""
         seq = self.drafter.get((c.ident, row.seq))
         if seq is None or seq.gen != row.gen:
@@ -242,7 +242,7 @@ class DraftServer:
             return "desync", "seq", f"sequence {row.seq!r} already has a round waiting: wait for its Drafts"
         return row_bounds(row, self.limits, self.welcome.vocab_size)
 
-    def handle_commits(self, c: Client, msg: protocol.Commits, t1: float) -> list:
+    def handle_commits(self, c: ClientState, msg: protocol.Commits, t1: float) -> list:
         """Pipelined: the client's settled tokens; a mismatch restarts that stream (its drafts past the position
         are dropped, a new epoch begins). Nothing is answered but refusals: drafts stream from the steps."""
         if len(msg.rows) > self.limits.rows_per_message:
@@ -295,12 +295,12 @@ class DraftServer:
                                   d.q_val[0] if d.q_val else None,
                                   alts=d.alts[0][:seq.watch] if seq.watch and d.alts else None, fork=b.pos, corr=b.token)
 
-    def handle_end(self, c: Client, msg: protocol.End, t1: float) -> list:
+    def handle_end(self, c: ClientState, msg: protocol.End, t1: float) -> list:
         self._drop_waiting(c, msg.req)
         self.drafter.free((c.ident, msg.req))
         return [protocol.Ended(msg.req)]
 
-    def _drop_waiting(self, c: Client, seq: str) -> None:
+    def _drop_waiting(self, c: ClientState, seq: str) -> None:
         c.waiting = [w for w in c.waiting if w[0].key[1] != seq]
 
     # ------------------------------------------------------------------ the step
@@ -320,7 +320,7 @@ class DraftServer:
         return bool(fed) or self.scheduler.more(self.clients)
 
     def _contained(self, batch: list, draft) -> dict:
-        """draft(batch) with its errors contained, {id(sequence): Drafted}: rows past their own room (Overflow)
+        """draft(batch) with its errors contained, {id(sequence): RowDrafted}: rows past their own room (Overflow)
         are refused `limit` and the rest drafted; any other error refuses every row of the step `internal`.
         Refused rows are freed (their clients open them again)."""
         try:
@@ -395,7 +395,7 @@ class DraftServer:
             sent.append((c.ident, self._drafts(c, drafted, len(batch), draft_s, t0 - first, first)))
         return sent
 
-    def _drafts(self, c: Client, drafted: list, batch: int = 0, draft_s: float = 0.0, queued_s: float = 0.0,
+    def _drafts(self, c: ClientState, drafted: list, batch: int = 0, draft_s: float = 0.0, queued_s: float = 0.0,
                 first: float = 0.0) -> protocol.Drafts:
         rows = [protocol.RowDraft(seq.key[1], seq.gen, d.tokens, d.q_idx, d.q_val) for seq, d in drafted]
         rows += c.refused

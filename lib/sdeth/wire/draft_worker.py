@@ -81,7 +81,7 @@ class DraftWorker:
     def __init__(self, pair, engine_opts: dict | None = None, die_after: int = 0, idle_s: float = 10.0):
         self.pair, self.die_after, self.idle_s = pair, die_after, idle_s   # die_after > 0: exit abruptly after
         self.engine = make_engine(pair.draft, "draft", "draft", vocab=pair.vocab_size, **(engine_opts or {}))
-        self.me = welcome(pair, pair.config.draft, rows=StreamDrafter.can_branch(self.engine) > 0)
+        self.welcome = welcome(pair, pair.config.draft, rows=StreamDrafter.can_branch(self.engine) > 0)
         self.engine.warm(WARM_WIDTHS)
         if hasattr(self.engine, "warm_rows"):
             self.engine.warm_rows(WARM_ROWS)
@@ -157,10 +157,10 @@ class DraftWorker:
         return [protocol.Pong(msg.t0, t1, time.time())]
 
     def handle_hello(self, ident, msg: protocol.Hello, t1: float) -> list:
-        err = protocol.check_hello(msg, self.me)
+        err = protocol.check_hello(msg, self.welcome)
         if err is None:
             self.welcomed.add(ident)
-        return [err or self.me]
+        return [err or self.welcome]
 
     def handle_start(self, ident, msg: protocol.Start, t1: float) -> list:
         bad = protocol.check_start(msg, self.pair.vocab_size, self.engine.capacity)

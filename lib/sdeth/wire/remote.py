@@ -43,7 +43,7 @@ class RemoteDrafter:
         self.health = health      # wire.health.DraftHealth or None: a draft it marks down is not waited for
         self.lost = ""            # why the draft was lost in the current request ("" while it serves)
         self.lost_answered = False   # ... and whether the draft worker said so itself (it is alive)
-        self.s, self.q_top, self.seq = s, q_top, 0
+        self.sampling, self.q_top, self.seq = s, q_top, 0
         self.device = torch.device(device)        # the target's: q is rebuilt where the target verifies
         reply = self._call(hello)
         if isinstance(reply, protocol.Error):
@@ -119,7 +119,7 @@ class RemoteDrafter:
         """Send Start and return: the draft's prefill runs while the target prefills (its Started is
         taken in before the first proposal; an error there makes that proposal fail: decode alone)."""
         seed = self._begin(seed)
-        s = s or self.s
+        s = s or self.sampling
         self.client.forget_gone()
         self.client.send(protocol.Start(self.req, list(prompt_ids), size, q_top=self.q_top, seed=seed,
                                         **protocol.sampling_fields(s)))
@@ -183,7 +183,7 @@ class RemoteStream(RemoteDrafter):
 
     def start(self, prompt_ids, size, first, s=None, seed=None):
         seed = self._begin(seed)
-        s = s or self.s
+        s = s or self.sampling
         self.streamed = self.branched = 0
         self.restarts_ms: list[float] = []     # commit that corrected the draft -> its first new token
         self.periods_ms: list[float] = []      # the draft's step to step, where it timed one (Drafted.period_ms)

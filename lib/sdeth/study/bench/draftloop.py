@@ -100,7 +100,7 @@ def bench_draft_loop(models=("Qwen3-1.7B", "Qwen3-0.6B"), device: str = "cuda:0"
     return res
 
 
-def table(res: dict) -> str:
+def draftloop_table(res: dict) -> str:
     cols = ["period_ms", "device_ms", "host_gap_ms", "launch_ms", "wait_ms", "settle_ms", "send_ms", "commit_ms"]
     lines = [f"{'model':12s} {'variant':18s} " + " ".join(f"{c[:-3]:>9s}" for c in cols)]
     for r in res["rows"]:

@@ -237,7 +237,7 @@ def _interval_and_model(row: dict) -> tuple[str, str]:
     return "[{:.3f}, {:.3f}]".format(*row["speedup_ci95"]), pred
 
 
-def table(res: dict) -> str:
+def modes_table(res: dict) -> str:
     """The comparison as aligned text (the CLI prints it)."""
     target = res.get("target_emulation")
     out = [f"{res['acceptance']}; {res['hardware'].get('label')}" + (f"; {target['label']}" if target else ""),

@@ -318,7 +318,7 @@ def together(paid, rows: list[dict], name: str, base_fast: str, compile_mode: st
     return combo, label, mode
 
 
-def table(res: dict) -> str:
+def lever_table(res: dict) -> str:
     """The levers as aligned text: step, replay, floor, gain over the base."""
     out = [f"{res['hardware'].get('gpu')}, context {res['context']}, compile {res['compile']!r}, {res['weights']}",
            f"{'model':11s} {'lever':34s} {'step ms':>8s} {'replay':>7s} {'floor':>6s} {'x floor':>7s} {'gain':>7s} "

@@ -7,7 +7,7 @@ command that renders them.
 
 Each notebook writes its results JSON to reports/<name>.json through `write_results`, with a one-line `status`;
 the index links each rendered notebook and its JSON with that line. The work lives in:
-`results` (results I/O), `notebook_run` (papermill and HTML), `index` (reports/index.html), `figures` (the
+`results` (results I/O), `notebook_run` (papermill and HTML), `index` (reports/index.html), `run_figures` (the
 notebooks' own runs) and `gpu_figures` (the recorded GPU results).
 """
 from __future__ import annotations
@@ -19,8 +19,9 @@ import time
 import traceback
 from pathlib import Path
 
-from .figures import (clip_to_measured, draft_card, draft_variants, plot_breakdown, plot_design_map, plot_k_sweep,  # noqa: F401
-                      plot_rtt_sweep, probe_table, show_figures_with_alt_text, summary_table, view)
+from .run_figures import (clip_to_measured, draft_card, draft_variants, plot_breakdown,  # noqa: F401
+                          plot_design_map, plot_k_sweep, plot_rtt_sweep, probe_table, show_figures_with_alt_text,
+                          summary_table, view)
 from .gpu_figures import (bench_components, bench_table, draft_loop, model_check, plot_bench,  # noqa: F401
                           plot_gpu_rtt, rtt_points, step_goals, step_levers, kernel_levers, kernel_sd,
                           kernel_profile, emulated_target_sd)

@@ -21,7 +21,8 @@ from ...runtime.verify import Sampling, probs
 
 
 @dataclass
-class Sequence:
+class ForcedSequence:
+    """A prompt and the target's own continuation of it, for teacher forcing both models over."""
     prompt_id: str
     target_prompt: list[int]       # what the target sees before the continuation
     continuation: list[int]        # the target's own tokens
@@ -55,7 +56,7 @@ def sequence_se(per_seq: list[float]) -> float:
     return statistics.stdev(per_seq) / math.sqrt(len(per_seq)) if len(per_seq) > 1 else float("nan")
 
 
-def expected_alpha(target, draft, seqs: list[Sequence], s: Sampling) -> dict:
+def expected_alpha(target, draft, seqs: list[ForcedSequence], s: Sampling) -> dict:
     """Mean per-token alpha over all continuation positions, with a standard error from the spread of
     per-sequence means (positions within a sequence are not independent)."""
     per_seq, all_pos = [], []
@@ -71,7 +72,7 @@ def expected_alpha(target, draft, seqs: list[Sequence], s: Sampling) -> dict:
 
 
 def continuations(target, prompts: list[tuple[str, list[int]]], max_new: int, s: Sampling, eos: int | None,
-                  seed: int = 0) -> list[Sequence]:
+                  seed: int = 0) -> list[ForcedSequence]:
     """The target's own continuations of each prompt, at the run's sampling settings."""
     from ...runtime.engine import Engine
     from ...runtime.loop import generate_target_only
@@ -81,7 +82,7 @@ def continuations(target, prompts: list[tuple[str, list[int]]], max_new: int, s:
     for pid, ids in prompts:
         r = generate_target_only(eng, ids, max_new, s, eos, gen, pid)
         if len(r.output_ids) >= 2:
-            out.append(Sequence(pid, ids, r.output_ids))
+            out.append(ForcedSequence(pid, ids, r.output_ids))
     return out
 
 
@@ -125,13 +126,13 @@ class _FactorStudy:
         self.plist = P.load(prompt_spec)
         self.rows: list[dict] = []
         self.chat_ids: list[tuple[str, list[int]]] = []    # the chat-templated prompts (baseline())
-        self.base_seqs: list[Sequence] = []                # the baseline's continuations (baseline())
+        self.base_seqs: list[ForcedSequence] = []          # the baseline's continuations (baseline())
 
     def encode(self, chat: bool, thinking: bool | None = None) -> list[tuple[str, list[int]]]:
         from ...models import prompts as P
         return [(p.id, P.encode(p, self.pair.tokenizer, chat=chat, thinking=thinking)) for p in self.plist]
 
-    def continue_(self, ids, s: Sampling = _GREEDY, seed: int = 0) -> list[Sequence]:
+    def continue_(self, ids, s: Sampling = _GREEDY, seed: int = 0) -> list[ForcedSequence]:
         """The loaded target's continuations of these prompts."""
         return continuations(self.pair.target, ids, self.max_new, s, self.eos, seed=seed)
 
@@ -169,7 +170,7 @@ class _FactorStudy:
         raw_seqs = self.continue_(raw_ids)
         self.row("prompt format", "raw prompt for both (no chat template)",
                  expected_alpha(pair.target, pair.draft, raw_seqs, _GREEDY))
-        mismatch = [Sequence(q.prompt_id, q.target_prompt, q.continuation, draft_prompt=r[1])
+        mismatch = [ForcedSequence(q.prompt_id, q.target_prompt, q.continuation, draft_prompt=r[1])
                     for q, r in zip(self.base_seqs, raw_ids) if q.prompt_id == r[0]]
         self.row("prompt format", "template mismatch: target chat, draft raw",
                  expected_alpha(pair.target, pair.draft, mismatch, _GREEDY),
@@ -235,7 +236,7 @@ TRACE_TOP = 8          # ranks 0..7 of the target's token in the draft's order; 
 
 
 @torch.no_grad()
-def trace_events(target, draft, seqs: list[Sequence], top: int = TRACE_TOP) -> list[dict]:
+def trace_events(target, draft, seqs: list[ForcedSequence], top: int = TRACE_TOP) -> list[dict]:
     """Per position of each target continuation (teacher forcing, greedy): the rank of the target's token
     in the draft's order (0: the draft's argmax, i.e. greedy SD accepts it; `top`: outside its top-`top`)
     and the draft's probability of that token and of its own first choice, in per mille. Greedy SD's

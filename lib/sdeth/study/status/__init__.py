@@ -12,9 +12,9 @@ Markdown; notebooks/30_writeup and reports/index.html show the same.
     text        the verdict, the one-line decision, and everything above as Markdown or HTML
 """
 from .answer import answer, published  # noqa: F401
-from .decide import Cell, Claim, Option, Target, check_claims, table as decision_table, targets, testbed  # noqa: F401
+from .decide import Cell, Claim, Option, Target, check_claims, decision_table, targets, testbed  # noqa: F401
 from .figures import Figure, Milestone, Part, dig, read_back  # noqa: F401
-from .milestones import alternatives, milestones, table  # noqa: F401
+from .milestones import alternatives, milestone_table, milestones  # noqa: F401
 from .sources import (EMULATED, GOALS, HEADLINE, M2_GOAL, REPEATS, SHARED, SWEEPS, TPOT_GOALS,  # noqa: F401
                       SERVER_STREAMS, SSD_CPU, VLLM_STUDY)
 from . import text  # noqa: F401

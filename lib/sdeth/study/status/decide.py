@@ -88,7 +88,7 @@ def _cheaper(root: Path, t: Target, same: Cell) -> Cell:
                 "have a CPU draft and an emulated Corsair-class card)", same.mode)
 
 
-def table(root: Path = REPO) -> list[Cell]:
+def decision_table(root: Path = REPO) -> list[Cell]:
     """Every H200 cell: each target x each TPOT goal x (same GPU type, a cheaper card)."""
     root = Path(root)
     cells = []

@@ -136,7 +136,7 @@ def milestones(root: Path = REPO) -> list[Milestone]:
     return ms
 
 
-def table(ms: list[Milestone]) -> list[dict]:
+def milestone_table(ms: list[Milestone]) -> list[dict]:
     """One row per milestone: status, key figure, note (the write-up's milestone table)."""
     return [{"milestone": m.id, "what": m.title, "status": m.status,
              "key figure": f"{m.figures[0].label}: {m.figures[0].shown} ({m.figures[0].kind})" if m.figures else "-",

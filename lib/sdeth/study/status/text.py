@@ -10,7 +10,7 @@ from pathlib import Path
 from ...paths import REPO
 from . import sources as src
 from .answer import answer
-from .decide import Cell, Claim, Target, table, targets, testbed
+from .decide import Cell, Claim, Target, decision_table, targets, testbed
 from .figures import Figure, Milestone, Part
 from .options import DEFINITIONS
 from .milestones import milestones
@@ -63,7 +63,7 @@ def verdict(root: Path = REPO) -> Verdict | None:
     """The answer in one paragraph, generated from the decision table (its picks and figures only); None while
     the 8B benchmark is missing."""
     root = Path(root)
-    ts, cells = targets(root), table(root)
+    ts, cells = targets(root), decision_table(root)
     if not any(t.name == "8B" for t in ts):
         return None
     pieces, claims = [], []
@@ -80,7 +80,7 @@ def verdict(root: Path = REPO) -> Verdict | None:
 
 def decision(root: Path = REPO) -> str:
     """The decision in one plain line (a notebook's status line): the same-GPU pick of every cell."""
-    cells = [c for c in table(root) if c.hardware == "same GPU type"]
+    cells = [c for c in decision_table(root) if c.hardware == "same GPU type"]
     if not cells:
         return PENDING
     picks = [f"{c.target} {c.goal}: " + (f"{c.option} ({c.mode})" if c.option else "the evidence cannot fill it")
@@ -129,7 +129,7 @@ def decision_markdown(root: Path = REPO) -> str:
     """The decision table as Markdown: a row per target and TPOT goal, a column per draft hardware; then each
     target's details row, then the testbed rows."""
     ts = {t.name: t for t in targets(root)}
-    cells = table(root)
+    cells = decision_table(root)
     if not cells:
         return PENDING + "\n"
     out = ["| target (t(1)) | TPOT goal | draft on the same GPU type | draft on a cheaper card |", "|---|---|---|---|"]
@@ -191,7 +191,7 @@ def decision_html(root: Path = REPO) -> str:
     """The decision table as an HTML table (the index and 30_writeup); equal neighbouring cells merged; each
     target's details row under its goals, the testbed rows last."""
     ts = {t.name: t for t in targets(root)}
-    cells = table(root)
+    cells = decision_table(root)
     if not cells:
         return f"<p>{PENDING}</p>"
     rows = []

@@ -20,7 +20,7 @@ from .draftstep import draft_step, goal_check
 from .link import link_part
 from .remote import remote_part
 from .ssd import SSD_ALPHA, ssd_part
-from .report import NOTES, draft_row, summary_lines
+from .printout import NOTES, draft_row, summary_lines
 from .target import target_points, tv_table
 
 def run_call(call: int, json_path: str, grid: Grid, drafts=("Qwen3-1.7B",), device: str = "cuda:0",

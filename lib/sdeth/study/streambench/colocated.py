@@ -16,7 +16,7 @@ from ...runtime.verify import Sampling
 from ..bench.targets import DRAFT_ALPHA
 from .common import (COLOCATED_LABEL, CONTEXT, PREFILL_CHUNK, PROMPT, REQUEST_LEAST, SLACK, coins, compiled, free,
                      mean, pct, wait_until)
-from .report import colocated_row
+from .printout import colocated_row
 from .server import prompt_prefill_ms
 
 def emulated_label(target: str) -> str:
@@ -36,43 +36,43 @@ class Colocated:
         if tv_ms is not None and (B, k) not in tv_ms:
             raise ValueError(f"the emulated target has no t_v for B={B} k={k}: measure it (its table has "
                              f"{sorted(tv_ms)})")
-        self.d, self.t, self.B, self.k, self.alpha, self.tv_ms = drafter, target, B, k, alpha, tv_ms
+        self.drafter, self.t, self.B, self.k, self.alpha, self.tv_ms = drafter, target, B, k, alpha, tv_ms
         self.prompt, self.context = prompt, context
         self.rng, self.gen, self.new = random.Random(seed), 0, 0
         self.seq_at: list[float | None] = [None] * B   # per-request TPOT: each slot's first round's end ...
         self.seq_n = [0] * B                           # ... and its tokens since the first
         self.request_tpot: list[float] = []            # ms, one per sequence ended (or cut with REQUEST_LEAST)
         self.seqs = [self.fresh(i) for i in range(B)]
-        while self.d.prefill():
+        while self.drafter.prefill():
             pass
         self.last = [s.pending[-1] for s in self.seqs]          # the token each row's verify starts with
 
     def fresh(self, i: int):
         self.gen += 1
-        ids = [self.rng.randrange(self.d.vocab) for _ in range(self.prompt)]
-        return self.d.open(("colocated", i), self.gen, ids, Sampling(), self.gen, 0)
+        ids = [self.rng.randrange(self.drafter.vocab) for _ in range(self.prompt)]
+        return self.drafter.open(("colocated", i), self.gen, ids, Sampling(), self.gen, 0)
 
     def round(self) -> tuple[list[int], float, float]:
         """One round: (tokens per stream, draft ms, verify ms)."""
         t0 = time.perf_counter()
-        drafts = self.d.draft([(s, self.k) for s in self.seqs])
+        drafts = self.drafter.draft([(s, self.k) for s in self.seqs])
         t1 = time.perf_counter()
         chosen = self._verify(drafts)
         t2 = time.perf_counter()
         toks = []
         for i, s in enumerate(self.seqs):
             a = coins(self.rng, self.k, self.alpha)
-            tok = (chosen[i][a] if chosen else self.rng.randrange(self.d.vocab)) % self.d.vocab
-            self.d.apply(s, s.n, a, [tok])
+            tok = (chosen[i][a] if chosen else self.rng.randrange(self.drafter.vocab)) % self.drafter.vocab
+            self.drafter.apply(s, s.n, a, [tok])
             self.last[i] = tok
             toks.append(a + 1)
             ends = s.n + self.k > self.context                  # its next round would pass the context: a new one
             self.per_request(i, a + 1, t2, ends)
             if ends:
-                self.d.free(s.key)
+                self.drafter.free(s.key)
                 self.seqs[i] = self.fresh(i)
                 self.new += 1
-        while self.d.prefill():
+        while self.drafter.prefill():
             pass
         for i, s in enumerate(self.seqs):
             if s.drafted == 0:
@@ -110,7 +110,7 @@ class Colocated:
         t_end = time.perf_counter()
         for i, s in enumerate(self.seqs):
             self.cut(i, t_end, REQUEST_LEAST)                   # a sequence cut by the point's end, when long enough
-            self.d.free(s.key)
+            self.drafter.free(s.key)
 
 
 def colocated_point(drafter, target, B: int, k: int, alpha: float, seconds: float, seed: int = 0,

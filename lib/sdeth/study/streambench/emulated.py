@@ -23,7 +23,7 @@ class Emulated:
     def __init__(self, addr: str, index: int, B: int, k: int, tv_ms: float, alpha: float, seed: int, vocab: int,
                  prompt: int = PROMPT, context: int = CONTEXT, **_):
         from ...wire.draft_client import DraftServerClient
-        self.c = DraftServerClient(addr, hello(vocab), timeout_s=60)
+        self.server = DraftServerClient(addr, hello(vocab), timeout_s=60)
         self.index, self.k, self.tv_s, self.alpha, self.vocab = index, k, tv_ms / 1e3, alpha, vocab
         self.prompt, self.context = prompt, context
         self.rng, self.count = random.Random(seed), 0
@@ -38,7 +38,7 @@ class Emulated:
     def fresh(self):
         self.count += 1
         ids = [self.rng.randrange(self.vocab) for _ in range(self.prompt)]
-        return self.c.open(f"t{self.index}-{self.count}", ids, Sampling(), self.rng.randrange(2 ** 31), 0)
+        return self.server.open(f"t{self.index}-{self.count}", ids, Sampling(), self.rng.randrange(2 ** 31), 0)
 
     def verdicts(self, got) -> list[int]:
         """The coins for each stream's proposal; the next round's items (a finished sequence ends and a new one
@@ -51,7 +51,7 @@ class Emulated:
             tok = self.rng.randrange(self.vocab)
             toks.append(a + 1)
             if t.have + a + 1 + self.k > self.context:
-                self.c.client.send(protocol.End(t.seq))         # no wait for Ended (the next Rounds skips it)
+                self.server.client.send(protocol.End(t.seq))    # no wait for Ended (the next Rounds skips it)
                 self.tracks[j] = t = self.fresh()
                 self.opened[j] = time.perf_counter()
                 items.append((t, 0, [self.rng.randrange(self.vocab)], self.k))
@@ -64,9 +64,9 @@ class Emulated:
         """Rounds -> Drafts, coins and opens within the verify wait, the wait's end; one round recorded."""
         t0 = time.perf_counter()
         opened = self.opened
-        got = self.c.rounds(self.items)
+        got = self.server.rounds(self.items)
         t1 = time.perf_counter()
-        cost = self.c.last
+        cost = self.server.last
         toks = self.verdicts(got)
         wait_until(t1 + self.tv_s)
         t2 = time.perf_counter()
@@ -103,7 +103,7 @@ class Emulated:
         """The first round untimed (every prompt at once: the cold start), 'ready' to the parent, then rounds from
         the parent's start time for `seconds`."""
         t0 = time.perf_counter()
-        self.verdicts(self.c.rounds(self.items))
+        self.verdicts(self.server.rounds(self.items))
         self.opened = {}
         conn.send({"ready": True, "cold_start_ms": round((time.perf_counter() - t0) * 1e3, 2)})
         start_at, seconds = conn.recv()
@@ -115,8 +115,8 @@ class Emulated:
         self.rec["t_end"] = time.time()
         self.per_request({}, [0] * len(self.tracks), time.perf_counter(), least=REQUEST_LEAST)
         for t in self.tracks:
-            self.c.end(t)
-        self.c.close()
+            self.server.end(t)
+        self.server.close()
         return self.rec
 
 
@@ -144,7 +144,7 @@ class EmulatedPipelined:
                  watch: int = 0, foreseen: bool = False, policy: str = "policy", ahead: bool = False, **_):
         from ...wire.draft_client import DraftServerClient
         self.est = step_setting(policy)()      # before the connection: a bad name fails first
-        self.c = DraftServerClient(addr, hello(vocab), timeout_s=60)
+        self.server = DraftServerClient(addr, hello(vocab), timeout_s=60)
         self.index, self.B, self.k, self.alpha, self.vocab = index, B, k, alpha, vocab
         self.tv_s = {int(m): v / 1e3 for m, v in tv_ms.items()}     # drafts verified per stream -> seconds
         self.est.verify_s = {m + 1: v for m, v in self.tv_s.items()}
@@ -167,7 +167,7 @@ class EmulatedPipelined:
         self.count += 1
         seq = f"p{self.index}-{self.count}"
         ids = [self.rng.randrange(self.vocab) for _ in range(self.prompt)]
-        self.c.client.send(protocol.Open(seq, 0, ids, seed=self.rng.randrange(2 ** 31), q_top=0, stream=True,
+        self.server.client.send(protocol.Open(seq, 0, ids, seed=self.rng.randrange(2 ** 31), q_top=0, stream=True,
                                          window=self.window, watch=self.watch, branches=self.ahead))
         first = self.rng.randrange(self.vocab)
         view = StreamView()
@@ -182,7 +182,7 @@ class EmulatedPipelined:
         now = time.time()
         for s, row in pairs:
             s["sent"][row.pos] = now
-        self.c.client.send(protocol.Commits([row for _, row in pairs]))
+        self.server.client.send(protocol.Commits([row for _, row in pairs]))
 
     def note_first(self, s: dict, r, m, arrived: float) -> None:
         """The first draft the server stepped after reading a commit: the timeline's gaps up to its arrival."""
@@ -204,7 +204,7 @@ class EmulatedPipelined:
         An Error (a message of ours the server refused whole, e.g. past its per-connection queue: a Commits or an
         Open lost, so the streams are out of step from here) ends the point, naming it."""
         by = {s["seq"]: s for s in self.streams}
-        while (m := self.c.client.recv(0)) is not None:
+        while (m := self.server.client.recv(0)) is not None:
             if isinstance(m, protocol.Error):
                 raise RuntimeError(f"the draft server refused a message ({m.code}): {m.message}")
             if isinstance(m, protocol.Drafts) and any(r.error for r in m.rows):
@@ -304,7 +304,7 @@ class EmulatedPipelined:
     def verify_wait(self, deadline: float) -> None:
         """The verify's wait, the socket read meanwhile (as a real target's receiving thread would: each draft
         stamped when it arrives, not when the verify ends); its last SPIN_S spun."""
-        sock = self.c.client.sock
+        sock = self.server.client.sock
         while (left := deadline - time.perf_counter()) > SPIN_S:
             if sock.poll(max(int((left - SPIN_S) * 1e3), 0)):
                 self.take()
@@ -371,7 +371,7 @@ class EmulatedPipelined:
         for j, s in enumerate(self.streams):
             if self.prompt + s["settled"] + self.window + self.k + 2 > self.context:
                 self.tally(s)
-                self.c.client.send(protocol.End(s["seq"]))
+                self.server.client.send(protocol.End(s["seq"]))
                 self.streams[j] = self.fresh()
         t2 = time.perf_counter()
         r, ms = self.rec, (t2 - t0) * 1e3
@@ -404,8 +404,8 @@ class EmulatedPipelined:
             self.step()
         self.rec["t_end"] = time.time()
         for s in self.streams:                     # End, and its Ended taken: a socket closed at once (linger 0)
-            self.c.end_seq(s["seq"])               # would drop the End, and the server would keep the stream
-        self.c.close()
+            self.server.end_seq(s["seq"])          # would drop the End, and the server would keep the stream
+        self.server.close()
         return self.rec
 
 

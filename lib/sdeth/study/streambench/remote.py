@@ -11,7 +11,7 @@ from .colocated import best_k
 from .common import (BATCHES, CONTEXT, PIPELINED_K, PIPELINED_LABEL, PIPELINED_WINDOW, PROMPT, REMOTE_KS,
                      REQUEST_LEAST, REMOTE_LABEL, SERVER_ROWS, TARGETS_N, TIMELINE, compiled, mean, pct, pipelined_grid)
 from .emulated import Targets
-from .report import pipelined_row, remote_row
+from .printout import pipelined_row, remote_row
 from .server import serve_random
 from .target import big_tv
 

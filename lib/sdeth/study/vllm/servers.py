@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from .remote import Endpoint, StudyError
+from .measurement import Endpoint, StudyError
 
 RELAY_VARIANTS = ("plain", "slowed", "jittered")
 

@@ -15,7 +15,7 @@ greedy or sampled (request i's seed: 1000 x repeat + i), and reads:
                tokens, n its output tokens (p50, p99: nearest rank over the requests of all repeats);
   TTFT         first token's arrival - the request's send (p50);
   acceptance   vLLM's spec-decode counters' change over the point (scraped from /metrics before and after):
-               rate, mean acceptance length, per position, with standard errors (study.vllm.remote).
+               rate, mean acceptance length, per position, with standard errors (study.vllm.measurement).
 Remote points also carry `tpot_bound_ms` (target-only's TPOT p99 + the proposer's deadline: a step waits at most
 the deadline for its drafts) and whether their TPOT p99 kept within it; the slowed and jittered ones their TPOT
 against the plain remote run's (`vs_plain`). Greedy speculative points say how many outputs equal target-only's;
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, asdict
 from pathlib import Path
 
 from ..results import REPORTS
-from .remote import Endpoint, StudyError, identical, point_figures, run_point, stream_request
+from .measurement import Endpoint, StudyError, identical, point_figures, run_point, stream_request
 from .servers import Relay, start_draft_server, start_vllm, stop
 
 CONFIGS = ("target-only", "draft-model", "remote")
