@@ -1,4 +1,4 @@
-"""The fused-kernel levers' step (stepbench.bench_kernels) into one JSON: one run.
+"""The fused-kernel levers' step (study.bench.kernelstep.bench_kernels) into one JSON: one run.
 
     PYTHONPATH=lib python3 scripts/gpu_bench_kernels.py OUT.json MODELS LEVERS [ROW_CONTEXTS] [BUDGET_S]
 
@@ -8,7 +8,7 @@ measurement as `python -m sdeth bench step --kernels`, without the command line'
 import json
 import sys
 
-from sdeth.study.bench import step as stepbench
+from sdeth.study.bench import kernelstep
 
 
 def main(argv: list[str]) -> int:
@@ -22,9 +22,9 @@ def main(argv: list[str]) -> int:
     def save(res):
         with open(out, "w") as f:
             json.dump(res, f, indent=1, default=str)
-    res = stepbench.bench_kernels(models, "cuda:0", 512, contexts, 16, levers, "default", budget, save=save)
+    res = kernelstep.bench_kernels(models, "cuda:0", 512, contexts, 16, levers, "default", budget, save=save)
     save(res)
-    print(stepbench.kernel_table(res))
+    print(kernelstep.kernel_table(res))
     return 0
 
 

@@ -9,7 +9,7 @@
    timed inside one CUDA graph of back-to-back launches over enough copies of the weights that they do not sit
    in L2 (as in a step, where every layer reads its own), so launch gaps are the graph's, not the host's.
    Reported: us per call, GB/s of weight and activation bytes, the fraction of the copy bandwidth.
-2. The decode step (stepbench.kernel_chain / kernel_rows, their graph replays profiled by torch.profiler):
+2. The decode step (kernelstep.kernel_chain / kernel_rows, their graph replays profiled by torch.profiler):
    kernel families (cuBLAS GEMM/GEMV, fused GEMV, attention, norms, elementwise, sampling, copies) with
    counts, us and share of a step, for kernels=torch and all (every fused kernel) at batch 1 and 16 rows,
    context 512.
@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from sdeth import hardware
 from sdeth.models.presets import shape
 from sdeth.runtime import kernels as K
+from sdeth.study.bench import kernelstep as KS
 from sdeth.study.bench import step as SB
 
 MODELS = ("Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-8B")
@@ -156,9 +157,9 @@ def step_profiles(res: dict, bw: float, t_end: float, save) -> None:
                 continue
             try:
                 if kind == "chain":
-                    row, _ = SB.kernel_chain(model, name, lever, 512, "default", bw, 64, True, capacity=cap)
+                    row, _ = KS.kernel_chain(model, name, lever, 512, "default", bw, 64, True, capacity=cap)
                 else:
-                    row, _ = SB.kernel_rows(model, name, lever, 16, 512, "default", bw, True)
+                    row, _ = KS.kernel_rows(model, name, lever, 16, 512, "default", bw, True)
                 row["kind"] = kind
             except Exception as e:                          # noqa: BLE001
                 traceback.print_exc()

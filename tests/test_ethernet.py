@@ -304,7 +304,7 @@ def test_a_bad_link_changes_speed_never_output(pair, target_only_ref, mode):
     """Jitter, stalls (200-600 ms), connection resets and a 2 s cut in mid-request, injected at the relay:
     greedy output equals target-only's in every case; each request records the faults it met, and the
     time lost against the same requests on a clean link is reported."""
-    from sdeth.place.testbed import LinkFaults
+    from sdeth.place.relay import LinkFaults
     cfg = RunConfig(mode=mode, k=3, placement="ethernet", prompts="sharegpt:2", max_tokens=24)
     prompts = experiment.encode_prompts(cfg, pair.tokenizer)
     ref = ref_outputs(target_only_ref, pair, cfg.prompts, cfg.max_tokens)       # target-only's output

@@ -1,4 +1,4 @@
-"""The fused decode kernels (runtime.kernels) against the torch path they replace: each kernel alone, a layer,
+"""The fused decode kernels (runtime.kernels, runtime.attention_kernels) against the torch path they replace: each kernel alone, a layer,
 the fast decoder's chain and the batch decoder's rows (different lengths, widths 1 and 2, the scratch rows of
 a padded bucket), with and without q/k norms and a qkv bias, and greedy decoding equal over many tokens.
 
@@ -16,6 +16,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton", reason="the fused kernels need Triton")
 
 from doubles import tiny_qwen3                                     # noqa: E402
+from sdeth.runtime import attention_kernels as A                   # noqa: E402
 from sdeth.runtime import gemv_table as GT                         # noqa: E402
 from sdeth.runtime import kernels as K                             # noqa: E402
 from sdeth.runtime.batchmodel import BatchDecoder, batch_attention  # noqa: E402
@@ -112,7 +113,7 @@ def test_attention_kernel_equals_torch_attention(dtype, qk_norm, width):
         qkv.view(4, 2, -1)[[1, 3], 1] = qkv.view(4, 2, -1)[[1, 3], 0]
     cos, sin = rope_tables(dtype)
     kc2, vc2 = kc.clone(), vc.clone()
-    got = K.decode_attention(qkv, kc, vc, positions, slots, cos, sin, L["q_norm"], L["k_norm"], SHAPE)
+    got = A.decode_attention(qkv, kc, vc, positions, slots, cos, sin, L["q_norm"], L["k_norm"], SHAPE)
     R, W = positions.shape
     rows = torch.arange(R, device=DEV)[:, None].expand(R, W)
     visible = torch.arange(CAP + 1, device=DEV)[None, None, :] <= positions[:, :, None]
@@ -141,8 +142,8 @@ def test_split_attention_equals_torch_attention(splits, width):
     emb = torch.cat([torch.outer(torch.arange(cap + 2).float(), inv)] * 2, dim=-1)
     cos, sin = emb.cos().to(DEV), emb.sin().to(DEV)
     kc2, vc2 = kc.clone(), vc.clone()
-    assert K.attention_splits(R, NKV, cap + 1, 64) == 5                # 8 (row, kv head) pairs: 5 tiles of slots
-    got = K.decode_attention(qkv, kc, vc, positions, slots, cos, sin, L["q_norm"], L["k_norm"], SHAPE, splits=splits)
+    assert A.attention_splits(R, NKV, cap + 1, 64) == 5                # 8 (row, kv head) pairs: 5 tiles of slots
+    got = A.decode_attention(qkv, kc, vc, positions, slots, cos, sin, L["q_norm"], L["k_norm"], SHAPE, splits=splits)
     rows = torch.arange(R, device=DEV)[:, None].expand(R, W)
     visible = torch.arange(cap + 1, device=DEV)[None, None, :] <= positions[:, :, None]
     want = batch_attention(qkv, L, kc2, vc2, rows, slots, cos[positions][:, :, None], sin[positions][:, :, None],
@@ -159,13 +160,13 @@ def test_attention_kernel_on_a_one_row_cache_and_refusals():
     positions = torch.arange(5, 8, device=DEV)[None]
     (kc, vc), qkv, L = attention_case(torch.float32, True, positions)
     cos, sin = rope_tables(torch.float32)
-    o = K.decode_attention(qkv, kc[0], vc[0], positions, positions, cos, sin, L["q_norm"], L["k_norm"], SHAPE)
+    o = A.decode_attention(qkv, kc[0], vc[0], positions, positions, cos, sin, L["q_norm"], L["k_norm"], SHAPE)
     assert o.shape == (3, NQ * HD) and torch.isfinite(o).all()
     wide = torch.arange(17, device=DEV)[None]
     with pytest.raises(ValueError, match="width 17"):
-        K.decode_attention(torch.zeros(17, 128, device=DEV), kc, vc, wide, wide, cos, sin, None, None, SHAPE)
+        A.decode_attention(torch.zeros(17, 128, device=DEV), kc, vc, wide, wide, cos, sin, None, None, SHAPE)
     with pytest.raises(ValueError, match="qkv"):
-        K.decode_attention(qkv[:, :-1].contiguous(), kc, vc, positions, positions, cos, sin, None, None, SHAPE)
+        A.decode_attention(qkv[:, :-1].contiguous(), kc, vc, positions, positions, cos, sin, None, None, SHAPE)
 
 
 # ------------------------------------------------------------------ the decoders

@@ -201,13 +201,14 @@ def test_a_connections_excess_past_its_queue_is_dropped_before_decoding(monkeypa
     """A connection that sends far more than a pass takes: the messages past its queue are never decoded (counted,
     the sender told once a second, one log line), its own urgent Commits still held."""
     import zmq
-    from sdeth.wire import transport
+    from sdeth.wire import serving
     from sdeth.wire.draft_server import DECODE
-    from sdeth.wire.transport import QUEUED, Log, PeerLimits, _in_turn, _Server
+    from sdeth.wire.serving import QUEUED, _in_turn, _Server
+    from sdeth.wire.transport import Log, PeerLimits
     from test_draft_server import free_port
     from test_server_survives import _dealer
-    decoded, screen = [], transport.screen
-    monkeypatch.setattr(transport, "screen", lambda *a: decoded.append(1) or screen(*a))
+    decoded, screen = [], serving.screen
+    monkeypatch.setattr(serving, "screen", lambda *a: decoded.append(1) or screen(*a))
     addr = f"tcp://127.0.0.1:{free_port()}"
     srv = _Server(addr, None, Log("test"), None)
     n = 1000

@@ -590,7 +590,8 @@ def test_a_killed_clients_last_messages_do_not_keep_its_rows_and_a_reused_fd_is_
     not make the client live again (its rows go GONE_S after the close). A new connection on the closed one's file
     descriptor, whose message is read before that close, is not taken for closed."""
     import sdeth.wire.draft_server as ds
-    from sdeth.wire.transport import Log, _Server
+    from sdeth.wire.serving import _Server
+    from sdeth.wire.transport import Log
     from test_draft_server import free_port
     server = tiny_server(tiny_qwen3(0), rows=4, capacity=CAP, ttl_s=60)
     addr = f"tcp://127.0.0.1:{free_port()}"
@@ -640,7 +641,8 @@ def test_a_closed_connections_queued_messages_are_dropped_not_served():
     """In passes (per_pass), messages taken off the socket wait in their connection's queue: when its close is read
     first, they are dropped (never handed to the server, which would take the client for live again)."""
     from sdeth.wire.draft_server import DECODE
-    from sdeth.wire.transport import Log, PeerLimits, _in_turn, _Server
+    from sdeth.wire.serving import _in_turn, _Server
+    from sdeth.wire.transport import Log, PeerLimits
     from test_draft_server import free_port
     addr, closed = f"tcp://127.0.0.1:{free_port()}", []
     srv = _Server(addr, None, Log("test"), closed.append)
@@ -666,7 +668,8 @@ def test_a_streams_commits_are_never_refused_while_the_server_catches_up():
     other types are refused past QUEUED."""
     import zmq
     from sdeth.wire.draft_server import DECODE
-    from sdeth.wire.transport import QUEUED, Log, PeerLimits, _in_turn, _Server
+    from sdeth.wire.serving import QUEUED, _in_turn, _Server
+    from sdeth.wire.transport import Log, PeerLimits
     from test_draft_server import free_port
     addr = f"tcp://127.0.0.1:{free_port()}"
     srv = _Server(addr, None, Log("test"), None)

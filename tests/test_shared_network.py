@@ -146,7 +146,8 @@ def test_an_unknown_key_is_refused_by_the_draft_server_and_logged(tmp_path, caps
 def test_a_flood_of_messages_does_not_starve_the_servers_background_work():
     """serve_requests runs idle (the draft server's steps) while messages keep waiting, not only when none does: under
     a peer sending Pings as fast as they are taken, idle is never more than 200 ms away (1 ms by the rule)."""
-    from sdeth.wire.transport import Log, serve_requests
+    from sdeth.wire.serving import serve_requests
+    from sdeth.wire.transport import Log
     addr, calls, served, stop = f"tcp://127.0.0.1:{free_port()}", [], [], threading.Event()
 
     def serve():

@@ -21,6 +21,7 @@ import zmq
 
 from sdeth.place.testbed import free_port
 from sdeth.wire import protocol as W
+from sdeth.wire import vllm_link
 from sdeth.wire import vllm_proposer as VP
 from sdeth.wire.vllm_proposer import ProposerError, RemoteDraftProposer, RowTracker, SyncDraftProposer
 from vllm_server import SAMPLES, SERVER_PROMPTS, TEMPERATURE, homogeneity_p, run_both_servers, server_gate
@@ -355,7 +356,7 @@ def test_a_dead_draft_server_gives_empty_rows_at_once_and_is_found_again():
 
 
 def test_a_full_draft_server_is_asked_again_less_and_less_often_and_drafts_once_it_has_room(monkeypatch):
-    monkeypatch.setattr(VP, "BACKOFF_MAX_S", 0.4)
+    monkeypatch.setattr(vllm_link, "BACKOFF_MAX_S", 0.4)          # read where the backoff is: the link
     server = StubServer(welcome=W.Error("limit", "sequences: this server holds 8 sequences, all taken"))
     t0 = time.perf_counter()
     p = proposer(server.addr, deadline_ms=50)               # refused at load: no CONNECT_WAIT_S wait

@@ -14,7 +14,8 @@ from sdeth.place.testbed import free_port
 from sdeth.wire import protocol as W
 from sdeth.wire.draft_worker import DECODE as DRAFT_DECODE
 from sdeth.wire.target_worker import DECODE as TARGET_DECODE
-from sdeth.wire.transport import Client, Log, PeerGone, serve_requests
+from sdeth.wire.serving import serve_requests
+from sdeth.wire.transport import Client, Log, PeerGone
 
 DECODERS = [W.decode, DRAFT_DECODE, TARGET_DECODE]
 
@@ -197,7 +198,8 @@ def test_a_flooding_peer_is_limited_and_told_once_a_second():
 def test_a_keys_connections_share_one_budget():
     """screen() counts a CURVE key's messages across its connections (another routing id, another address), and
     another key apart; on plain TCP each connection is counted apart (the clients of one host too)."""
-    from sdeth.wire.transport import Log, PeerLimits, screen
+    from sdeth.wire.serving import screen
+    from sdeth.wire.transport import Log, PeerLimits
 
     class Frame:
         def __init__(self, data: bytes, peer: str = "", key: str = ""):

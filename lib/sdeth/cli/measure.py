@@ -44,15 +44,15 @@ def _bench(a) -> int:
         print("wrote", save(res, a.json))
         return 0
     if a.what == "step" and a.kernels:
-        from ..study.bench import step as stepbench
+        from ..study.bench import kernelstep
         levers = tuple(a.kernels.split(","))
-        bad = [x for x in levers if x not in stepbench.KERNEL_LEVERS]
+        bad = [x for x in levers if x not in kernelstep.KERNEL_LEVERS]
         if bad:
-            raise SystemExit(f"--kernels {a.kernels!r}: {bad} unknown; use a comma list of {stepbench.KERNEL_LEVERS}")
-        res = stepbench.bench_kernels(tuple(a.models.split(",")), a.device, a.context,
+            raise SystemExit(f"--kernels {a.kernels!r}: {bad} unknown; use a comma list of {kernelstep.KERNEL_LEVERS}")
+        res = kernelstep.bench_kernels(tuple(a.models.split(",")), a.device, a.context,
                                       tuple(int(c) for c in a.row_contexts.split(",") if c), a.rows, levers, a.compile,
                                       a.budget_s, save=lambda r: save(r, a.json))
-        print(stepbench.kernel_table(res))
+        print(kernelstep.kernel_table(res))
         print("wrote", save(res, a.json))
         return 0
     if a.what == "step":

@@ -200,7 +200,7 @@ class BatchDecoder:
     def _kernel_layers(self, x, carry, positions, slots, row0: int, span: int, attn_k: bool, gemv_k: bool):
         """The layers through fastmodel.kernel_block over x, carry [R*W, H]: the fused attention kernel over
         each row's own slots (attn_k) or torch's over the span."""
-        from .kernels import decode_attention
+        from .attention_kernels import decode_attention
         f = self.fast
         R = positions.shape[0]
         pre, post, torch_attention = self.parts

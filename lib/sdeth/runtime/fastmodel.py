@@ -365,7 +365,7 @@ class FastDecoder:
 
     def _kernel_layers(self, x, carry, positions, slots, visible, attn_k: bool, gemv_k: bool, compiled: bool):
         """The layers through kernel_block: the fused attention kernel over the chain (attn_k) or torch's."""
-        from .kernels import decode_attention
+        from .attention_kernels import decode_attention
         pre, post, torch_attention = self._parts if compiled else (pre_attention, post_attention, attention)
         if not attn_k:
             cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]

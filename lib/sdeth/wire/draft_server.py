@@ -64,7 +64,8 @@ from .overlap import Overlap
 from .draft_worker import welcome as welcome_of
 from .scheduler import Scheduler
 from .server_config import DraftServerConfig, ServerLimits
-from .transport import Log, PeerLimits, key_of, reply, serve_requests
+from .serving import serve_requests
+from .transport import Log, PeerLimits, key_of, reply
 
 __all__ = ["DraftServer", "DraftServerConfig", "ServerLimits", "GONE_S", "build_server", "pair_server",
            "serve_draft_server"]

@@ -19,7 +19,8 @@ from ..runtime.streamdraft import StreamDrafter
 from ..runtime import make_engine
 from ..runtime.verify import Sampling
 from . import protocol
-from .transport import Log, reply, serve_requests
+from .serving import serve_requests
+from .transport import Log, reply
 
 WARM_WIDTHS = 10     # forward widths captured as CUDA graphs before serving (verify of k <= 9)
 MAX_K = 16           # the most draft tokens a round may ask for

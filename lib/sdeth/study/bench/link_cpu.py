@@ -4,7 +4,7 @@ server with an injected delay, and modelled between the points.
 Measured (`measure`): the embedded pair on the CPU, greedy, the same prompts for every option: the target alone
 (t(1)), colocated SD (the draft in the target's process: real draft steps, the target's verify in series), then at
 each injected round trip `injected_rtt_ms` (half each way, a user-space TCP relay between the target's client and
-the draft server: place.testbed.DelayProxy) sync SD (one Rounds a round) and pipelined SD (a stream of drafts).
+the draft server: place.relay.DelayProxy) sync SD (one Rounds a round) and pipelined SD (a stream of drafts).
 Every option on one definition: TPOT per request as serving benchmarks count it, (end - first token) / (tokens - 1),
 its mean, p50 and p99; the speedup is t(1)'s mean over the option's, with a 95% paired bootstrap interval over the
 prompts. Each point records the delay it added and the round trip a Ping through the relay took (the relay's own
@@ -31,7 +31,8 @@ from dataclasses import asdict, dataclass
 
 from ... import costmodel, hardware
 from ...metrics import ratio_ci
-from ...place.testbed import DelayProxy, free_port
+from ...place.relay import DelayProxy
+from ...place.testbed import free_port
 from ...runtime import make_engine
 from ...runtime.loop import Drafter, generate_sd, generate_target_only
 from ...runtime.pipeline import generate_pipelined

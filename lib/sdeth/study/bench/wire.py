@@ -20,7 +20,8 @@ import time
 from ...hardware import describe as describe_hardware
 from ...wire import protocol
 from ...wire.auth import Keys, make_keys
-from ...wire.transport import Client, Log, serve_requests
+from ...wire.serving import serve_requests
+from ...wire.transport import Client, Log
 
 SIZES = {"ping": protocol.Ping(0.0), "drafted-size": protocol.Ping(0.0, b"x" * 64),
          "start-4095-ids": protocol.Start("r", list(range(1000, 5095)), 4096)}

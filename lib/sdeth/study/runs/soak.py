@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import psutil
 
-from ...place.testbed import LinkFaults
+from ...place.relay import LinkFaults
 from ..config import RunConfig, encode_prompts
 from .experiment import run, run_requests, testbed_for
 

@@ -2,7 +2,7 @@
 through the real draft server with an injected delay, and the event model between the points.
 
 One draft server (the draft shape, random bf16 weights) in a process of its own on the device; in front of it, for
-each injected round trip `injected_rtt_ms` in turn, a user-space TCP relay (place.testbed.DelayProxy, half the
+each injected round trip `injected_rtt_ms` in turn, a user-space TCP relay (place.relay.DelayProxy, half the
 delay each way) in a process of its own; N emulated pipelined targets of B streams each (emulated.EmulatedPipelined,
 t_v(B, m) of the 8B / 32B / 72B fp8 shapes from `bench targets`) connect through the relay. Each point runs under each
 step policy of the grid in turn (as the pipelined part does), for about --min-steps target steps, with its 95%

@@ -105,7 +105,7 @@ class Relay:
         self.set("plain")
 
     def set(self, variant: str) -> None:
-        from ...wire.vllm_proposer import RETRY_S
+        from ...wire.vllm_settings import RETRY_S
         stop(self.proc)
         down, jitter = self.delays[variant]
         self.proc = start_relay(self.port, self.to, self.logs / f"relay-{variant}.log", down, jitter)

@@ -112,7 +112,7 @@ def _spread(ms: list[float]) -> dict | None:
 def engine_step_figures(times: list[float], phase: dict) -> dict | None:
     """A phase's engine step periods (ms) from EngineSteps' times inside its wall window (a longer gap than
     IDLE_GAP_S is vLLM idle, not a step, as the proposer counts it)."""
-    from ...wire.vllm_proposer import IDLE_GAP_S
+    from ...wire.vllm_settings import IDLE_GAP_S
     ts = sorted(t for t in times if phase["t0"] <= t <= phase["t1"])
     return _spread([(b - a) * 1e3 for a, b in zip(ts, ts[1:]) if b - a < IDLE_GAP_S])
 
@@ -167,7 +167,7 @@ def measure(pair_name: str = "embedded", k: int = 3, prompts: str = "sharegpt:8"
     figures."""
     from ... import hardware
     from ...models.presets import load_pair
-    from ...wire import vllm_proposer as VP
+    from ...wire import vllm_settings as VP
     from ..config import RunConfig, encode_prompts
     from .baseline import _job, engine_args
     from .servers import start_draft_server

@@ -206,7 +206,7 @@ def deadline_bound(opts: StudyOptions, target_only: dict) -> float:
 def _run_config(opts, config, engine, prompts, eos, res, save, progress, logs: Path) -> None:
     """Start one configuration's servers, measure its points, stop them."""
     from ...place.testbed import free_port
-    from ...wire import vllm_proposer as VP
+    from ...wire import vllm_settings as VP
     eng, env, procs, relay = dict(engine), dict(os.environ), [], None
     spec = eng.pop("speculative_config")
     try:
