@@ -46,10 +46,11 @@ t_v(m) for every m (one vLLM step verifies m drafts for every row at about the c
 it per m), the draft period, and the restart less 1.5 periods as the link; until the target's step and the draft
 period are measured it takes what is on offer, and so while the first rule is scored (SCORE_BUDGET_S of it a step:
 one to a few dozen steps at k = 3; a later scoring keeps the last rule meanwhile). Once it holds a rule, it takes the
-costs again and looks for their rule every RULE_EVERY steps (the medians move slowly; each look costs the host). Its rule (costmodel.WaitRule) is applied to the row
-with the fewest drafts on offer: the step waits until every row has the rule's m (or all its room), at most OVERDUE
-times as long as they are due and never past the deadline. Each step's decision (drafts waited for beyond those on offer, the longest
-wait) and the time it waited go in the step log.
+costs again and looks for their rule every RULE_EVERY steps (the medians move slowly; each look costs the host). Its
+rule (costmodel.WaitRule) is applied to the row with the fewest drafts on offer: the step waits until every row has
+the rule's m (or all its room), at most OVERDUE times as long as they are due and never past the deadline. Each
+step's decision (drafts waited for beyond those on offer, the longest wait) and the time it waited go in the step
+log.
 
 This module holds the proposer and its per-step decision; wire.vllm_settings its settings and records,
 wire.vllm_link its messages to and from the draft server (a mixin of the proposer).

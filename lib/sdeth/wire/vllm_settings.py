@@ -27,7 +27,7 @@ MODES = ("policy", "sync", "stream")
 DEFAULT_MODE = "policy"
 POLICY_ROUNDING = 0.1    # policy mode: measured times are rounded to about 10% before the step policy sees them
 POLICY_ALPHA_STEP = 0.05  # ... and alpha to 0.05 (each distinct set of costs costs a rule scoring, 0.3-10 ms for k=3,
-                          # spread over the steps, a rule a step)
+                          # spread over the steps, SCORE_BUDGET_S a step)
 RULES_KEPT = 1024        # policy mode: rules kept, one per set of rounded costs met
 SCORE_BUDGET_S = 50e-6   # ... a step's share of a rule scoring (costmodel.best_rule_steps' pieces: one at least, up to
                          # 0.2 ms each; 0.005-0.03 ms at the CPU study's costs): the host time of a step that scores
