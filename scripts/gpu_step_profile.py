@@ -193,7 +193,7 @@ def main(argv=None) -> int:
            "copy_bandwidth_Bps": bw,
            "gemv_method": "each variant: back-to-back launches in one CUDA graph over enough weight copies "
                           "(>= 512 MB, at most 128) to defeat L2; us per call = replay time / launches, median of 3",
-           "step_method": "stepbench.kernel_chain (batch 1, context 512, capacity 0 = context + 128, or 4096) and "
+           "step_method": "sdeth.study.bench.kernelstep.kernel_chain (batch 1, context 512, capacity 0 = context + 128, or 4096) and "
                           "kernel_rows (16 rows, context 512); families from torch.profiler over 10 graph replays"}
 
     def save(r):

@@ -144,7 +144,8 @@ def test_a_sync_step_with_no_round_to_answer_waits_not_at_all():
 def measured_as(p: VP.RemoteDraftProposer, step_s: float, period_s: float, alpha_high: bool) -> None:
     """p's measurements as if long taken: the target's step, the server's draft step, and verdicts that put alpha
     near 0.9 (nine accepted, then a rejection, each round) or near 0 (every round rejected at its first draft); and
-    the rule for them scored (as over the steps that follow: one rule a step)."""
+    a rule scored (as over the steps that follow, SCORE_BUDGET_S a step: for these costs, or for the costs of a
+    scoring already under way)."""
     p.steps_s.extend([step_s] * VP.STEP_WINDOW)
     p.draft_steps_s.extend([period_s] * 8)
     for _ in range(300):

@@ -96,7 +96,7 @@ class Testbed:
                 "target_node": self.ns_target if self.netns else "localhost",
                 "link": f"veth {self.ip_target} <-> {self.ip_draft}" if self.netns else "loopback",
                 "one_way_delay_ms": {"target->draft": self.up_ms, "draft->target": self.down_ms},
-                "delay": "user-space TCP relay (sdeth.place.testbed.DelayProxy)",
+                "delay": "user-space TCP relay (sdeth.place.relay.DelayProxy)",
                 "rate_mbit": self.rate_mbit or None, "torch_threads_per_worker": self.threads,
                 "devices": {"target": self.device, "draft": self.draft_device}, "worker_config": self.worker_config,
                 "target_workers": len(self.target_names), "draft_role": self._draft_role,

@@ -2,35 +2,20 @@
 acceptance (`verify`), the sync and pipelined loops (`loop`, `pipeline`), the pipelined draft and its
 outcome cache (`streamdraft`), the roles a draft plays in them (`roles`), and synthetic acceptance for
 random-weight timing (`synthetic`); `make_engine` builds the engine a worker or an experiment runs, from
-one `EngineConfig`. Knows nothing of wires, clusters or notebooks."""
+one `EngineConfig` (`settings`: the runtime's settings as plain data, importable without torch). Knows nothing
+of wires, clusters or notebooks."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from .engine import Engine
-from .synthetic import AcceptanceTrace, SyntheticEngine
+from .settings import EngineConfig
+
+if TYPE_CHECKING:
+    from .engine import Engine
 
 
 DRAFT_SCRATCH = 32     # a fast draft's cache slots for the outcome cache's branch rows (fanout x depth at most)
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """What an engine is built from, for either role: plain data (a worker gets it inside its run
-    configuration). Terms: *synthetic* acceptance accepts each draft token with probability
-    synthetic_alpha (random-weight timing); *trace-driven* acceptance replays a recorded trace;
-    a *FastOptions spec* ('scope=layer,weights=fp8,head=32768') sets the fast decoder's levers."""
-    impl: str = "hf"                        # model code: hf (transformers) | fast (runtime.fastmodel)
-    compile_mode: str | None = None         # fast: torch.compile mode inside the CUDA graphs (None: off)
-    capacity: int = 4096                    # fast: CUDA-graph cache length (tokens)
-    synthetic_alpha: float | None = None    # synthetic acceptance (None: real, or the trace's own)
-    synthetic_seed: int = 0
-    synthetic_trace: str | None = None      # trace-driven: the trace JSON the draft replays, scaled to synthetic_alpha
-    draft_fast: str = ""                    # the draft decoder's FastOptions spec
-    target_fast: str = ""                   # the target decoder's (its weights and output layer stay)
-    draft_emulate: str = ""                 # an emulated draft device, PROFILE:SHAPE[:fp8] (runtime.emulated)
-    draft_chains: str = ""                  # ... replaying the draft continuations recorded in this JSON
-    target_emulate: str = ""                # an emulated target, PATH[:MODEL] of measured times (runtime.emulated)
 
 
 def make_engine(model, name: str, role: str, config: EngineConfig | None = None, vocab: int | None = None,
@@ -39,6 +24,8 @@ def make_engine(model, name: str, role: str, config: EngineConfig | None = None,
     synthetic, trace-driven, emulated or real, as `config` says (opts: EngineConfig fields that override it).
     vocab: the pair's tokenizer size (logits cut to it). The target needs only to know that acceptance is
     synthetic; the draft replays the trace."""
+    from .engine import Engine
+    from .synthetic import AcceptanceTrace, SyntheticEngine
     cfg = replace(config or EngineConfig(), **opts)
     if cfg.draft_emulate and role == "draft":       # a draft device we cannot run: its tokens replayed, paced
         from .emulated import emulated_draft

@@ -39,60 +39,15 @@ Levers (FastOptions; `--draft-fast`/`--target-fast` on the command line), each m
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 
+from .settings import FastOptions, FastOptionsError  # noqa: F401  (the fast decoder's levers: plain data)
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
-
-
-class FastOptionsError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class FastOptions:
-    scope: str = "layer"        # what torch.compile compiles: 'layer' (one block, reused) or 'model' (one graph)
-    weights: str = "bf16"       # 'bf16' (the model's own dtype), 'fp8' (W8A8, scaled), 'int8' (weight-only)
-    head: int = 0               # keep this many output rows (0: all)
-    head_rank: str = ""         # JSON list of token ids, most frequent first (empty: ids 0..head-1)
-    kernels: str = "torch"      # fused Triton kernels (runtime.kernels): 'torch' (none), 'attn', 'gemv', 'all', 'auto'
-
-    CHOICES = {"scope": ("layer", "model"), "weights": ("bf16", "fp8", "int8"),
-               "kernels": ("torch", "attn", "gemv", "all", "auto")}
-
-    @classmethod
-    def parse(cls, spec: "str | FastOptions | None") -> "FastOptions":
-        """'scope=layer,weights=fp8,head=32768' -> FastOptions; '' -> the defaults."""
-        if isinstance(spec, FastOptions):
-            return spec
-        kw: dict = {}
-        names = {f.name: f.type for f in fields(cls)}
-        for part in filter(None, (spec or "").split(",")):
-            key, _, val = part.partition("=")
-            key, val = key.strip(), val.strip()
-            if key not in names or not val:
-                raise FastOptionsError(f"fast option {part!r}: use key=value with keys {sorted(names)}")
-            if key in cls.CHOICES and val not in cls.CHOICES[key]:
-                raise FastOptionsError(f"fast option {key}={val!r}: use one of {cls.CHOICES[key]}")
-            if key == "head":
-                if not val.isdigit():
-                    raise FastOptionsError(f"fast option head={val!r}: the number of output rows to keep (0: all)")
-                val = int(val)
-            kw[key] = val
-        return cls(**kw)
-
-    def spec(self) -> str:
-        """Every option, defaults included (what a results JSON records)."""
-        return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self) if f.name != "head_rank" or self.head_rank)
-
-    def __str__(self) -> str:
-        d = FastOptions()
-        return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self)
-                        if getattr(self, f.name) != getattr(d, f.name)) or "defaults"
 
 
 # ---------------------------------------------------------------- weights: bf16, fp8, int8

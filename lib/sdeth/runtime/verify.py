@@ -7,29 +7,9 @@ correction, or its bonus token when all k were accepted).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass(frozen=True)
-class Sampling:
-    temperature: float = 0.0    # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = 0              # 0 = off
-    draft_sampled: bool = False # False: greedy draft (q one-hot, vLLM's default); True: draft samples from q
-
-    def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature {self.temperature}: must be >= 0 (0 means greedy)")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p {self.top_p}: must be in (0, 1]")
-        if self.top_k < 0:
-            raise ValueError(f"top_k {self.top_k}: must be >= 0 (0 turns it off)")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+from .settings import Sampling  # noqa: F401  (the sampling settings: plain data)
 
 
 def probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:

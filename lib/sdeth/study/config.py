@@ -17,9 +17,7 @@ from pathlib import Path
 
 from ..costmodel import POLICIES
 from ..models import prompts as P
-from ..runtime import EngineConfig
-from ..runtime.fastmodel import FastOptions
-from ..runtime.verify import Sampling
+from ..runtime.settings import EngineConfig, FastOptions, Sampling
 
 MODES = ("target-only", "sd", "pipelined")
 ENGINES = ("sdeth", "vllm", "vllm-server")

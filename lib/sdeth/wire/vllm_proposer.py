@@ -117,7 +117,7 @@ class RemoteDraftProposer(ProposerLink):
         if self.policy is not None:
             self.policy.alpha_step = POLICY_ALPHA_STEP
         self.rules: dict[tuple, WaitRule] = {}        # policy mode: the rule chosen for each set of rounded costs
-        self.scoring: tuple | None = None              # ... (the costs being scored, the scoring: a rule a step)
+        self.scoring: tuple | None = None              # ... (the costs being scored, the scoring: in pieces)
         self.rule_now: WaitRule | None = None          # ... the rule of the last costs scored
         self.rule_due = 0                              # ... steps before the costs are taken again
         self.steplog = StepLog(os.environ.get(STEPS_LOG_ENV, ""))

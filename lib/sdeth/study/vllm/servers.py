@@ -82,7 +82,7 @@ def start_draft_server(pair: str, rows: int, log_path: Path, timeout_s: float = 
 def start_relay(port: int, to: str, log_path: Path, down_ms: float = 0.0, jitter_ms: float = 0.0,
                 seed: int = 0) -> subprocess.Popen:
     """The testbed's TCP relay on 127.0.0.1:port in front of `to` (tcp://HOST:PORT): each chunk from the draft
-    server held down_ms plus a uniform 0..jitter_ms (place.testbed.DelayProxy, LinkFaults.jitter_ms)."""
+    server held down_ms plus a uniform 0..jitter_ms (place.relay.DelayProxy, LinkFaults.jitter_ms)."""
     proc = spawn([sys.executable, "-m", "sdeth.place.testbed", "relay", "--listen", f"127.0.0.1:{port}", "--to",
                   to.removeprefix("tcp://"), "--down-ms", str(down_ms), "--jitter-ms", str(jitter_ms), "--seed",
                   str(seed)], log_path)
