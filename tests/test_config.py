@@ -104,3 +104,15 @@ def test_summary_cache_step_models_the_commonest_choice():
     assert terms.forks == 2 and terms.depth == 4 and terms.hit == pytest.approx(0.4)
     off, none = summary.cache_model([_req(cache="off")], cfg)
     assert none is None and "cache" not in off
+
+
+def test_the_run_configuration_and_the_command_lines_parser_import_no_torch():
+    """The reaper (a CronJob with a 512 MiB limit) and `--help` parse the command line, whose defaults are
+    RunConfig's: neither may pull in torch (221 MiB and 1.4 s when it did)."""
+    import subprocess
+    import sys
+    code = ("import sys; from sdeth.cli.parser import build_parser; build_parser(); import sdeth.study.config; "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", out.stdout[:500]
