@@ -159,7 +159,7 @@ def test_status_opens_with_the_verdict_then_the_table():
     md = status.markdown()
     assert md.startswith("*Verdict.*") and md.index("| target") < md.index("*Single-stream latency.*")
     v = status.verdict().plain()
-    assert "loopback" in v and "vLLM runs a proposer synchronously" in v and "not measured" in v
+    assert "loopback" in v and "vLLM calls its proposer once a step" in v and "not measured" in v
     assert "another baseline" in v and "not compared" in v
 
 

@@ -177,8 +177,9 @@ def _through_vllm(root: Path) -> Part | None:
     for c, a, b in figs:
         pieces += [f", at concurrency {c}: ", b, " against ", a]
     pieces.append(". Two CPU cores run vLLM and the draft server side by side, so this shows the path works and "
-                  "stays lossless, not what a GPU gains. vLLM runs a proposer synchronously, so the pipelined figure "
-                  "above cannot be had through vLLM today; 25_draft_server has every point, T = 0.8 and a slowed draft.")
+                  "stays lossless, not what a GPU gains. vLLM calls its proposer once a step: the stream and policy modes let "
+                  "the draft server draft while vLLM verifies, as the pipelined loop does, but no GPU has run them; "
+                  "25_draft_server has every point, T = 0.8 and a slowed draft.")
     return Part("Through vLLM", pieces)
 
 

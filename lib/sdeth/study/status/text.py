@@ -72,8 +72,8 @@ def verdict(root: Path = REPO) -> Verdict | None:
         pieces, claims = pieces + got, claims + cl
     pieces.append("Each pick is the most tokens/s per GPU (the draft GPU counted) among the options of the row's "
                   "baseline that meet the goal at the low end of their 95% interval; random weights, synthetic "
-                  "acceptance, TCP on loopback. vLLM runs a proposer synchronously, so a pipelined pick cannot be "
-                  "had through vLLM today. A cheaper draft card, a real network and real weights are not measured; "
+                  "acceptance, TCP on loopback. vLLM calls its proposer once a step; its stream and policy modes draft "
+                  "while vLLM verifies, as a pipelined pick does, measured on CPUs only. A cheaper draft card, a real network and real weights are not measured; "
                   "the bigger targets' remote options ran against emulated targets.")
     return Verdict("Verdict", pieces, claims)
 
