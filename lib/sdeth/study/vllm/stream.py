@@ -167,7 +167,7 @@ def measure(pair_name: str = "embedded", k: int = 3, prompts: str = "sharegpt:8"
     figures."""
     from ... import hardware
     from ...models.presets import load_pair
-    from ...wire import vllm_settings as VP
+    from ...wire import vllm_settings as VS
     from ..config import RunConfig, encode_prompts
     from .baseline import _job, engine_args
     from .servers import start_draft_server
@@ -197,8 +197,8 @@ def measure(pair_name: str = "embedded", k: int = 3, prompts: str = "sharegpt:8"
         try:
             for mode in MODES:
                 log = tmp / f"steps-{mode}.jsonl"
-                env = {**os.environ, **PIN, VP.ADDR_ENV: addr, VP.STEPS_LOG_ENV: str(log), VP.DEADLINE_ENV: "2000"}
-                job = {**base, "engine": {**engine, "speculative_config": VP.speculative_config(k, mode)}}
+                env = {**os.environ, **PIN, VS.ADDR_ENV: addr, VS.STEPS_LOG_ENV: str(log), VS.DEADLINE_ENV: "2000"}
+                job = {**base, "engine": {**engine, "speculative_config": VS.speculative_config(k, mode)}}
                 env[ENGINE_STEPS_ENV] = str(tmp / f"engine-{mode}.jsonl")
                 got = _engine_run(job, env, tmp, mode, timeout_s)
                 lines, times = _jsonl(log), [x["t"] for x in _jsonl(Path(env[ENGINE_STEPS_ENV]))]

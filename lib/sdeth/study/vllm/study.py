@@ -206,7 +206,7 @@ def deadline_bound(opts: StudyOptions, target_only: dict) -> float:
 def _run_config(opts, config, engine, prompts, eos, res, save, progress, logs: Path) -> None:
     """Start one configuration's servers, measure its points, stop them."""
     from ...place.testbed import free_port
-    from ...wire import vllm_settings as VP
+    from ...wire import vllm_settings as VS
     eng, env, procs, relay = dict(engine), dict(os.environ), [], None
     spec = eng.pop("speculative_config")
     try:
@@ -216,9 +216,9 @@ def _run_config(opts, config, engine, prompts, eos, res, save, progress, logs: P
             server, addr = start_draft_server(opts.pair, max(8, max(opts.concurrency)), logs / "draft-server.log")
             procs.append(server)
             relay = Relay(free_port(), addr, opts.slow_ms, opts.jitter_ms, logs)
-            env |= {VP.ADDR_ENV: f"tcp://127.0.0.1:{relay.port}", VP.DEADLINE_ENV: str(opts.deadline_ms),
-                    VP.STEPS_ENV: str(opts.deadline_steps)}
-            eng["speculative_config"] = VP.speculative_config(opts.k)
+            env |= {VS.ADDR_ENV: f"tcp://127.0.0.1:{relay.port}", VS.DEADLINE_ENV: str(opts.deadline_ms),
+                    VS.STEPS_ENV: str(opts.deadline_steps)}
+            eng["speculative_config"] = VS.speculative_config(opts.k)
         proc, ep, start_s = start_vllm(eng, env, logs / f"vllm-{config}.log")
         procs.append(proc)
         res["vllm"] = res["vllm"] or ep.version()
