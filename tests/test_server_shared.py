@@ -247,7 +247,7 @@ def _flood_unpaced(addr: str, rate: float, kind: str, go, sent) -> None:
     s.recv()
     msgs = ([W.encode(W.Ping(0.0))] if kind == "ping" else
             [W.encode(W.Open("f", 0, [1, 2, 3, 4])), W.encode(W.End("f"))])
-    n, t0 = 0, time.perf_counter()
+    n, n0, t0 = 0, 0, time.perf_counter()       # (go may already be set when this process gets here)
     while True:
         if not go.is_set():
             go.wait()
