@@ -65,6 +65,20 @@ def test_a_worker_gets_the_configuration_whole(tmp_path):
     assert main(["worker", "--role", "draft", "--bind", "tcp://127.0.0.1:1", "--config", "{no json"]) == 2
 
 
+def test_a_renamed_flag_keeps_working_one_release_and_names_the_new_one(capsys):
+    """--rows (cache rows) is --kv-rows now, on the draft server and on `bench step`: the old name sets the same
+    value and says the new name; the new name says nothing."""
+    from sdeth.cli.parser import build_parser
+    old = worker_parser().parse_args(["--role", "draft-server", "--bind", "tcp://127.0.0.1:1", "--rows", "6"])
+    assert old.kv_rows == 6 and "--rows is now --kv-rows" in capsys.readouterr().err
+    new = worker_parser().parse_args(["--role", "draft-server", "--bind", "tcp://127.0.0.1:1", "--kv-rows", "7"])
+    assert new.kv_rows == 7 and capsys.readouterr().err == ""
+    assert worker_parser().parse_args(["--role", "draft-server", "--bind", "tcp://127.0.0.1:1"]).kv_rows == 32
+    bench = build_parser().parse_args(["bench", "step", "--json", "x.json", "--rows", "8"])
+    assert bench.kv_rows == 8 and "--rows is now --kv-rows" in capsys.readouterr().err
+    assert build_parser().parse_args(["bench", "step", "--json", "x.json"]).kv_rows == 16
+
+
 def _req(**kw):
     r = {"output_ids": [1, 2, 3, 4, 5], "e2e_s": 1.0, "ttft_ms": 200.0, "tpot_ms": 200.0, "verify_s": 0.5,
          "wire_s": 0.1, "draft_s": 0.2, "draft_prefill_s": 0.05, "drafts": 2, "draft_tokens": 6,

@@ -258,7 +258,7 @@ def test_every_setting_travels_from_the_command_line_to_the_running_server():
     lim = dict(sequences_per_client=2, sequences=5, reserve=1, context=60, k=7, rows_per_message=9,
                tokens_per_row=5, batch=3, clients=11, clients_per_key=4, clients_per_peer=6, reply_bytes=1 << 20)
     assert set(lim) == {f.name for f in fields(ServerLimits)}
-    argv = ["--role", "draft-server", "--bind", "tcp://127.0.0.1:1", "--rows", "6", "--capacity", "80", "--ttl", "9",
+    argv = ["--role", "draft-server", "--bind", "tcp://127.0.0.1:1", "--kv-rows", "6", "--capacity", "80", "--ttl", "9",
             "--idle", "7", "--prefill-chunk", "12", "--prefill-budget", "24", "--compile", "none", "--fast", "", "--no-warm",
             "--messages-per-s", "321", "--per-pass", "3"]
     argv += [x for name, v in lim.items() for x in (f"--limit-{name.replace('_', '-')}", str(v))]

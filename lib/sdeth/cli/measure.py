@@ -50,7 +50,7 @@ def _bench(a) -> int:
         if bad:
             raise SystemExit(f"--kernels {a.kernels!r}: {bad} unknown; use a comma list of {kernelstep.KERNEL_LEVERS}")
         res = kernelstep.bench_kernels(tuple(a.models.split(",")), a.device, a.context,
-                                      tuple(int(c) for c in a.row_contexts.split(",") if c), a.rows, levers, a.compile,
+                                      tuple(int(c) for c in a.row_contexts.split(",") if c), a.kv_rows, levers, a.compile,
                                       a.budget_s, save=lambda r: save(r, a.json))
         print(kernelstep.kernel_table(res))
         print("wrote", save(res, a.json))

@@ -3,6 +3,7 @@ with their own parsers aside: cli.worker, study.bench.*, study.streambench, stud
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def _bool_switch(v: str) -> bool:
@@ -11,6 +12,24 @@ def _bool_switch(v: str) -> bool:
     if v.lower() in ("off", "false", "0", "no"):
         return False
     raise argparse.ArgumentTypeError(f"{v!r}: use on or off")
+
+
+class Renamed(argparse.Action):
+    """A flag's old name, kept for one release: it sets the new flag's value and says the new name on stderr."""
+
+    def __init__(self, option_strings, dest, new: str = "", **kw):
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kw)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{parser.prog}: {option_string} is now {self.new} (the old name goes in the next release)",
+              file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_renamed(ap, old: str, new: str, **kw) -> None:
+    """`old` as a kept name of the flag `new` (already added, same dest): type and nargs in kw as new's."""
+    ap.add_argument(old, dest=new.lstrip("-").replace("-", "_"), action=Renamed, new=new, **kw)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,8 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--budget-s", type=float, default=480, help="step: start no new lever after this long")
     b.add_argument("--levers", default=None, help="step: comma list of lever names (default: all of study.bench.step's LEVERS)")
     b.add_argument("--kernels", default="", help="step: measure the fused-kernel levers instead (FastOptions kernels=, "
-                   "comma list of torch,attn,gemv,all): batch 1 at --context and --rows rows at --row-contexts")
-    b.add_argument("--rows", type=int, default=16, help="step --kernels: independent rows of the batched step")
+                   "comma list of torch,attn,gemv,all): batch 1 at --context and --kv-rows rows at --row-contexts")
+    b.add_argument("--kv-rows", type=int, default=16, help="step --kernels: independent rows (cache rows) of the batched step")
+    add_renamed(b, "--rows", "--kv-rows", type=int)
     b.add_argument("--row-contexts", default="512,2048", help="step --kernels: contexts of the batched rows")
     ky = sub.add_parser("keys", help="make a CURVE key directory for the link (copy it to both nodes, or make it the "
                         "Secret of the ethernet-curve placement)")

@@ -38,9 +38,11 @@ def worker_parser() -> argparse.ArgumentParser:
 def draft_server_arguments(ap) -> None:
     """The draft-server role's flags: every field of wire.server_config.DraftServerConfig (its limits as --limit-*)."""
     from ..wire.server_config import DraftServerConfig, limit_fields
+    from .parser import add_renamed
     d = DraftServerConfig()          # every default is the config's
     g = ap.add_argument_group("draft-server role (wire.server_config.DraftServerConfig; docs/reliability.md)")
-    g.add_argument("--rows", type=int, default=d.rows, help="sequences drafted at once (cache rows; at most 128)")
+    g.add_argument("--kv-rows", type=int, default=d.rows, help="sequences drafted at once (cache rows; at most 128)")
+    add_renamed(g, "--rows", "--kv-rows", type=int)
     g.add_argument("--capacity", type=int, default=None, help="tokens per cache row (default: --config's capacity)")
     g.add_argument("--ttl", type=float, default=d.ttl_s, help="seconds of silence (no message, no work of its own in "
                    "flight) after which a client's sequences are freed")
@@ -73,7 +75,7 @@ def draft_server_config(a, cfg, spin_s: float):
     from ..wire.server_config import DraftServerConfig, ServerLimits, limit_fields
     limits = ServerLimits(**{n: getattr(a, f"limit_{n}") for n in limit_fields()})
     return DraftServerConfig(
-        rows=a.rows, capacity=a.capacity or cfg.capacity, ttl_s=a.ttl, idle_s=a.idle, prefill_chunk=a.prefill_chunk,
+        rows=a.kv_rows, capacity=a.capacity or cfg.capacity, ttl_s=a.ttl, idle_s=a.idle, prefill_chunk=a.prefill_chunk,
         prefill_budget=a.prefill_budget, compile_mode=a.compile, fast=cfg.draft_fast if a.fast is None else a.fast,
         warm=not a.no_warm, spin_s=spin_s, messages_per_s=a.messages_per_s, per_pass=a.per_pass,
         read_while_stepping=a.read_while_stepping,

@@ -63,7 +63,7 @@ def start_draft_server(pair: str, rows: int, log_path: Path, timeout_s: float = 
     from ...wire.transport import Client
     addr = addr or f"tcp://127.0.0.1:{free_port()}"
     proc = spawn([sys.executable, "-m", "sdeth", "worker", "--role", "draft-server", "--bind", addr, "--pair", pair,
-                  "--rows", str(rows), "--limit-reserve", "0", "--max-seconds", str(max_seconds)], log_path,
+                  "--kv-rows", str(rows), "--limit-reserve", "0", "--max-seconds", str(max_seconds)], log_path,
                  {**os.environ, "SDETH_THREADS": "1"})
     t_end = time.time() + timeout_s
     while time.time() < t_end and proc.poll() is None:
