@@ -125,7 +125,7 @@ def test_the_draft_servers_arguments_parse_and_cover_vllms_requests(objs):
     assert a.role == "draft-server" and cfg.pair == "qwen3-8b/1.7b" and a.device == "cuda"
     vllm = _vllm_args(objs)
     assert cfg.capacity >= int(vllm[vllm.index("--max-model-len") + 1])      # every context gets drafts
-    assert a.rows >= int(vllm[vllm.index("--max-num-seqs") + 1])             # ... and every running request
+    assert a.kv_rows >= int(vllm[vllm.index("--max-num-seqs") + 1])             # ... and every running request
     from sdeth.cli.worker import draft_server_config
     told = draft_server_config(a, cfg, 0.0).resolved("cuda").limits
     assert int(vllm[vllm.index("--max-num-seqs") + 1]) <= told.sequences_per_client     # one client: vLLM
