@@ -28,7 +28,7 @@ LAYERS = [
 ]
 # beyond the order: what a layer may not import even though it lies below
 FORBIDDEN = {
-    "leaves": {"sdeth."},                                   # leaves import nothing of sdeth
+    "leaves": {"sdeth."},                                   # leaves import nothing of sdeth (but their own rooms)
     "place": {"sdeth.models", "sdeth.runtime", "sdeth.wire", "torch", "transformers"},
 }
 NO_TORCH = {"sdeth.wire.protocol"}                            # plain data on the wire
@@ -79,6 +79,11 @@ def graph(root: Path = ROOT) -> dict[str, set[str]]:
     return {module_name(p, root): imports_of(p, root) for p in sorted(root.rglob("*.py"))}
 
 
+def leaf_of(mod: str) -> str:
+    """The leaf a module belongs to: a leaf may be a package of rooms (sdeth.costmodel.rules is sdeth.costmodel's)."""
+    return max((p for p in LAYERS[0][1] if mod == p or mod.startswith(p + ".")), key=len)
+
+
 def violations(g: dict[str, set[str]]) -> list[str]:
     bad = []
     for mod, deps in g.items():
@@ -88,7 +93,8 @@ def violations(g: dict[str, set[str]]) -> list[str]:
             if d.split(".")[0] == "sdeth" and d != mod:
                 if layer_of(d) > mine:
                     bad.append(f"{mod} ({name}) imports {d} ({LAYERS[layer_of(d)][0]}): upward")
-                if name == "leaves" and mod != "sdeth" and d.startswith("sdeth."):
+                if name == "leaves" and mod != "sdeth" and d.startswith("sdeth.") and \
+                        not (d == leaf_of(mod) or d.startswith(leaf_of(mod) + ".")):
                     bad.append(f"{mod} is a leaf but imports {d}")
             for f in FORBIDDEN.get(name, ()):
                 if name != "leaves" and (d == f or d.startswith(f + ".") or (f.endswith(".") and d.startswith(f))):
@@ -217,6 +223,19 @@ def test_the_check_catches_an_upward_import_and_a_cycle(tmp_path):
     g = graph(root)
     assert any("sdeth.runtime.engine (runtime) imports sdeth.study" in v for v in violations(g))
     assert cycles(g) and set(cycles(g)[0]) == {"sdeth.models.a", "sdeth.models.b"}
+
+
+def test_a_leaf_imports_its_own_rooms_and_no_other_leaf(tmp_path):
+    """The check itself: a leaf package's rooms may import each other; a leaf importing another leaf is caught."""
+    root = tmp_path / "sdeth"
+    (root / "costmodel").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "paths.py").write_text("")
+    (root / "metrics.py").write_text("from . import paths\n")
+    (root / "costmodel" / "__init__.py").write_text("from .rules import x\n")
+    (root / "costmodel" / "rounds.py").write_text("")
+    (root / "costmodel" / "rules.py").write_text("from .rounds import y\n")
+    assert violations(graph(root)) == ["sdeth.metrics is a leaf but imports sdeth.paths"]
 
 
 @pytest.mark.parametrize("mod", ["sdeth.place.testbed", "sdeth.place.cluster", "sdeth.place.netprobe"])

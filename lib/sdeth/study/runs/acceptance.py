@@ -1,89 +1,17 @@
-"""Per-token acceptance (alpha) of a draft against a target, measured by teacher forcing.
-
-SD's per-token acceptance at a position depends only on the two models' next-token distributions there
-(Leviathan et al. 2023): with target distribution p and draft distribution q (after temperature/top-p),
-    greedy target, greedy draft:    alpha = 1[argmax q == argmax p]
-    sampled target, greedy draft:   alpha = p(argmax q)            (vLLM's draft_model default)
-    sampled target, sampled draft:  alpha = sum_x min(p(x), q(x))  (= 1 - total variation)
-So alpha can be measured without running SD: one forward of each model over the target's own
-continuations (generated at the same temperature) gives every position at once. tests and 15_acceptance
-check it against alpha measured in real SD runs (ours and vLLM's).
+"""The acceptance study (15_acceptance): what moves alpha, factor by factor against a baseline (factor_table), and
+M1's answer from it (m1_answer, recommend_k). alpha is measured by teacher forcing (forcing); the traces, the
+lightened drafts and the recorded chains have rooms of their own (traces, draftvariants, chains), re-exported here.
 """
 from __future__ import annotations
 
-import math
-import statistics
-from dataclasses import dataclass
-
 import torch
 
-from ...runtime.verify import Sampling, probs
-
-
-@dataclass
-class ForcedSequence:
-    """A prompt and the target's own continuation of it, for teacher forcing both models over."""
-    prompt_id: str
-    target_prompt: list[int]       # what the target sees before the continuation
-    continuation: list[int]        # the target's own tokens
-    draft_prompt: list[int] | None = None   # what the draft sees (None: the same prompt)
-
-
-@torch.no_grad()
-def _next_token_logits(model, prompt: list[int], cont: list[int]) -> torch.Tensor:
-    """Logits for each continuation position: [len(cont), V] (row i predicts cont[i])."""
-    dev = next(model.parameters()).device
-    ids = torch.tensor([prompt + cont[:-1]], device=dev)
-    logits = model(input_ids=ids).logits[0].float()
-    return logits[len(prompt) - 1:]
-
-
-def per_position_alpha(p_logits: torch.Tensor, q_logits: torch.Tensor, s: Sampling) -> torch.Tensor:
-    """alpha at each position (see the module docstring), [n]."""
-    v = min(p_logits.shape[-1], q_logits.shape[-1])     # padded embedding tables: the shared ids only
-    p_logits, q_logits = p_logits[..., :v], q_logits[..., :v]
-    if s.greedy:
-        return (p_logits.argmax(-1) == q_logits.argmax(-1)).float()
-    p = probs(p_logits, s)
-    if not s.draft_sampled:
-        return p.gather(-1, q_logits.argmax(-1, keepdim=True)).squeeze(-1)
-    return torch.minimum(p, probs(q_logits, s)).sum(-1)
-
-
-def sequence_se(per_seq: list[float]) -> float:
-    """Standard error of a mean over positions, from the spread of per-sequence means (positions within a
-    sequence are not independent)."""
-    return statistics.stdev(per_seq) / math.sqrt(len(per_seq)) if len(per_seq) > 1 else float("nan")
-
-
-def expected_alpha(target, draft, seqs: list[ForcedSequence], s: Sampling) -> dict:
-    """Mean per-token alpha over all continuation positions, with a standard error from the spread of
-    per-sequence means (positions within a sequence are not independent)."""
-    per_seq, all_pos = [], []
-    for q in seqs:
-        p_l = _next_token_logits(target, q.target_prompt, q.continuation)
-        q_l = _next_token_logits(draft, q.draft_prompt or q.target_prompt, q.continuation)
-        a = per_position_alpha(p_l, q_l, s)
-        per_seq.append(a.mean().item())
-        all_pos.append(a)
-    pos = torch.cat(all_pos)
-    se = sequence_se(per_seq)
-    return {"alpha": pos.mean().item(), "se": se, "positions": pos.numel(), "sequences": len(seqs)}
-
-
-def continuations(target, prompts: list[tuple[str, list[int]]], max_new: int, s: Sampling, eos: int | None,
-                  seed: int = 0) -> list[ForcedSequence]:
-    """The target's own continuations of each prompt, at the run's sampling settings."""
-    from ...runtime.engine import Engine
-    from ...runtime.loop import generate_target_only
-    eng = Engine(target, "target")
-    gen = torch.Generator(device=eng.device).manual_seed(seed)
-    out = []
-    for pid, ids in prompts:
-        r = generate_target_only(eng, ids, max_new, s, eos, gen, pid)
-        if len(r.output_ids) >= 2:
-            out.append(ForcedSequence(pid, ids, r.output_ids))
-    return out
+from ...runtime.verify import Sampling
+from .chains import chains_for, record_chains  # noqa: F401
+from .draftvariants import draft_variants, fast_draft_agreement, token_ranking  # noqa: F401
+from .forcing import (ForcedSequence, continuations, expected_alpha, per_position_alpha,  # noqa: F401
+                      sequence_se)
+from .traces import TRACE_TOP, record_trace, trace_events  # noqa: F401
 
 
 def fake_quantize_int8(model) -> None:
@@ -231,120 +159,6 @@ def factor_table(pair, prompt_spec: str, max_new: int, k: int = 5, thinking_mode
     return study.rows
 
 
-# ------------------------------------------------------------------------------------ acceptance traces
-TRACE_TOP = 8          # ranks 0..7 of the target's token in the draft's order; 8 = not in its top 8
-
-
-@torch.no_grad()
-def trace_events(target, draft, seqs: list[ForcedSequence], top: int = TRACE_TOP) -> list[dict]:
-    """Per position of each target continuation (teacher forcing, greedy): the rank of the target's token
-    in the draft's order (0: the draft's argmax, i.e. greedy SD accepts it; `top`: outside its top-`top`)
-    and the draft's probability of that token and of its own first choice, in per mille. Greedy SD's
-    acceptance at a position depends only on these (the draft drafts in the target's accepted context)."""
-    out = []
-    for q in seqs:
-        cont = torch.tensor(q.continuation)
-        p_l = _next_token_logits(target, q.target_prompt, q.continuation)
-        q_l = _next_token_logits(draft, q.draft_prompt or q.target_prompt, q.continuation)
-        v = min(p_l.shape[-1], q_l.shape[-1])
-        tgt = p_l[..., :v].argmax(-1)                      # the target's greedy token = the continuation
-        assert torch.equal(tgt, cont.to(tgt.device)), "continuations must be the target's greedy tokens"
-        ql = q_l[..., :v]
-        above = (ql > ql.gather(-1, tgt[:, None])).sum(-1).clamp(max=top)
-        qp = torch.softmax(ql.float(), -1)
-        out.append({"prompt_id": q.prompt_id,
-                    "rank": "".join(str(int(r)) for r in above),
-                    "q_token_pm": [round(float(x) * 1000) for x in qp.gather(-1, tgt[:, None]).squeeze(-1)],
-                    "q_top1_pm": [round(float(x) * 1000) for x in qp.max(-1).values]})
-    return out
-
-
-def record_trace(pair, prompt_spec: str = "sharegpt:64", max_new: int = 128, progress=None) -> dict:
-    """An acceptance trace of a real pair (greedy, chat template) on held-out prompts: what
-    runtime.synthetic.AcceptanceTrace replays on other model shapes (trace-driven timing)."""
-    import time
-    from ... import hardware
-    from ...models import prompts as P
-    tok = pair.tokenizer
-    ids = [(p.id, P.encode(p, tok, chat=True)) for p in P.load(prompt_spec)]
-    seqs = continuations(pair.target, ids, max_new, Sampling(), tok.eos_token_id)
-    if progress:
-        progress(f"{len(seqs)} continuations")
-    events = trace_events(pair.target, pair.draft, seqs)
-    ranks = "".join(e["rank"] for e in events)
-    return {"schema": "sdeth.trace/1", "pair": pair.config.name, "target": pair.config.target,
-            "draft": pair.config.draft, "prompts": prompt_spec, "max_new": max_new, "sampling": "greedy",
-            "top": TRACE_TOP, "alpha": ranks.count("0") / len(ranks), "positions": len(ranks),
-            "hardware": hardware.describe("cpu"), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "sequences": events}
-
-
-# ------------------------------------------------------------------------ a lightened draft's alpha
-def token_ranking(pair, prompt_spec: str = "sharegpt-train:512:0", max_new: int = 64, batch: int = 32) -> dict:
-    """The target's output tokens ranked by how often its own greedy completions of training-split prompts
-    use them (ties and unseen ids by id): what a pruned draft output layer keeps (FastOptions.head_rank)."""
-    from collections import Counter
-    from ...models.distill import build_seqs
-    seqs = build_seqs(pair.target, pair.tokenizer, prompt_spec, max_new, batch, "cpu")
-    counts = Counter(t for ids, n in seqs for t in ids[n:])
-    vocab = pair.vocab_size
-    ranked = sorted(range(vocab), key=lambda t: (-counts.get(t, 0), t))
-    seen = sum(1 for t in range(vocab) if counts.get(t))
-    return {"schema": "sdeth.token_rank/1", "target": pair.config.target, "prompts": prompt_spec, "max_new": max_new,
-            "tokens_counted": sum(counts.values()), "distinct_seen": seen, "ranked_ids": ranked}
-
-
-@torch.no_grad()
-def fast_draft_agreement(draft, seqs, fast: str = "", dtype=None) -> dict:
-    """Greedy agreement (teacher forcing) of the draft as the fast decoder runs it with `fast` levers
-    (runtime.fastmodel.FastOptions) and in `dtype`, on (ids, prompt length) sequences whose continuations
-    are the target's greedy tokens: P(draft argmax == the target's token)."""
-    import copy
-    from ...runtime.engine import Engine
-    model = draft if dtype is None else copy.deepcopy(draft).to(dtype)
-    eng = Engine(model, "draft", impl="fast", fast=fast or None)
-    hits = n = 0
-    per_seq = []
-    for ids, plen in seqs:
-        eng.start(len(ids))
-        logits = eng.forward(ids[:-1])[plen - 1:]
-        h = (logits.argmax(-1).cpu() == torch.tensor(ids[plen:])).float()
-        hits, n = hits + h.sum().item(), n + h.numel()
-        per_seq.append(h.mean().item())
-    se = sequence_se(per_seq)
-    return {"greedy_agreement": round(hits / n, 4), "se": round(se, 4), "positions": n}
-
-
-def draft_variants(pair, rank_file: str, prompt_spec: str = "sharegpt:256:1000", max_new: int = 64,
-                   heads=(4096, 8192, 16384), progress=print) -> dict:
-    """The embedded draft's greedy agreement on the card's held-out prompts as loaded (fp32), in bf16
-    and fp16, with int8 (weight-only) and fp8 (W8A8) weights as the fast decoder computes them (on a CPU
-    the fp8 products are emulated in fp32: the same rounding of weights and activations), and with its
-    output layer pruned to the `heads` most frequent target tokens. A draft's numerics change alpha,
-    never the output (the target verifies)."""
-    import time
-    from ... import hardware
-    from ...models.distill import build_seqs
-    seqs = build_seqs(pair.target, pair.tokenizer, prompt_spec, max_new, 32, "cpu")
-    variants = [("fp32 (as loaded)", "", None), ("bf16", "", torch.bfloat16), ("fp16", "", torch.float16),
-                ("int8 weights (weight-only, per row)", "weights=int8", None),
-                ("fp8 e4m3 weights and activations (per row / per token)", "weights=fp8", None)]
-    variants += [(f"output layer pruned to {h} ids", f"head={h},head_rank={rank_file}", None) for h in heads]
-    rows = []
-    for label, fast, dtype in variants:
-        r = {"variant": label, "fast": fast.split(",head_rank")[0] or "defaults", "dtype": str(dtype or "float32"),
-             **fast_draft_agreement(pair.draft, seqs, fast, dtype)}
-        rows.append(r)
-        if progress:
-            progress(f"{label:58s} {r['greedy_agreement']:.4f} +- {r['se']:.4f}")
-    base = rows[0]["greedy_agreement"]
-    for r in rows:
-        r["cost"] = round(base - r["greedy_agreement"], 4)
-    return {"schema": "sdeth.draft_variants/1", "pair": pair.config.name, "prompts": prompt_spec, "max_new": max_new,
-            "acceptance": "real: the embedded pair's own models, greedy, teacher forcing", "rank_file": rank_file,
-            "hardware": hardware.describe("cpu"), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rows": rows}
-
-
 # ------------------------------------------------------------------------------ the M1 answer (15_acceptance)
 def factor_alpha(rows: list[dict], factor: str, contains: str) -> float | None:
     """alpha of the factor-table row of `factor` whose setting contains `contains` (None: no such row)."""
@@ -393,45 +207,3 @@ def m1_answer(rows: list[dict], pair_name: str, hw_label: str, draft_layers: int
 - So: report alpha (or mean acceptance length) rather than the rate, pick k by the cost model rather than {k},
   serve both models from one template and one thinking setting, and for more acceptance distil the draft on the
   target's own outputs (as the embedded draft was)."""
-
-
-# ------------------------------------------------------------------ recorded draft chains (emulated drafts)
-@torch.no_grad()
-def chains_for(target, draft, prompts: list[tuple[str, list[int]]], max_new: int, depth: int = 17,
-               eos: int | None = None) -> dict:
-    """For each prompt: the target's greedy output t (max_new tokens) and, from every prefix t[:p], the
-    draft's own greedy continuation of `depth` tokens: what runtime.emulated.EmulatedEngine replays."""
-    from ...runtime.engine import Engine
-    from ...runtime.loop import generate_target_only
-    from ...runtime.synthetic import prompt_key
-    t_eng, d_eng = Engine(target, "target"), Engine(draft, "draft")
-    seqs = []
-    for pid, ids in prompts:
-        t = generate_target_only(t_eng, ids, max_new, Sampling(), eos, prompt_id=pid).output_ids
-        d_eng.start(len(ids) + len(t) + depth + 2)
-        logits = d_eng.forward(ids)[-1]
-        chains = []
-        for p in range(len(t) + 1):
-            base, lg, chain = d_eng.pos, logits, []
-            for j in range(depth):
-                chain.append(int(lg.argmax()))
-                if j < depth - 1:
-                    lg = d_eng.forward([chain[-1]])[-1]
-            chains.append(chain)
-            d_eng.rollback(base)
-            if p < len(t):
-                logits = d_eng.forward([t[p]])[-1]
-        seqs.append({"prompt_id": pid, "key": str(prompt_key(ids)), "target": t, "chains": chains})
-    return {"schema": "sdeth.chains/1", "depth": depth, "max_new": max_new, "sequences": seqs}
-
-
-def record_chains(pair, prompt_spec: str, max_new: int, depth: int = 17, chat: bool = True) -> dict:
-    """chains_for on a pair's prompts (as RunConfig encodes them), with what it ran on."""
-    import time
-    from ... import hardware
-    from ...models import prompts as P
-    tok = pair.tokenizer
-    ids = [(p.id, P.encode(p, tok, chat=chat)) for p in P.load(prompt_spec)]
-    doc = chains_for(pair.target, pair.draft, ids, max_new, depth, tok.eos_token_id)
-    return {**doc, "pair": pair.config.name, "prompts": prompt_spec, "hardware": hardware.describe("cpu"),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

@@ -1,81 +1,15 @@
-"""What SD should deliver, from alpha, k and component costs (Leviathan et al. 2023, section 3.5).
-
-One synchronous round drafts k tokens, verifies k+1 positions on the target, and crosses the link
-once each way (rtt). With per-token acceptance alpha it yields on average
-    E(alpha, k) = 1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha)   tokens
-and costs
-    T(k) = k * draft_step + verify(k + 1) + rtt + overhead                      seconds.
-tokens/s = E / T; target-only decodes 1 / target_step. Speedup = E / T * target_step.
-"""
+"""The policies that choose each round's drafts (adaptive k; the pipelined step's named settings, the step policy
+among them) and the event model that plays them (simulate_pipelined). One room: the adaptive policy asks the event
+model whether to run the outcome cache, and the event model plays the policies."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
-from functools import lru_cache
-from typing import NamedTuple
+from dataclasses import replace
 
-
-def expected_tokens(alpha: float, k: int) -> float:
-    """E[tokens per round] = sum_{i=0..k} alpha^i (accepted drafts + the target's own token)."""
-    if alpha >= 1:
-        return k + 1.0
-    return (1 - alpha ** (k + 1)) / (1 - alpha)
-
-
-@dataclass
-class Costs:
-    """Seconds. verify_s[m] is the target's cost for m tokens in one forward (m = k+1); a missing m
-    is interpolated linearly from the measured ones (and target_step at m = 1)."""
-    target_step: float
-    draft_step: float
-    verify_s: dict[int, float] = field(default_factory=dict)
-    rtt: float = 0.0
-    overhead: float = 0.0       # per round: acceptance, bookkeeping, draft catch-up
-    # pipelined only (simulate_pipelined): what the draft's host and the link add to what the policy sees
-    draft_period: float = 0.0   # wall seconds between the draft's steps (device step + its host's work); 0: draft_step
-    link_rtt: float | None = None   # the link's own round trip (two transits); None: rtt
-
-    def verify(self, m: int) -> float:
-        pts = sorted({1: self.target_step, **{int(k): v for k, v in self.verify_s.items()}}.items())
-        if m in dict(pts):
-            return dict(pts)[m]
-        lo = max((p for p in pts if p[0] < m), default=pts[0])
-        hi = min((p for p in pts if p[0] > m), default=None)
-        if hi is None:  # extrapolate from the last two points
-            (m0, v0), (m1, v1) = (pts[-2], pts[-1]) if len(pts) > 1 else ((0, 0.0), pts[-1])
-            return v1 + (v1 - v0) / (m1 - m0) * (m - m1)
-        return lo[1] + (hi[1] - lo[1]) * (m - lo[0]) / (hi[0] - lo[0])
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def round_time(c: Costs, k: int) -> float:
-    return k * c.draft_step + c.verify(k + 1) + c.rtt + c.overhead
-
-
-def sd_tokens_per_s(alpha: float, k: int, c: Costs) -> float:
-    return expected_tokens(alpha, k) / round_time(c, k)
-
-
-def speedup(alpha: float, k: int, c: Costs) -> float:
-    """SD tokens/s over target-only tokens/s (decode phase)."""
-    return sd_tokens_per_s(alpha, k, c) * c.target_step
-
-
-def best_k(alpha: float, c: Costs, k_max: int = 16) -> tuple[int, float]:
-    """The k in 1..k_max with the highest predicted tokens/s, and that speedup."""
-    k = max(range(1, k_max + 1), key=lambda k: sd_tokens_per_s(alpha, k, c))
-    return k, speedup(alpha, k, c)
-
-
-def predicted_run_tokens_per_s(n_tokens: list[int], ttft_s: float, alpha: float, k: int, c: Costs) -> float:
-    """tokens/s for a run of sequential requests: each pays its TTFT (which yields the first token),
-    then (n - 1) tokens at E tokens per round of T seconds."""
-    per_round = round_time(c, k)
-    e = expected_tokens(alpha, k)
-    total_time = sum(ttft_s + max(n - 1, 0) / e * per_round for n in n_tokens)
-    return sum(n_tokens) / total_time if total_time else 0.0
+from .cacheterms import CacheTerms
+from .modeldraft import _ModelDraft
+from .rounds import Costs, best_k, expected_tokens
+from .rules import OVERDUE, RULE_EVERY, WaitRule, _q, best_rule
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,100 +193,6 @@ class SyncPolicy(AdaptivePolicy):
 # ---------------------------------------------------------------------------------------------
 # The step policy: how many drafts to verify and how long to wait for them, for long-run tokens/s.
 
-CYCLE_ROUNDS = 160     # rounds of one restart cycle the renewal evaluation follows (the rest: survival < 1e-5)
-PHASES = (0.25, 0.75)  # where in its step the draft is when a Commit restarts it (restart latency: link + (1+u) steps)
-OVERDUE = 3.0          # a restart's drafts this many times later than due: the draft is stalled; step alone
-CORNER_MARGIN = 0.01   # a rule between the corners (sync, offered) is played only where the model puts it this much
-                       # above the better corner: the model's own error is about that (against the event model)
-RULE_EVERY = 32        # steps between two choices of the rule (the estimates move; a choice costs ~5 ms uncached)
-
-
-class WaitRule(NamedTuple):
-    """A target step's rule: verify min(cap, max(on offer, w)) drafts, waiting for them; w is `empty` when
-    nothing is on offer and `some` otherwise. offered is (0, 0, k), sync (k, k, k)."""
-    empty: int
-    some: int
-    cap: int
-
-    def m(self, available: int, m_max: int) -> int:
-        return min(self.cap, m_max, max(available, self.some if available else self.empty))
-
-
-def _cycle(alpha: float, tv: tuple, d: float, link: float, u: float, rule: WaitRule) -> tuple[float, float]:
-    """(E[tokens], E[seconds]) of one restart cycle under `rule` (renewal-reward: every cycle starts alike,
-    at the Commit that restarts the draft). The draft's new run arrives one token a period from link + (1+u)
-    periods on; a round of m drafts waits for the m-th, verifies (tv[m]: that forward plus the round's overhead),
-    and the cycle goes on while every draft is accepted and the target's own token is the draft's next one
-    (probability alpha once drafted; a position the draft had not reached is taken as given and the run goes on
-    one step behind). Deterministic along the way: the only branch is 'accepted, go on' or 'restart'. (WaitRule.m,
-    alpha ** m and expected_tokens are taken out of the loop: a vLLM proposer scores rules between its steps.)"""
-    t, o, base, alive, tokens, secs = 0.0, 0, link + (1 + u) * d, 1.0, 0.0, 0.0
-    k = len(tv) - 1
-    cap, empty, some = min(rule.cap, k), rule.empty, rule.some
-    gain = [expected_tokens(alpha, m) for m in range(k + 1)]
-    p_all = [alpha ** m for m in range(k + 1)]
-    for _ in range(CYCLE_ROUNDS):
-        avail = max(int((t - base) // d) + 1 - o, 0) if t >= base else 0
-        m = min(cap, max(avail, some if avail else empty))
-        end = max(t, base + (o + m - 1) * d) + tv[m] if m > avail else t + tv[m]
-        tokens += alive * gain[m]
-        secs += alive * (end - t)
-        if base + (o + m) * d <= end + link:      # the draft's token at the target's own position: compared
-            alive *= p_all[m] * alpha
-        else:                                     # not drafted yet: taken as given, the run one step behind
-            alive *= p_all[m]
-            base = max(base - d, end + link + d - (o + m + 1) * d)
-        o, t = o + m + 1, end
-        if alive < 1e-5:
-            break
-    return tokens, secs
-
-
-def rule_rate(alpha: float, tv: tuple, d: float, link: float, rule: WaitRule) -> float:
-    """Long-run tokens/s of a rule: E[tokens per cycle] / E[seconds per cycle], over the restart's phases."""
-    return _rate([_cycle(min(alpha, 0.999), tv, d, link, u, rule) for u in PHASES])
-
-
-def _rate(runs: list[tuple[float, float]]) -> float:
-    return sum(r[0] for r in runs) / sum(r[1] for r in runs)
-
-
-@lru_cache(maxsize=4096)
-def best_rule(alpha: float, tv: tuple, d: float, link: float) -> tuple[WaitRule, float]:
-    """The rule with the highest long-run tokens/s for these costs (tv[m]: a round of m drafts, m = 0..k), and
-    that rate. Every rule with w <= cap <= k is scored (about 5 ms for k = 8, 0.3 to 10 ms for k = 3); one between
-    the corners only where it beats the better corner by CORNER_MARGIN. Cached per (rounded) cost tuple."""
-    for out in best_rule_steps(alpha, tv, d, link):
-        pass
-    return out
-
-
-def best_rule_steps(alpha: float, tv: tuple, d: float, link: float):
-    """best_rule a piece at a time, for a caller that cannot spend the whole scoring at once: a generator that
-    yields None after each restart cycle it plays (one phase of one rule: 62 pieces for k = 3) and, last,
-    best_rule's (rule, rate)."""
-    k, a = len(tv) - 1, min(alpha, 0.999)
-    rules = [WaitRule(0, 0, k), WaitRule(k, k, k)]
-    rules += [WaitRule(e, s, cap) for cap in range(1, k + 1) for e in range(cap + 1) for s in range(cap + 1)]
-    rates = []
-    for r in rules:
-        runs = []
-        for u in PHASES:
-            runs.append(_cycle(a, tv, d, link, u, r))
-            yield None
-        rates.append((r, _rate(runs)))
-    corner = max(rates[:2], key=lambda x: x[1])
-    best = max(rates[2:], key=lambda x: x[1])
-    yield best if best[1] > corner[1] * (1 + CORNER_MARGIN) else corner
-
-
-def _q(x: float, rel: float = 0.02) -> float:
-    """x rounded to about rel (so that costs measured a hair apart share a cached table)."""
-    if x <= 0:
-        return 0.0
-    return round(math.exp(round(math.log(x) / rel) * rel), 9)
-
-
 class StepPolicy(AdaptivePolicy):
     """The step policy ("policy", the default of every remote mode): each target step chooses how many drafts to
     verify and how long to wait for them, maximising long-run tokens/s from what it measures: alpha, t_v(m), the
@@ -432,76 +272,6 @@ def setting_of(est: AdaptivePolicy) -> str:
     return next((name for name, cls in POLICIES.items() if type(est) is cls), type(est).__name__)
 
 
-class DraftStep(NamedTuple):
-    """One token of the modelled draft's current run."""
-    pos: int            # the position it drafts
-    end: float          # when its step ends (seconds, on the target's clock)
-    match: bool         # it equals the target's choice (probability alpha)
-
-
-class CacheTerms(NamedTuple):
-    """The outcome cache as the event model sees it (cache_terms makes it from a cache spec)."""
-    forks: int          # branches open at the first `forks` positions past the last commit
-    depth: int          # tokens a branch drafts from its fork's step on
-    hit: float          # P(a rejection's correction is among the branched alternatives)
-    row_cost: float     # a step's cost with the branch rows over a plain step's
-
-
-class _ModelDraft:
-    """The draft side of simulate_pipelined: it steps every `period` seconds from the start of its current
-    run; a Commit reaches it `one_way` seconds after the target sends it."""
-
-    def __init__(self, alpha: float, period: float, one_way: float, cache: CacheTerms, rng) -> None:
-        self.alpha, self.period, self.one_way, self.cache, self.rng = alpha, period, one_way, cache, rng
-        self.run: list[DraftStep] = []
-        self.next_pos, self.last_end = 1, one_way   # the first Commit (position 0) reaches the draft at one_way
-        self.acked = 1                  # positions < acked were committed when the last Commit arrived
-        self.restarts = self.hits = 0
-        self.t_restart = 0.0            # when the target sent the Commit that last restarted the run
-        self.t_first = 2 * one_way + period   # when the current run's first token reaches the target
-
-    def produce_until(self, when: float, upto_pos: int = -1) -> None:
-        """Every step that ends by `when`, and at least up to position upto_pos."""
-        while self.last_end <= when or self.next_pos <= upto_pos:
-            self.last_end += self.period
-            self.run.append(DraftStep(self.next_pos, self.last_end, self.rng.random() < self.alpha))
-            self.next_pos += 1
-
-    def commit(self, p: int, sent: float) -> None:
-        """The target committed positions up to p (its own token at p) and sent the Commit at `sent`."""
-        d, arrive = self.period, sent + self.one_way
-        self.produce_until(arrive - d)                 # every step that ended before the Commit arrives
-        mine = next((x for x in self.run if x.pos == p), None)
-        if mine is None and self.next_pos <= p:
-            self.next_pos = p + 1                       # not drafted yet: take the target's token
-            self.last_end = max(self.last_end, arrive)
-        elif mine is not None and not mine.match:
-            self.restarts += 1
-            self.run.clear()                            # mismatch: a new run from p + 1, behind the step in flight
-            busy = self.last_end + d if self.last_end > arrive - d else self.last_end
-            c = self.cache
-            if c.hit and p < self.acked + c.forks and self.rng.random() < c.hit:
-                self.hits += 1                          # the branch at p: drafted from its fork's step on
-                self.run.extend(DraftStep(p + j, mine.end + j * d, self.rng.random() < self.alpha)
-                                for j in range(1, c.depth + 1))
-                self.next_pos, self.last_end = p + c.depth + 1, max(mine.end + c.depth * d, busy, arrive)
-                self.t_first = mine.end + d + self.one_way
-            else:
-                self.next_pos, self.last_end = p + 1, max(busy, arrive)
-                self.t_restart, self.t_first = sent, self.last_end + d + self.one_way
-
-    def arrived(self, out: int, t: float) -> tuple[list[DraftStep], int, bool]:
-        """The run from position `out` on; how many of its first tokens are at the target by t, in order;
-        whether none of the run has arrived yet (a fresh run)."""
-        run = [x for x in self.run if x.pos >= out]
-        avail = 0
-        while avail < len(run) and run[avail].pos == out + avail and run[avail].end + self.one_way <= t:
-            avail += 1
-        return run, avail, not any(x.end + self.one_way <= t for x in self.run)
-
-
-
-
 def _policy(alpha: float, c: Costs, k_max: int, adaptive: bool | str, period: float | None) -> "AdaptivePolicy":
     """The runtime's policy fed what it sees: alpha (as if long measured), the draft's step (`period` when
     the cache's rows weigh on it), the round trip as the target lives it (c.rtt), the verify costs."""
@@ -566,36 +336,6 @@ def simulate_pipelined(alpha: float, c: Costs, k_max: int, n_tokens: int = 20000
     return {"tokens_per_s": out / t, "verified_per_round": verified / rounds, "tokens_per_round": out / rounds,
             "plain_step_share": plain / rounds, "target_idle_share": idle / t, "restarts": draft.restarts,
             "cache_hit_rate": draft.hits / draft.restarts if draft.restarts else None}
-
-
-def cache_terms(fanout: int, depth: int, ranks: int, rank_shares: list[float], row_costs: dict) -> CacheTerms:
-    """simulate_pipelined's cache terms for an outcome cache of fanout branches, depth deep, on the first
-    `ranks` alternatives: forks covered (fanout // ranks), the hit probability (the share of rejections whose
-    correction is the draft's 2nd..(ranks+1)th choice: rank_shares[r] = P(rank r | rejection)), and the
-    step's cost with fanout + 1 rows over one row (row_costs: rows -> ratio; missing: the nearest below)."""
-    rows = fanout + 1
-    known = sorted(r for r in row_costs if r <= rows) or [1]
-    return CacheTerms(max(fanout // ranks, 1), depth, sum(rank_shares[1:ranks + 1]), row_costs.get(known[-1], 1.0))
-
-
-def verdict_terms(alpha: float, fanout: int, depth: int, budget: int, rank_shares: list[float], row_cost: float = 1.0,
-                  window: int = 8) -> CacheTerms:
-    """simulate_pipelined's cache terms for the draft server's verdict cache (runtime.verdictcache): round(fanout *
-    alpha^i) branches (at least one at the first) on the draft's next choices at the i-th unverified position,
-    `budget` in all. forks: the positions covered; hit: P(a rejection at one of them finds its branch), each
-    position weighted by where first rejections fall (alpha^i) and covered by its fan-out's share of correction
-    ranks (rank_shares[r] = P(the correction is the draft's rank-r choice | a rejection), r >= 1)."""
-    fs, left = [], budget
-    for i in range(window):
-        f = min(max(round(fanout * alpha ** i), 1 if i == 0 else 0), left)
-        fs.append(f)
-        left -= f
-    covered = [i for i, f in enumerate(fs) if f]
-    if not covered:
-        return CacheTerms(0, 0, 0.0, row_cost)
-    w = [alpha ** i for i in covered]
-    hit = sum(wi * sum(rank_shares[1:fs[i] + 1]) for wi, i in zip(w, covered)) / sum(w)
-    return CacheTerms(len(covered), depth, hit, row_cost)
 
 
 def pipelined_speedup(alpha: float, c: Costs, k_max: int, **kw) -> float:
