@@ -33,8 +33,8 @@ mean (time over tokens). tokens/s per GPU: all streams' tokens per second over t
   emulated 8B / 32B / 72B targets whose acceptance carries ranks (ranks: trace-driven or labelled synthetic).
 
 Modules: common (constants, the typed Grid), draftstep, target, colocated, server (the draft server's
-process), emulated (the emulated targets), remote (the remote parts), printout (rows, notes), call (one call,
-the command line), ranks, ssd.
+process), emulated (the emulated targets' processes; emulated_sync, emulated_pipelined: the targets), remote
+(the remote parts), printout (rows, notes), call (one call, the command line), ranks, ssd.
 """
 from __future__ import annotations
 
