@@ -31,7 +31,8 @@ FORBIDDEN = {
     "leaves": {"sdeth."},                                   # leaves import nothing of sdeth (but their own rooms)
     "place": {"sdeth.models", "sdeth.runtime", "sdeth.wire", "torch", "transformers"},
 }
-NO_TORCH = {"sdeth.wire.protocol"}                            # plain data on the wire
+NO_TORCH = {"sdeth.wire.protocol", "sdeth.wire.messages", "sdeth.wire.server_messages",   # plain data on the wire
+            "sdeth.wire.checks"}
 
 
 def layer_of(mod: str) -> int:
