@@ -1,10 +1,16 @@
 """The runtime's settings as plain data, importable without torch (a run configuration, the command line and
 the cluster's reaper read them): how an engine is built (`EngineConfig`), the fast decoder's levers
 (`FastOptions`, a spec string such as 'scope=layer,weights=fp8,head=32768') and how tokens are sampled
-(`Sampling`). The code that uses them is in runtime (make_engine), runtime.fastmodel and runtime.verify."""
+(`Sampling`), and how far a stream drafts ahead (`stream_window`). The code that uses them is in runtime (make_engine), runtime.fastmodel and runtime.verify."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+
+
+def stream_window(k: int) -> int:
+    """How far a stream drafts past the last position its target settled: two rounds of k drafts and their bonus
+    tokens, 2 (k + 1). The one default of every stream: a draft worker's, a draft server's, the vLLM proposer's."""
+    return 2 * (k + 1)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,11 @@ import typing
 
 import msgspec
 
+from ..runtime.settings import stream_window
+
+
+STREAM_WINDOW = stream_window(3)      # at the default k = 3 (a stream opened without its k: Start, Open, a stream handle)
+
 PROTOCOL_VERSION = 3
 MAX_REQ_ID = 128                # characters in a request id
 SEED_MAX = 1 << 62              # seeds are in [0, SEED_MAX] (the draft's own seed is derived by adding to it)
@@ -64,7 +69,7 @@ class Start(msgspec.Struct, tag="start"):
     seed: DraftSeed = 0
     stream: bool = False     # pipelined: draft ahead and stream Drafted messages, no Propose
     first: int = -1          # stream: the target's first token (position 0)
-    window: int = 16         # stream: draft at most this far past the last position the target settled
+    window: int = STREAM_WINDOW   # stream: draft at most this far past the last position the target settled
     fanout: int = 0          # stream: the outcome cache's branches open at once (0: off)
     depth: int = 4           # stream: tokens drafted per branch
     ranks: int = 1           # stream: alternatives branched on per position

@@ -34,8 +34,9 @@ from .checks import (MODES_ON_THE_WIRE, _ids_error, _sampling_error, check_gener
                      check_open, check_start)
 from .messages import (GEN_MAX, MAX_REQ_ID, PROTOCOL_VERSION, SAMPLING_FIELDS, SEED_MAX, Commit,  # noqa: F401
                        Drafted, DraftSeed, End, Ended, Error, Generate, Generated, GenNo, Hello, Ping, Pong, Proposal,
-                       Propose, ReqId, Seed, Start, Started, Welcome, sampling_args, sampling_fields)
-from .server_messages import (STREAM_WINDOW, CommitRow, Commits, Drafts, Open, Rounds, Row, RowDraft,  # noqa: F401
+                       Propose, ReqId, Seed, Start, Started, Welcome, sampling_args, sampling_fields, stream_window)
+from .messages import STREAM_WINDOW  # noqa: F401
+from .server_messages import (CommitRow, Commits, Drafts, Open, Rounds, Row, RowDraft,  # noqa: F401
                               Streamed, StreamRow)
 
 MAX_MESSAGE_BYTES = 8 << 20     # a prompt of 2048 ids is ~10 KB; anything near this is an error

@@ -160,7 +160,7 @@ class RemoteStream(RemoteDrafter):
     streamed: int = 0           # tokens the draft streamed in this request
 
     def __init__(self, addr: str, hello: protocol.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0,
-                 device="cpu", spin_s: float = 0.0, window: int = 16, health=None, keys=None):
+                 device="cpu", spin_s: float = 0.0, window: int = protocol.STREAM_WINDOW, health=None, keys=None):
         super().__init__(addr, hello, s, q_top, timeout_s, device, spin_s, health, keys)
         self.window, self.view, self.est, self.by_commit = window, StreamView(), None, False
         self.cache = (0, 4, 1)                          # the outcome cache: (fanout, depth, ranks); 0: off

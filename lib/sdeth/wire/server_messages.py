@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
-from .messages import DraftSeed, GenNo, ReqId
+from .messages import STREAM_WINDOW, DraftSeed, GenNo, ReqId
 
-STREAM_WINDOW = 8          # a draft server's stream: how far it drafts past what the client settled (Open.window),
-                           # the one default every client of the server takes
 
 class Open(msgspec.Struct, tag="open"):
     """Draft server: a sequence (or the same one again, under a new generation after a desync) and its

@@ -136,7 +136,7 @@ class TargetWorker:
                                est if msg.adaptive else None, draft_seed), "off", ""
         cache_used, cache_why = "off", ""
         if drafter is not None:
-            drafter.window, drafter.est = 2 * msg.k + 2, est
+            drafter.window, drafter.est = protocol.stream_window(msg.k), est
             drafter.cache, drafter.watch, cache_why = outcome_cache(msg.cache, msg.k, drafter.peer, est)
             if isinstance(drafter, ServerStreamer) and (drafter.cache[0] or drafter.watch):
                 drafter.cache, drafter.watch = (0, *drafter.cache[1:]), 0

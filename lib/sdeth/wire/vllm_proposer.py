@@ -109,7 +109,7 @@ class RemoteDraftProposer(ProposerLink):
         self.mode = mode or self.MODE or os.environ.get(MODE_ENV) or DEFAULT_MODE
         if self.mode not in MODES:
             raise ProposerError(f"{MODE_ENV}={self.mode!r}: use one of {', '.join(MODES)} (policy: the default)")
-        self.window = int(_setting(window, WINDOW_ENV, 2 * (self.k + 1), "a number of tokens, 1 to 64"))
+        self.window = int(_setting(window, WINDOW_ENV, protocol.stream_window(self.k), "a number of tokens, 1 to 64"))
         if not 1 <= self.window <= 64:
             raise ProposerError(f"{WINDOW_ENV}={self.window}: use 1 to 64 tokens (a draft server's limit)")
         self.streams = StreamTracker(self.window, idle_steps) if self.mode != "sync" else None

