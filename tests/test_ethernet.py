@@ -94,6 +94,29 @@ def test_outcome_cache_on_the_real_pair_is_identical_and_hits(pair):
     assert not leftovers(os.getpid())
 
 
+def test_branches_ahead_from_a_draft_server_on_the_real_pair_are_identical_and_hit(pair):
+    """The target worker with a draft server over the link (the embedded pair, fast decoder, 2 ms round trip):
+    a pipelined request with the cache on asks for the server's verdict-cache branches ahead; greedy output equals
+    target-only's, branch tokens come apart from the stream's own drafts, and some rejections are served by a
+    branch already at the target. A server without the cache: the request decodes without, and says why."""
+    common = dict(prompts="sharegpt:4", max_tokens=MAX_TOKENS, impl="fast")
+    base = [r["output_ids"] for r in experiment.run(RunConfig(mode="target-only", **common), pair,
+                                                    progress=False)["requests"]]
+    cfg = RunConfig(mode="pipelined", k=4, placement="ethernet", rtt_ms=2.0, cache="on", **common)
+    prompts = experiment.encode_prompts(cfg, pair.tokenizer)
+    reqs, _ = experiment.run_requests(cfg, prompts, draft_server=True, verdict_cache="on")
+    assert [r["output_ids"] for r in reqs] == base
+    assert all(r["cache"] == "ahead" and r["cache_choice"].startswith("on: ") for r in reqs)
+    assert all(r["tokens_without_draft"] == 0 and r["drafted"] > 0 for r in reqs)
+    assert sum(r["branch_tokens"] for r in reqs) > 0
+    assert 0 < sum(r["cache_hits"] for r in reqs) < sum(r["stream_restarts"] for r in reqs)
+    plain, _ = experiment.run_requests(cfg, prompts[:1], draft_server=True)
+    assert [r["output_ids"] for r in plain] == base[:1]
+    assert plain[0]["cache"] == "off" and "--verdict-cache on" in plain[0]["cache_choice"]
+    assert plain[0]["branch_tokens"] == 0 and plain[0]["cache_hits"] == 0
+    assert not leftovers(os.getpid())
+
+
 @pytest.mark.parametrize("rtt", [0.0, 5.0])
 def test_pipelined_draft_killed_mid_request_finishes_on_the_target(pair, target_only_ref, rtt):
     cfg = RunConfig(mode="pipelined", k=3, adaptive=False, placement="ethernet", prompts="sharegpt:2",

@@ -60,9 +60,10 @@ class Testbed:
                  draft_die_after: int = 0, threads: int = 1, start_workers: bool = True,
                  target: str | None = None, draft: str | None = None, relay: bool = False,
                  draft_device: str | None = None, worker_config: dict | None = None, ready_timeout_s: float = 180.0,
-                 targets: int = 1, draft_server: bool = False):
+                 targets: int = 1, draft_server: bool = False, verdict_cache: str = "off"):
         self.pair, self.up_ms, self.down_ms, self.rate_mbit = pair, up_ms, down_ms, rate_mbit
         self.draft_server = draft_server       # the draft node runs a draft server (many targets) instead of a draft worker
+        self.verdict_cache = verdict_cache     # ... with this verdict cache (its --verdict-cache: off, on, FxDxB)
         self.netns = can_use_netns() if netns is None else netns
         if self.netns and not can_use_netns():
             raise TestbedError("network namespaces need root and iproute2 (`ip`); run as root or pass netns=False "
@@ -224,6 +225,7 @@ class Testbed:
     def _launch_draft(self) -> None:
         self.run_in("draft", ["-m", "sdeth", "worker", "--role", self._draft_role, "--bind", self.draft_bind(),
                               "--config", json.dumps(self.worker_config),
+                              *(["--verdict-cache", self.verdict_cache] if self.draft_server else []),
                               *(["--die-after", str(self.die_after)] if self.die_after else [])], "draft")
 
     def log(self, name: str) -> str:

@@ -164,7 +164,7 @@ class StreamStats:
     restarts_ms: list[float] = field(default_factory=list)     # a Commit's mismatch to the new epoch's 1st token
     restarts_stepped_ms: list[float] = field(default_factory=list)   # ... to that token stepped (one host's clock)
     gaps_ms: list[float] = field(default_factory=list)         # two tokens of one run stepped apart (pauses too)
-    branched: int = 0                                           # outcome-cache branch tokens drafted
+    branched: int = 0                                           # branch tokens drafted (outcome cache, or sent ahead)
 
     @classmethod
     def of(cls, stream: DraftStream) -> "StreamStats":

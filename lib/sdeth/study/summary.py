@@ -123,6 +123,9 @@ def target_only_model(reqs: list[dict], t: Seconds, ttft_s: float) -> dict:
             "predicted_tokens_per_s": sum(n_tokens) / total if total else None}
 
 
+AHEAD = "ahead"          # a request's cache where a draft server sent its branches ahead (wire.target_worker.AHEAD)
+
+
 def cache_model(reqs: list[dict], cfg: RunConfig) -> tuple[dict, dict | None]:
     """A pipelined run's outcome cache: its figures, and the cost model's cache terms (None: off).
 
@@ -139,11 +142,15 @@ def cache_model(reqs: list[dict], cfg: RunConfig) -> tuple[dict, dict | None]:
     judged, among = (sum(r.get(f, 0) for r in reqs) for f in ("alt_judged", "alt_among"))
     if judged:
         out["corrections_among_next_choices"] = among / judged
-    if spec == "off":
+    if spec == "off" and not any(r.get("cache") == AHEAD for r in reqs):
         return out, None
     restarts, hits = (sum(r.get(f, 0) for r in reqs) for f in ("stream_restarts", "cache_hits"))
     out["cache"] = spec
     out["cache_hit_rate"] = hits / restarts if restarts else None
+    if any(r.get("cache") == AHEAD for r in reqs):      # a draft server's branches: measured; modelled elsewhere
+        out.update(cache=AHEAD, cache_model="not modelled here: a draft server's branches sent ahead take its spare "
+                   "rows (study.streambench.hitcurve models them against the hit rate)")
+        return out, None
     fanout, depth, ranks = parse_cache(spec)
     shares = rank_shares(cfg.synthetic_trace) if cfg.synthetic_trace else None
     if shares is None:

@@ -257,7 +257,7 @@ class ServerStream:
         self.device = torch.device(device)
         self.branches = branches
         self.name, self.count, self.view = name or f"{os.getpid()}-{id(self):x}", 0, StreamView()
-        self.seq, self.gen, self.compute_s, self.streamed = "", 0, 0.0, 0
+        self.seq, self.gen, self.compute_s, self.streamed, self.branched = "", 0, 0.0, 0, 0
         self.est = None
         self._last = (-1, -1, 0.0)               # (epoch, pos, stepped_at) of the last token of this stream
         self.gaps_ms: list[float] = []           # this request's gaps between two tokens of one run, stepped at the
@@ -269,7 +269,7 @@ class ServerStream:
 
     def start(self, prompt_ids, size, first, s=None, seed=None):
         self.count += 1
-        self.seq, self.compute_s, self.streamed = f"{self.name}-s{self.count}", 0.0, 0
+        self.seq, self.compute_s, self.streamed, self.branched = f"{self.name}-s{self.count}", 0.0, 0, 0
         self.gaps_ms, self.restarts_ms, self.restarts_stepped_ms = [], [], []
         self.view.reset()
         s = s or self.sampling
@@ -295,10 +295,12 @@ class ServerStream:
         for r in m.rows:
             if r.seq != self.seq:
                 continue
-            self.streamed += 1
             self.compute_s += m.draft_ms / 1e3 / max(len(m.rows), 1)
             if r.fork < 0:                        # (a branch sent ahead says nothing of the stream's own timing)
+                self.streamed += 1
                 self._observe(r, m)
+            else:
+                self.branched += 1
             q = q_from_pairs(r.q_idx, r.q_val, self.server.peer.vocab_size, self.device)
             self.view.on_drafted(r.epoch, r.pos, r.token, q, r.fork, r.corr)
 
@@ -350,8 +352,9 @@ class ServerStream:
 
 class ServerStreamer(ServerStream):
     """A draft server's pipelined stream as the target worker's handle: RemoteStream's constructor and the
-    fields the worker sets and reads (window, est, cache, watch, client, peer, lost, lost_answered). The
-    server drafts no outcome cache: cache stays off."""
+    fields the worker sets and reads (window, est, branches, client, peer, lost, lost_answered). A server drafts no
+    outcome cache (cache stays off); its verdict cache's branches come ahead where the worker sets `branches`
+    (wire.target_worker.server_branches)."""
 
     def __init__(self, addr: str, hello: protocol.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0,
                  device="cpu", spin_s: float = 0.0, health=None, keys=None, window: int = protocol.STREAM_WINDOW):

@@ -39,7 +39,8 @@ class Welcome(msgspec.Struct, tag="welcome"):
     vocab_size: int
     tokenizer_sha: str
     dtype: str
-    rows: bool = False       # a draft: it can draft the outcome cache's branches (rows of the fast decoder)
+    rows: bool = False       # a draft: it can draft branches (a draft worker: the outcome cache's rows of the fast
+                             # decoder; a draft server: its verdict cache's, sent ahead where Open.branches asks)
     sequences: int = 1       # a draft server: the sequences it drafts for at once (0: a draft worker of one)
     limits: dict[str, int] | None = None   # a draft server: what each client may ask for (its ServerLimits)
 

@@ -48,6 +48,7 @@ class DraftServer:
         self.batches: collections.deque = collections.deque(maxlen=4096)    # sequences per step, newest last
         spec = VerdictSpec.parse(cfg.verdict_cache)
         self.verdicts = VerdictCache(drafter, spec) if spec.on else None    # verdict speculation (streams)
+        self.welcome.rows = self.verdicts is not None                     # (told: it can send branches ahead)
         self.scheduler = Scheduler(drafter, self.verdicts, cfg, self.log)
         self.handlers = {protocol.Ping: self.handle_ping, protocol.Hello: self.handle_hello,
                          protocol.Open: self.handle_open, protocol.Rounds: self.handle_rounds,

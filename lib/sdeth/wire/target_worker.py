@@ -137,11 +137,12 @@ class TargetWorker:
         cache_used, cache_why = "off", ""
         if drafter is not None:
             drafter.window, drafter.est = protocol.stream_window(msg.k), est
-            drafter.cache, drafter.watch, cache_why = outcome_cache(msg.cache, msg.k, drafter.peer, est)
-            if isinstance(drafter, ServerStreamer) and (drafter.cache[0] or drafter.watch):
-                drafter.cache, drafter.watch = (0, *drafter.cache[1:]), 0
-                cache_why = "off: a draft server drafts no outcome cache (its branch rows need a draft worker)"
-            cache_used = "x".join(map(str, drafter.cache)) if drafter.cache[0] else "off"
+            if isinstance(drafter, ServerStreamer):
+                drafter.branches, cache_why = server_branches(msg.cache, drafter.peer)
+                cache_used = AHEAD if drafter.branches else "off"
+            else:
+                drafter.cache, drafter.watch, cache_why = outcome_cache(msg.cache, msg.k, drafter.peer, est)
+                cache_used = "x".join(map(str, drafter.cache)) if drafter.cache[0] else "off"
         r = generate_pipelined(self.target, source, msg.prompt_ids, msg.max_tokens, msg.k, s, self.eos, gen, msg.req,
                                est, self.draft_timeout_s, draft_seed)
         return r, cache_used, cache_why
@@ -186,6 +187,20 @@ def outcome_cache(spec: str, k_max: int, peer: protocol.Welcome, est) -> tuple[t
         return (0, depth, ranks), 0, "off: the draft worker cannot draft branch rows (its engine is not the fast decoder)"
     on, why = est.choose_cache(fanout, depth, ranks, k_max)
     return ((fanout, depth, ranks) if on else (0, depth, ranks)), ranks, why
+
+
+AHEAD = "ahead"     # a request's cache record where a draft server sent its verdict cache's branches ahead
+
+
+def server_branches(spec: str, peer: protocol.Welcome) -> tuple[bool, str]:
+    """A pipelined request's branches on a draft server: whether to ask for its verdict cache's branches ahead
+    (Open.branches), and why. The server's cache sets their shape (its --verdict-cache); they take its spare rows
+    only (live streams step first), so 'auto' asks wherever the server has the cache."""
+    if spec in ("off", "", "0"):
+        return False, ""
+    if not peer.rows:
+        return False, "off: the draft server runs no verdict cache (start it with --verdict-cache on)"
+    return True, "on: the draft server sends its verdict cache's branches ahead (their shape is its --verdict-cache)"
 
 
 class _NoDraft:
