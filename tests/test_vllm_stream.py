@@ -606,26 +606,28 @@ STREAM_SAMPLE_TOKENS = 8   # T=0.8 samples in stream mode: a 3-token request end
 
 @pytest.fixture(scope="module")
 def openai_stream_runs(pair, tmp_path_factory):
-    """vLLM's OpenAI server target-only, then with the streaming proposer over a draft server of the embedded pair
-    (k=3): vllm_server.run_both_servers (greedy at concurrency 1, 4, 8; T=0.8 samples of STREAM_SAMPLE_TOKENS
-    tokens), every vLLM process on core 0 and the draft server on core 1 (as stream_runs)."""
+    """vLLM's OpenAI server target-only, then with the proposer in stream mode and in policy mode (the default), each
+    over a draft server of the embedded pair (k=3): vllm_server.run_both_servers (greedy at concurrency 1, 4, 8; T=0.8
+    samples of STREAM_SAMPLE_TOKENS tokens), every vLLM process on core 0 and the draft server on core 1 (as
+    stream_runs)."""
     from sdeth.study.vllm.stream import PIN
     tmp = tmp_path_factory.mktemp("openai-stream")
-    return run_both_servers(pair, tmp, "stream", STREAM_SAMPLE_TOKENS, env=PIN, pin=True), tmp
+    return run_both_servers(pair, tmp, ("stream", "policy"), STREAM_SAMPLE_TOKENS, env=PIN, pin=True), tmp
 
 
 @pytest.mark.slow
 @openai_gate
-def test_openai_server_greedy_outputs_through_the_streaming_proposer_equal_target_only(openai_stream_runs):
+@pytest.mark.parametrize("mode", ["stream", "policy"])
+def test_openai_server_greedy_outputs_through_the_streaming_proposer_equal_target_only(openai_stream_runs, mode):
     from test_vllm_proposer import K
     runs, tmp = openai_stream_runs
-    ref, sd = runs["target-only"], runs["stream"]
+    ref, sd = runs["target-only"], runs[mode]
     for c in ("c1", "c4", "c8"):
         same = sum(a == b for a, b in zip(sd[c]["outputs"], ref[c]["outputs"]))
         n = sd[c]["counters"]
         drafts, tokens = n.get("vllm:spec_decode_num_drafts", 0), n.get("vllm:spec_decode_num_draft_tokens", 0)
         accepted = n.get("vllm:spec_decode_num_accepted_tokens", 0)
-        print(f"OpenAI server, stream mode, concurrency {c[1]}: identical {same}/{len(ref[c]['outputs'])}, drafts "
+        print(f"OpenAI server, {mode} mode, concurrency {c[1]}: identical {same}/{len(ref[c]['outputs'])}, drafts "
               f"{drafts:.0f}, draft tokens {tokens:.0f}, accepted {accepted:.0f}, wall {sd[c]['wall_s']:.1f} s "
               f"(target-only {ref[c]['wall_s']:.1f} s)")
         assert sd[c]["outputs"] == ref[c]["outputs"] and all(len(o) > 0 for o in sd[c]["outputs"])
@@ -635,20 +637,21 @@ def test_openai_server_greedy_outputs_through_the_streaming_proposer_equal_targe
 
 @pytest.mark.slow
 @openai_gate
-def test_at_t08_the_streaming_proposers_output_distribution_is_target_onlys(openai_stream_runs):
-    """test_vllm_proposer's T=0.8 chi-square (SAMPLES seeds of one short prompt, one seed each) in stream mode, on
+@pytest.mark.parametrize("mode", ["stream", "policy"])
+def test_at_t08_the_streaming_proposers_output_distribution_is_target_onlys(openai_stream_runs, mode):
+    """test_vllm_proposer's T=0.8 chi-square (SAMPLES seeds of one short prompt, one seed each) in stream and policy modes, on
     samples of STREAM_SAMPLE_TOKENS tokens: the first three tokens jointly (as in sync mode), and the token at each
     position on its own (Bonferroni over the positions: drafts land mostly past the third). Each engine draws with
     its own seeds, so the samples are independent; the test has power where drafts were verified, and the bounds on
     drafts and accepted tokens in the phase say they were."""
     from vllm_server import SAMPLES, TEMPERATURE, homogeneity_p
     runs, _ = openai_stream_runs
-    a, b = runs["target-only"]["samples"]["outputs"], runs["stream"]["samples"]["outputs"]
+    a, b = runs["target-only"]["samples"]["outputs"], runs[mode]["samples"]["outputs"]
     p3, cells, distinct = homogeneity_p([o[:3] for o in a], [o[:3] for o in b])
     at = [homogeneity_p([o[j:j + 1] for o in a], [o[j:j + 1] for o in b])[0] for j in range(STREAM_SAMPLE_TOKENS)]
-    n = runs["stream"]["samples"]["counters"]
+    n = runs[mode]["samples"]["counters"]
     drafts, accepted = n.get("vllm:spec_decode_num_drafts", 0), n.get("vllm:spec_decode_num_accepted_tokens", 0)
-    print(f"T={TEMPERATURE}, stream mode, {STREAM_SAMPLE_TOKENS}-token samples: {len(a)} + {len(b)}, first three "
+    print(f"T={TEMPERATURE}, {mode} mode, {STREAM_SAMPLE_TOKENS}-token samples: {len(a)} + {len(b)}, first three "
           f"tokens {distinct} distinct, {cells} cells (+ folded), chi-square p = {p3:.3f}; per position p "
           f"{[round(float(x), 3) for x in at]}; drafts {drafts:.0f}, accepted {accepted:.0f}")
     assert len(a) == len(b) == SAMPLES and cells >= 3

@@ -66,11 +66,11 @@ def openai_setup(pair) -> tuple[dict, list, list[int], int]:
     return engine, prompts, pair.tokenizer.encode(SAMPLE_TEXT), pair.tokenizer.eos_token_id
 
 
-def run_both_servers(pair, tmp: Path, mode: str, sample_tokens: int = SAMPLE_TOKENS, env: dict | None = None,
+def run_both_servers(pair, tmp: Path, mode: str | tuple, sample_tokens: int = SAMPLE_TOKENS, env: dict | None = None,
                 pin: bool = False) -> dict:
-    """vLLM's OpenAI server target-only, then with the remote proposer in `mode` (sync | stream, k=K) over a draft
-    server of the embedded pair: _openai_phases through each, each engine its own sample seeds (independent
-    samples); {"target-only": phases, mode: phases}. env: added to both servers' environment. pin: every vLLM
+    """vLLM's OpenAI server target-only, then with the remote proposer in `mode` (sync | stream | policy, k=K; or a
+    tuple of them, one server each) over a draft server of the embedded pair: _openai_phases through each, each
+    engine its own sample seeds (independent samples); {"target-only": phases, mode: phases, ...}. env: added to both servers' environment. pin: every vLLM
     process on VLLM_CORES and the draft server on DRAFT_CORES (as the stream study runs them). Each server, and the
     draft server, is stopped with its children before the next starts."""
     from sdeth.study.vllm.servers import start_vllm, stop
@@ -78,7 +78,8 @@ def run_both_servers(pair, tmp: Path, mode: str, sample_tokens: int = SAMPLE_TOK
     from test_vllm_proposer import K, _start_draft_server
     engine, prompts, sample_ids, eos = openai_setup(pair)
     cores, runs = os.sched_getaffinity(0), {}
-    for name in ("target-only", mode):
+    modes = (mode,) if isinstance(mode, str) else tuple(mode)
+    for i, name in enumerate(("target-only", *modes)):
         draft, server_env, eng = None, {**os.environ, **(env or {})}, dict(engine)
         try:
             if name != "target-only":
@@ -94,7 +95,7 @@ def run_both_servers(pair, tmp: Path, mode: str, sample_tokens: int = SAMPLE_TOK
                 os.sched_setaffinity(0, cores)
             try:
                 runs[name] = _openai_phases(endpoint.base, engine["model"], prompts, sample_ids, eos, sample_tokens,
-                                            seed0=1000 if name == "target-only" else 1000 + SAMPLES)
+                                            seed0=1000 + i * SAMPLES)     # (target-only 1000: as before)
             finally:
                 stop(proc)
         finally:
