@@ -86,7 +86,7 @@ def run_both_servers(pair, tmp: Path, mode: str | tuple, sample_tokens: int = SA
                 draft, addr = _start_draft_server(tmp / "draft-server.log")
                 if pin:
                     os.sched_setaffinity(draft.pid, DRAFT_CORES)
-                server_env[VP.ADDR_ENV], eng["speculative_config"] = addr, VP.speculative_config(K, mode)
+                server_env[VP.ADDR_ENV], eng["speculative_config"] = addr, VP.speculative_config(K, name)
             try:
                 if pin:
                     os.sched_setaffinity(0, VLLM_CORES)     # vLLM's server and its engine processes inherit it
