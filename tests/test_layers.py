@@ -82,7 +82,7 @@ def graph(root: Path = ROOT) -> dict[str, set[str]]:
 
 def leaf_of(mod: str) -> str:
     """The leaf a module belongs to: a leaf may be a package of rooms (sdeth.costmodel.rules is sdeth.costmodel's)."""
-    return max((p for p in LAYERS[0][1] if mod == p or mod.startswith(p + ".")), key=len)
+    return max((p for p in LAYERS[0][1] - {"sdeth"} if mod == p or mod.startswith(p + ".")), key=len, default=mod)
 
 
 def violations(g: dict[str, set[str]]) -> list[str]:

@@ -632,7 +632,7 @@ def test_openai_server_greedy_outputs_through_the_streaming_proposer_equal_targe
               f"(target-only {ref[c]['wall_s']:.1f} s)")
         assert sd[c]["outputs"] == ref[c]["outputs"] and all(len(o) > 0 for o in sd[c]["outputs"])
         assert drafts > 0 and accepted <= tokens <= K * drafts
-    assert "desync" not in (tmp / "draft-server.log").read_text()
+    assert "desync" not in (tmp / f"draft-server-{mode}.log").read_text()
 
 
 @pytest.mark.slow

@@ -83,7 +83,7 @@ def run_both_servers(pair, tmp: Path, mode: str | tuple, sample_tokens: int = SA
         draft, server_env, eng = None, {**os.environ, **(env or {})}, dict(engine)
         try:
             if name != "target-only":
-                draft, addr = _start_draft_server(tmp / "draft-server.log")
+                draft, addr = _start_draft_server(tmp / f"draft-server-{name}.log")      # (one log per mode)
                 if pin:
                     os.sched_setaffinity(draft.pid, DRAFT_CORES)
                 server_env[VP.ADDR_ENV], eng["speculative_config"] = addr, VP.speculative_config(K, name)

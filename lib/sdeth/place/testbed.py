@@ -101,6 +101,7 @@ class Testbed:
                 "rate_mbit": self.rate_mbit or None, "torch_threads_per_worker": self.threads,
                 "devices": {"target": self.device, "draft": self.draft_device}, "worker_config": self.worker_config,
                 "target_workers": len(self.target_names), "draft_role": self._draft_role,
+                **({"verdict_cache": self.verdict_cache} if self.draft_server else {}),
                 "shared_cpu": "both nodes share this machine's cores"}
 
     # ------------------------------------------------------------ set-up / tear-down

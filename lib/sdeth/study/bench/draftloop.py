@@ -36,7 +36,7 @@ def _loop(engine, context: int, steps: int, skip: int, watch: int = 0, cache: st
     from ...runtime.verify import Sampling
     from ...wire import protocol
     fanout, depth, ranks = parse_cache(cache)
-    d = StreamDrafter(engine, 0, 16, fanout, depth, ranks, watch)
+    d = StreamDrafter(engine, 0, 16, fanout, depth, ranks, watch)     # (window 16: a deep run, as measured)
     prompt = torch.randint(0, 1000, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     d.start(prompt, context + steps + 64, 1, Sampling(), 0)
     rows = []
