@@ -118,14 +118,19 @@ def test_summary_cache_step_models_the_commonest_choice():
     assert terms.forks == 2 and terms.depth == 4 and terms.hit == pytest.approx(0.4)
     off, none = summary.cache_model([_req(cache="off")], cfg)
     assert none is None and "cache" not in off
+    ahead, none = summary.cache_model([_req(cache="ahead", stream_restarts=4, cache_hits=1)] * 2 + [_req(cache="off")], cfg)
+    assert none is None and ahead["cache"] == "ahead" and ahead["cache_hit_rate"] == pytest.approx(0.25)
+    assert "not modelled" in ahead["cache_model"] and ahead["cache_auto"] == {"ahead": 2, "off": 1}
 
 
 def test_the_run_configuration_and_the_command_lines_parser_import_no_torch():
     """The reaper (a CronJob with a 512 MiB limit) and `--help` parse the command line, whose defaults are
-    RunConfig's: neither may pull in torch (221 MiB and 1.4 s when it did)."""
+    RunConfig's: neither may pull in torch (221 MiB and 1.4 s when it did); nor may the wire's messages (plain data,
+    whose stream window comes from runtime.settings)."""
     import subprocess
     import sys
     code = ("import sys; from sdeth.cli.parser import build_parser; build_parser(); import sdeth.study.config; "
+            "import sdeth.wire.protocol; "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
