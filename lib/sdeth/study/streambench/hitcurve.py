@@ -127,9 +127,19 @@ def _at(sweep: list[dict], h: float) -> float | None:
 
 def crossing_lines(cs: list[dict]) -> list[str]:
     return [f"{c['call']}: {c['target']} B=1 N=1 ({c['spec']}): the trace's hit rate {c['trace_hit_rate']} (a floor: a "
-            f"135M target and a 6-layer draft); modelled, remote SD with branches beats colocated SD "
-            f"({c['colocated_speedup']}x, same call) from a hit rate of {c['hit_to_beat_colocated']}, and reaches "
-            f"SSD's {SSD_PUBLISHED}x from {c['hit_to_match_ssd']}" for c in cs]
+            f"135M target and a 6-layer draft); modelled, {_against_colocated(c)}, and reaches SSD's {SSD_PUBLISHED}x "
+            f"{_from(c['hit_to_match_ssd'])}" for c in cs]
+
+
+def _from(hit) -> str:
+    return "at no hit rate up to 1" if hit == "not reached" else f"from a hit rate of {hit}"
+
+
+def _against_colocated(c: dict) -> str:
+    if c["colocated_speedup"] is None:
+        return "no colocated SD in this call to hold it against"
+    return (f"remote SD with branches beats colocated SD ({c['colocated_speedup']}x, same call) "
+            f"{_from(c['hit_to_beat_colocated'])}")
 
 
 def target_panels(targets):
