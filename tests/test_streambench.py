@@ -275,6 +275,17 @@ def test_the_hit_rate_crossing_reads_between_the_sweeps_points():
     assert crossing(sweep, 2.5) == "not reached" and crossing(sweep, None) is None
 
 
+def test_the_crossing_lines_say_what_a_call_lacks():
+    """A call without colocated SD says so, and a level no hit rate reaches reads as such (not "None" or "Nonex")."""
+    from sdeth.study.streambench.hitcurve import crossing_lines
+    c = {"call": "c", "target": "Qwen3-8B", "spec": "4x4x8+ahead", "trace_hit_rate": 0.09, "colocated_speedup": None,
+         "hit_to_beat_colocated": None, "hit_to_match_ssd": "not reached"}
+    (line,) = crossing_lines([c])
+    assert "no colocated SD in this call" in line and "at no hit rate up to 1" in line and "None" not in line
+    (line,) = crossing_lines([{**c, "colocated_speedup": 1.9, "hit_to_beat_colocated": 0.2, "hit_to_match_ssd": 0.66}])
+    assert "beats colocated SD (1.9x, same call) from a hit rate of 0.2" in line and "from a hit rate of 0.66" in line
+
+
 def test_the_link_points_go_through_a_delay_relay_and_carry_the_model_between(fast):
     """The link part (a tiny draft server, a thread): each injected round trip through a delay relay (a process),
     its Ping through the relay recorded; the commit's transit grows with the delay; the event model's curve, fed the
