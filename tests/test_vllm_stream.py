@@ -639,8 +639,8 @@ def test_openai_server_greedy_outputs_through_the_streaming_proposer_equal_targe
 @openai_gate
 @pytest.mark.parametrize("mode", ["stream", "policy"])
 def test_at_t08_the_streaming_proposers_output_distribution_is_target_onlys(openai_stream_runs, mode):
-    """test_vllm_proposer's T=0.8 chi-square (SAMPLES seeds of one short prompt, one seed each) in stream and policy modes, on
-    samples of STREAM_SAMPLE_TOKENS tokens: the first three tokens jointly (as in sync mode), and the token at each
+    """test_vllm_proposer's T=0.8 chi-square (SAMPLES seeds of one short prompt, one seed each) in stream and policy
+    modes, on samples of STREAM_SAMPLE_TOKENS tokens: the first three tokens jointly (as in sync mode), and the token at each
     position on its own (Bonferroni over the positions: drafts land mostly past the third). Each engine draws with
     its own seeds, so the samples are independent; the test has power where drafts were verified, and the bounds on
     drafts and accepted tokens in the phase say they were."""

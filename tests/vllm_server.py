@@ -70,9 +70,9 @@ def run_both_servers(pair, tmp: Path, mode: str | tuple, sample_tokens: int = SA
                 pin: bool = False) -> dict:
     """vLLM's OpenAI server target-only, then with the remote proposer in `mode` (sync | stream | policy, k=K; or a
     tuple of them, one server each) over a draft server of the embedded pair: _openai_phases through each, each
-    engine its own sample seeds (independent samples); {"target-only": phases, mode: phases, ...}. env: added to both servers' environment. pin: every vLLM
-    process on VLLM_CORES and the draft server on DRAFT_CORES (as the stream study runs them). Each server, and the
-    draft server, is stopped with its children before the next starts."""
+    engine its own sample seeds (independent samples); {"target-only": phases, mode: phases, ...}. env: added to
+    every server's environment. pin: every vLLM process on VLLM_CORES and the draft server on DRAFT_CORES (as the
+    stream study runs them). Each server, and the draft server, is stopped with its children before the next starts."""
     from sdeth.study.vllm.servers import start_vllm, stop
     from sdeth.study.vllm.stream import DRAFT_CORES, VLLM_CORES
     from test_vllm_proposer import K, _start_draft_server

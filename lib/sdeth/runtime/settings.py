@@ -1,7 +1,8 @@
 """The runtime's settings as plain data, importable without torch (a run configuration, the command line and
 the cluster's reaper read them): how an engine is built (`EngineConfig`), the fast decoder's levers
 (`FastOptions`, a spec string such as 'scope=layer,weights=fp8,head=32768') and how tokens are sampled
-(`Sampling`), and how far a stream drafts ahead (`stream_window`). The code that uses them is in runtime (make_engine), runtime.fastmodel and runtime.verify."""
+(`Sampling`), and how far a stream drafts ahead (`stream_window`). The code that uses them is in runtime
+(make_engine), runtime.fastmodel and runtime.verify."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -11,6 +12,9 @@ def stream_window(k: int) -> int:
     """How far a stream drafts past the last position its target settled: two rounds of k drafts and their bonus
     tokens, 2 (k + 1). The one default of every stream: a draft worker's, a draft server's, the vLLM proposer's."""
     return 2 * (k + 1)
+
+
+STREAM_WINDOW = stream_window(3)      # at the default k = 3 (a stream opened without its k: Start, Open, a stream handle)
 
 
 @dataclass(frozen=True)

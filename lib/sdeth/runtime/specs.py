@@ -2,6 +2,9 @@
 cache): "off" (or "" / "0"), "on" (the cache's default) or FANOUT[xDEPTH[xTHIRD]], each part >= 1."""
 from __future__ import annotations
 
+AHEAD = "ahead"     # the cache a pipelined request's record names when a draft server sent its verdict cache's branches
+                    # ahead (the server's spec sets their shape; wire.target_worker asks, study.summary reads)
+
 
 def parse_branch_spec(spec: str, what: str, default: str, third: str, third_of=lambda fanout: 1) -> tuple | None:
     """(fanout, depth, third) of `spec`, None for off. Depth defaults to 4 and the third part to third_of(fanout).

@@ -25,7 +25,7 @@ import torch
 
 from .engine import Engine, HostCopy, HostPart
 from .loop import draft_prefill, draft_token, q_support
-from .settings import stream_window
+from .settings import STREAM_WINDOW
 from .specs import parse_branch_spec
 from .verify import Sampling
 
@@ -121,7 +121,7 @@ class StreamDrafter:
     the device from ever waiting for the host between steps, but a restart then waits for two stale steps
     (measured on two H200s: median restart 5.7 ms at depth 2), so the default is 1. `step()` is launch + settle."""
 
-    def __init__(self, engine: Engine, q_top: int = 0, window: int = stream_window(3), fanout: int = 0, depth: int = 4,
+    def __init__(self, engine: Engine, q_top: int = 0, window: int = STREAM_WINDOW, fanout: int = 0, depth: int = 4,
                  ranks: int = 1, watch: int = 0):
         """fanout > 0: the outcome cache (see the module's doc): at most `fanout` branches open at once, each
         drafted `depth` tokens deep, on the first `ranks` alternatives at a position. It needs a draft engine

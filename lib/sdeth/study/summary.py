@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass
 
 from .. import costmodel, metrics
+from ..runtime.specs import AHEAD
 from ..runtime.streamdraft import parse_cache
 from .config import RunConfig
 
@@ -123,9 +124,6 @@ def target_only_model(reqs: list[dict], t: Seconds, ttft_s: float) -> dict:
             "predicted_tokens_per_s": sum(n_tokens) / total if total else None}
 
 
-AHEAD = "ahead"          # a request's cache where a draft server sent its branches ahead (wire.target_worker.AHEAD)
-
-
 def cache_model(reqs: list[dict], cfg: RunConfig) -> tuple[dict, dict | None]:
     """A pipelined run's outcome cache: its figures, and the cost model's cache terms (None: off).
 
@@ -142,12 +140,13 @@ def cache_model(reqs: list[dict], cfg: RunConfig) -> tuple[dict, dict | None]:
     judged, among = (sum(r.get(f, 0) for r in reqs) for f in ("alt_judged", "alt_among"))
     if judged:
         out["corrections_among_next_choices"] = among / judged
-    if spec == "off" and not any(r.get("cache") == AHEAD for r in reqs):
+    ahead = any(r.get("cache") == AHEAD for r in reqs)      # a draft server's branches: measured; modelled elsewhere
+    if spec == "off" and not ahead:
         return out, None
     restarts, hits = (sum(r.get(f, 0) for r in reqs) for f in ("stream_restarts", "cache_hits"))
     out["cache"] = spec
     out["cache_hit_rate"] = hits / restarts if restarts else None
-    if any(r.get("cache") == AHEAD for r in reqs):      # a draft server's branches: measured; modelled elsewhere
+    if ahead:
         out.update(cache=AHEAD, cache_model="not modelled here: a draft server's branches sent ahead take its spare "
                    "rows (study.streambench.hitcurve models them against the hit rate)")
         return out, None

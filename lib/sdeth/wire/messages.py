@@ -6,10 +6,7 @@ import typing
 
 import msgspec
 
-from ..runtime.settings import stream_window
-
-
-STREAM_WINDOW = stream_window(3)      # at the default k = 3 (a stream opened without its k: Start, Open, a stream handle)
+from ..runtime.settings import STREAM_WINDOW
 
 PROTOCOL_VERSION = 3
 MAX_REQ_ID = 128                # characters in a request id

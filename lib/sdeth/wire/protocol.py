@@ -30,12 +30,12 @@ import typing
 
 import msgspec
 
+from ..runtime.settings import STREAM_WINDOW, stream_window  # noqa: F401 (a stream's window, by its k)
 from .checks import (MODES_ON_THE_WIRE, _ids_error, _sampling_error, check_generate, check_hello,  # noqa: F401
                      check_open, check_start)
 from .messages import (GEN_MAX, MAX_REQ_ID, PROTOCOL_VERSION, SAMPLING_FIELDS, SEED_MAX, Commit,  # noqa: F401
                        Drafted, DraftSeed, End, Ended, Error, Generate, Generated, GenNo, Hello, Ping, Pong, Proposal,
-                       Propose, ReqId, Seed, Start, Started, Welcome, sampling_args, sampling_fields, stream_window)
-from .messages import STREAM_WINDOW  # noqa: F401
+                       Propose, ReqId, Seed, Start, Started, Welcome, sampling_args, sampling_fields)
 from .server_messages import (CommitRow, Commits, Drafts, Open, Rounds, Row, RowDraft,  # noqa: F401
                               Streamed, StreamRow)
 

@@ -15,6 +15,7 @@ from ..costmodel import AdaptivePolicy, step_setting
 from ..models.presets import tokenizer_hash
 from ..runtime.loop import DraftUnavailable, generate_sd, generate_target_only
 from ..runtime.pipeline import StreamView, generate_pipelined
+from ..runtime.specs import AHEAD
 from ..runtime.streamdraft import parse_cache
 from ..runtime import make_engine
 from ..runtime.verify import Sampling
@@ -187,9 +188,6 @@ def outcome_cache(spec: str, k_max: int, peer: protocol.Welcome, est) -> tuple[t
         return (0, depth, ranks), 0, "off: the draft worker cannot draft branch rows (its engine is not the fast decoder)"
     on, why = est.choose_cache(fanout, depth, ranks, k_max)
     return ((fanout, depth, ranks) if on else (0, depth, ranks)), ranks, why
-
-
-AHEAD = "ahead"     # a request's cache record where a draft server sent its verdict cache's branches ahead
 
 
 def server_branches(spec: str, peer: protocol.Welcome) -> tuple[bool, str]:
