@@ -315,7 +315,7 @@ def test_target_workers_share_a_draft_server_over_the_wire(pair, target_only_ref
                      kwargs=dict(max_seconds=300), daemon=True).start()
     addrs = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
     for a in addrs:
-        w = TargetWorker(pair, draft_addr, draft_server=True)
+        w = TargetWorker(pair, draft_addr)
         threading.Thread(target=w.serve, args=(a,), kwargs={"max_seconds": 300}, daemon=True).start()
     time.sleep(0.5)
     prompts = experiment.encode_prompts(experiment.RunConfig(**REF), pair.tokenizer)

@@ -1,6 +1,7 @@
 """SD over a real link: the two-node testbed (namespaces + veth as root, else loopback), the wire
 protocol's faults, and the target-only fallback when the draft dies."""
 import os
+import re
 import threading
 from dataclasses import replace
 import time
@@ -13,11 +14,10 @@ from sdeth.wire import protocol as W
 from sdeth.study.runs.experiment import RunConfig
 from sdeth.place.testbed import Testbed, free_port, leftovers
 from sdeth.wire.transport import Client
-from sdeth.wire.remote import RemoteDrafter
-from sdeth.wire.draft_worker import serve_draft
+from sdeth.wire.draft_client import DraftServerClient, ServerDraft
+from sdeth.wire.draft_server import DraftServerConfig, serve_draft_server
 from sdeth.runtime.loop import DraftUnavailable
 from sdeth.runtime.verify import Sampling
-from sdeth.runtime.streamdraft import CACHE_DEFAULT
 from conftest import REF, ref_outputs
 
 pytestmark = pytest.mark.slow
@@ -67,33 +67,6 @@ def test_pipelined_over_the_link_is_identical_at_rtt_0_and_5(pair, target_only_r
     assert not leftovers(os.getpid())
 
 
-def test_outcome_cache_on_the_real_pair_is_identical_and_hits(pair):
-    """The embedded pair over the link (fast decoder on both workers, 2 ms round trip) with the outcome cache:
-    greedy output equals target-only's, branches stream, and some rejections are served by a branch. Then
-    `auto` on the same workers: the target's model decides per request, says why in each record, and with the
-    cache off the draft's next choices still come with its tokens (the hit rate the cache would get)."""
-    common = dict(prompts="sharegpt:4", max_tokens=MAX_TOKENS, impl="fast")
-    base = experiment.run(RunConfig(mode="target-only", **common), pair, progress=False)
-    cfg = RunConfig(mode="pipelined", k=4, placement="ethernet", rtt_ms=2.0, cache="on", **common)
-    with experiment.testbed_for(cfg) as tb:
-        res = experiment.run(cfg, pair, progress=False, on_testbed=tb)
-        auto = experiment.run(replace(cfg, cache="auto"), pair, progress=False, on_testbed=tb)
-    assert [r["output_ids"] for r in res["requests"]] == [r["output_ids"] for r in base["requests"]]
-    s, reqs = res["summary"], res["requests"]
-    assert s["tokens_without_draft"] == 0 and s["cache"] == CACHE_DEFAULT
-    assert sum(r["branch_tokens"] for r in reqs) > 0
-    assert 0 < sum(r["cache_hits"] for r in reqs) < sum(r["stream_restarts"] for r in reqs)
-    assert 0 < s["cache_hit_rate"] < 1
-    assert all(r["draft_periods"] > 0 and r["draft_period_ms"] > 0 for r in reqs)   # the draft timed its steps
-    assert [r["output_ids"] for r in auto["requests"]] == [r["output_ids"] for r in base["requests"]]
-    choices = [r["cache_choice"] for r in auto["requests"]]
-    assert all(c.startswith(("on: ", "off: ")) for c in choices), choices
-    off = [r for r in auto["requests"] if r["cache"] == "off"]
-    assert off and sum(r["alt_judged"] for r in off) > 0 and all(r["branch_tokens"] == 0 for r in off)
-    assert sum(auto["summary"]["cache_auto"].values()) == len(auto["requests"])
-    assert not leftovers(os.getpid())
-
-
 def test_branches_ahead_from_a_draft_server_on_the_real_pair_are_identical_and_hit(pair):
     """The target worker with a draft server over the link (the embedded pair, fast decoder, 2 ms round trip):
     a pipelined request with the cache on asks for the server's verdict-cache branches ahead; greedy output equals
@@ -131,9 +104,11 @@ def test_pipelined_draft_killed_mid_request_finishes_on_the_target(pair, target_
 
 @pytest.fixture(scope="module")
 def draft_server(pair):
+    """`worker --role draft` in a thread: the draft server of one row over the run configuration's engine."""
     port = free_port()
     addr = f"tcp://127.0.0.1:{port}"
-    t = threading.Thread(target=serve_draft, args=(addr, pair), kwargs={"max_seconds": 120}, daemon=True)
+    t = threading.Thread(target=serve_draft_server, args=(addr, pair, DraftServerConfig()),
+                         kwargs={"max_seconds": 120, "engine_opts": {}}, daemon=True)
     t.start()
     time.sleep(0.5)
     yield addr, port
@@ -163,26 +138,32 @@ def test_bad_messages_get_error_replies_and_the_worker_keeps_serving(pair, draft
         assert c.sock.poll(10000)
         err = W.decode(c.sock.recv())
         assert isinstance(err, W.Error) and err.code == code, err
-    assert isinstance(c.call(W.Propose("x", 0, 1, 3)), W.Error)          # no handshake yet
+    assert c.call(W.Rounds([W.Row("x", 0, 1, 0, [1], 3)])).code == "version"          # no handshake yet
     assert c.call(_hello(pair, proto=99)).code == "version"
     assert "49152" in c.call(_hello(pair, vocab_size=151936)).message   # names both vocab sizes
     assert c.call(_hello(pair, dtype="bfloat16")).code == "mismatch"
     assert isinstance(c.call(_hello(pair)), W.Welcome)
-    assert c.call(W.Propose("nope", 0, 1, 3)).code == "unknown-request"
+    row, = c.call(W.Rounds([W.Row("nope", 0, 1, 0, [1], 3)])).rows
+    assert row.error == "desync" and "no such sequence" in row.message
+    c.close()
     # and it still serves a real request
-    d = RemoteDrafter(addr, _hello(pair), Sampling(), timeout_s=30)
+    d = ServerDraft(DraftServerClient(addr, _hello(pair), timeout_s=30), Sampling())
     d.start([1, 2, 3, 4], 32)
     toks, q = d.propose(0, 5, 3)
     assert len(toks) == 3 and q is None and d.compute_s > 0
+    d.end()
+    d.server.close()
 
 
 def test_sampled_draft_sends_sparse_q(pair, draft_server):
     addr, _ = draft_server
-    d = RemoteDrafter(addr, _hello(pair), Sampling(0.7, draft_sampled=True), q_top=16, timeout_s=30)
+    d = ServerDraft(DraftServerClient(addr, _hello(pair), timeout_s=30), Sampling(0.7, draft_sampled=True), q_top=16)
     d.start([1, 2, 3, 4], 32)
     toks, q = d.propose(0, 5, 2)
     assert q.shape == (2, 49152) and ((q > 0).sum(-1) <= 16).all()
     assert q.sum(-1).sub(1).abs().max() < 1e-4 and all(q[i, t] > 0 for i, t in enumerate(toks))
+    d.end()
+    d.server.close()
 
 
 def test_unreachable_peers_fail_fast_with_the_address():
@@ -191,7 +172,7 @@ def test_unreachable_peers_fail_fast_with_the_address():
     with pytest.raises(TimeoutError, match=addr):
         Client(addr, timeout_s=1.0).call(W.Ping(0.0))
     with pytest.raises(DraftUnavailable, match=addr):
-        RemoteDrafter(addr, W.Hello(1, "target", "t", 1, "x", "float32"), Sampling(), timeout_s=1.0)
+        ServerDraft.connect(addr, W.Hello(1, "target", "t", 1, "x", "float32"), Sampling(), timeout_s=1.0)
     assert time.time() - t0 < 5
 
 
@@ -312,9 +293,9 @@ def test_the_target_dies_mid_request(pair):
             experiment.run_requests(cfg, prompts, tb)
         assert time.time() - t0 < 5.0                        # at once, not after the request's timeout
         t_end = time.time() + 20
-        while "freed request" not in tb.log("draft") and time.time() < t_end:
+        while "freed 1 sequences" not in tb.log("draft") and time.time() < t_end:
             time.sleep(0.2)
-        assert "no word from its target" in tb.log("draft")
+        assert re.search(r"freed 1 sequences: (its connection closed|no word from the client)", tb.log("draft"))
         port = int(tb.draft_bind().rsplit(":", 1)[1])
     assert not leftovers(os.getpid())
     assert not [p for p in pids.values() if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]

@@ -1,4 +1,5 @@
-"""Bad input at the wire: property-based fuzzing of both workers with hypothesis. Cases are generated from
+"""Bad input at the wire: property-based fuzzing of the draft server (one row, `worker --role draft`) and the target
+worker with hypothesis. Cases are generated from
 the msgspec message types themselves (a message added to sdeth.wire.protocol is fuzzed without a change here):
 random bytes, truncated and oversized frames, extra frames, deeply nested containers, the wrong protocol version, unknown and duplicate
 request ids, commits out of order, messages for a finished request, and every message with random field values.
@@ -15,7 +16,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from sdeth.models import tokenizer_hash
 from sdeth.place.testbed import free_port
 from sdeth.wire import protocol as W
-from sdeth.wire.draft_worker import serve_draft
+from sdeth.wire.draft_client import DraftServerClient, ServerDraft
+from sdeth.wire.draft_server import DraftServerConfig, serve_draft_server
 from sdeth.wire.target_worker import serve_target
 from sdeth.wire.transport import Client
 
@@ -106,10 +108,11 @@ def _serving(target, args, kwargs) -> threading.Thread:
 
 @pytest.fixture(scope="module")
 def workers(pair):
-    """A draft worker and a target worker that uses it, in threads of this process."""
+    """A draft server of one row (`worker --role draft`) and a target worker that uses it, in threads of this
+    process."""
     draft = f"tcp://127.0.0.1:{free_port()}"
     target = f"tcp://127.0.0.1:{free_port()}"
-    _serving(serve_draft, (draft, pair), {"max_seconds": 600})
+    _serving(serve_draft_server, (draft, pair, DraftServerConfig()), {"max_seconds": 600, "engine_opts": {}})
     _serving(serve_target, (target, pair, draft), {"max_seconds": 600, "draft_timeout_s": 3.0})
     for addr in (draft, target):
         c = Client(addr, timeout_s=60)
@@ -155,18 +158,21 @@ def _answers_until(sock, last, wait_s: float = 30.0) -> list:
 
 
 def _good_draft_request(addr: str, pair) -> None:
-    """A whole sync request against the draft worker: handshake, start, two proposals, end."""
-    c = Client(addr, timeout_s=20)
+    """A whole sync request against the draft server: handshake, open, two rounds, end."""
+    d = ServerDraft(DraftServerClient(addr, _hello(pair), timeout_s=20))
     try:
-        assert isinstance(c.call(_hello(pair)), W.Welcome)
-        assert isinstance(c.call(W.Start("good", [1, 2, 3, 4], 64)), W.Started)
-        p = c.call(W.Propose("good", 0, 5, 3))
-        assert isinstance(p, W.Proposal) and len(p.tokens) == 3, p
-        p = c.call(W.Propose("good", 1, 7, 2))
-        assert isinstance(p, W.Proposal) and len(p.tokens) == 2, p
-        assert isinstance(c.call(W.End("good")), W.Ended)
+        d.start([1, 2, 3, 4], 64)
+        assert len(d.propose(0, 5, 3)[0]) == 3
+        assert len(d.propose(1, 7, 2)[0]) == 2
+        d.end()
     finally:
-        c.close()
+        d.server.close()
+
+
+def _refusals(sock, seq: str, wait_s: float = 30.0) -> list[str]:
+    """The refusal codes of seq's rows in the Drafts that come back, up to the first Drafts that names seq."""
+    got = _answers_until(sock, lambda r: isinstance(r, W.Drafts) and any(x.seq == seq for x in r.rows), wait_s)
+    return [x.error for r in got if isinstance(r, W.Drafts) for x in r.rows if x.seq == seq]
 
 
 def _good_generate(addr: str, mode: str = "sd") -> W.Generated:
@@ -182,7 +188,7 @@ def _good_generate(addr: str, mode: str = "sd") -> W.Generated:
 
 @FUZZ
 @given(data=st.data())
-def test_draft_worker_survives_any_frame(pair, workers, data):
+def test_draft_server_survives_any_frame(pair, workers, data):
     draft, _ = workers
     sock = _dealer(draft)
     try:
@@ -195,10 +201,10 @@ def test_draft_worker_survives_any_frame(pair, workers, data):
         else:
             sock.send_multipart(sent)         # not our framing: dropped with a log line
         for reply in _answers(sock):
-            assert isinstance(reply, (W.Error, W.Pong, W.Welcome, W.Started, W.Proposal, W.Drafted, W.Ended)), reply
+            assert isinstance(reply, (W.Error, W.Pong, W.Welcome, W.Drafts, W.Streamed, W.Ended)), reply
             if isinstance(reply, W.Error):
-                assert reply.code in ("bad-message", "too-large", "version", "mismatch", "unknown-request",
-                                      "busy", "limit", "internal") and reply.message
+                assert reply.code in ("bad-message", "too-large", "version", "mismatch", "limit",
+                                      "internal") and reply.message
         c = Client(draft, timeout_s=20)
         assert isinstance(c.call(W.Ping(0.0)), W.Pong)
         c.close()
@@ -242,33 +248,35 @@ def test_a_deeply_nested_frame_kills_neither_worker(pair, workers, kind):
 
 
 def test_protocol_abuse_in_sequence_then_good_requests(pair, workers):
-    """The named cases, in order, on one connection: wrong version, no handshake, unknown and duplicate request
-    ids, commits out of order and for a finished stream, proposals for an ended request, a Start the engine
-    could not hold; then a whole good request on each worker."""
+    """The named cases, in order, on one connection: wrong version, no handshake, unknown and duplicate sequence
+    ids, a k beyond any round, rounds for an ended sequence, commits out of order and for an ended stream, a context
+    the server cannot hold; then a whole good request on each worker."""
     draft, target = workers
     c = Client(draft, timeout_s=20)
+    row = lambda seq, have, k=3: W.Rounds([W.Row(seq, 0, have, 0, [5], k)])     # noqa: E731
     try:
-        assert c.call(W.Propose("nobody", 0, 1, 3)).code == "version"                    # no handshake yet
+        assert c.call(row("nobody", 1)).code == "version"                               # no handshake yet
         assert c.call(_hello(pair, proto=W.PROTOCOL_VERSION - 1)).code == "version"
         assert isinstance(c.call(_hello(pair)), W.Welcome)
-        assert c.call(W.Propose("nobody", 0, 1, 3)).code == "unknown-request"
-        assert c.call(W.Start("big", [1, 2], 1 << 40)).code == "bad-message"          # a cache no engine holds
-        assert c.call(W.Start("oov", [1, 10 ** 9], 64)).code == "bad-message"         # ids outside the vocabulary
-        assert c.call(W.Start("nan", [1, 2], 64, temperature=float("nan"))).code == "bad-message"
-        for _ in range(2):                                                            # a duplicate id: restarted
-            assert isinstance(c.call(W.Start("dup", [1, 2, 3], 64)), W.Started)
-        assert c.call(W.Propose("dup", 0, 5, 99)).code == "bad-message"                # k beyond any round
-        assert isinstance(c.call(W.Propose("dup", 0, 5, 3)), W.Proposal)
+        assert c.call(row("nobody", 1)).rows[0].error == "desync"                        # an unknown sequence
+        for bad, code in ((W.Open("big", 0, [1] * 5000), "limit"),                       # a context it cannot hold
+                          (W.Open("oov", 0, [1, 10 ** 9]), "bad-message"),               # ids outside the vocabulary
+                          (W.Open("nan", 0, [1, 2], temperature=float("nan")), "bad-message")):
+            c.send(bad)
+            assert _refusals(c.sock, bad.seq) == [code], bad
+        for _ in range(2):                                                              # a duplicate id: reopened
+            c.send(W.Open("dup", 0, [1, 2, 3]))
+        assert c.call(row("dup", 3, k=99)).rows[0].error == "limit"                     # k beyond any round
+        got = c.call(row("dup", 3)).rows[0]
+        assert not got.error and len(got.tokens) == 3, got
         assert isinstance(c.call(W.End("dup")), W.Ended)
-        assert c.call(W.Propose("dup", 0, 5, 3)).code == "unknown-request"             # a finished request
-        c.send(W.Start("s", [1, 2, 3], 64, stream=True, first=4))
-        c.send(W.Commit("s", 9, 5))                    # a commit past the draft's chain: an error, not a crash
-        c.send(W.Commit("s", -1, 5))                   # out of range: the stream ends
-        c.send(W.Commit("s", 1, 5))                    # for the ended stream
-        got = _answers_until(c.sock, lambda r: isinstance(r, W.Error) and r.code == "unknown-request")
-        codes = [r.code for r in got if isinstance(r, W.Error)]
-        assert "bad-message" in codes and codes[-1] == "unknown-request", got
+        assert c.call(row("dup", 4)).rows[0].error == "desync"                           # an ended sequence
+        c.send(W.Open("s", 0, [1, 2, 3], stream=True))
+        c.send(W.Commits([W.CommitRow("s", 0, 9, 5)]))     # a commit past the draft's chain: refused, not a crash
+        assert "desync" in _refusals(c.sock, "s")
         assert isinstance(c.call(W.End("s")), W.Ended)
+        c.send(W.Commits([W.CommitRow("s", 0, 1, 5)]))     # for the ended stream
+        assert _refusals(c.sock, "s") == ["desync"]
     finally:
         c.close()
     _good_draft_request(draft, pair)
@@ -300,7 +308,8 @@ def test_curve_workers_serve_keyed_clients_only(pair, tmp_path, capfd):
     keys = Keys.load(make_keys(tmp_path / "keys"))
     other = Keys.load(make_keys(tmp_path / "other"))
     draft, target = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-    _serving(serve_draft, (draft, pair), {"max_seconds": 120, "keys": keys})
+    _serving(serve_draft_server, (draft, pair, DraftServerConfig()), {"max_seconds": 120, "keys": keys,
+                                                                      "engine_opts": {}})
     _serving(serve_target, (target, pair, draft), {"max_seconds": 120, "draft_timeout_s": 3.0, "keys": keys})
     c = Client(target, timeout_s=60, keys=keys)
     try:
@@ -318,45 +327,47 @@ def test_curve_workers_serve_keyed_clients_only(pair, tmp_path, capfd):
     assert "refused (auth)" in out and "PLAIN TCP" not in out, out[-2000:]
 
 
-def test_a_request_displaced_by_another_target_is_told_at_once(pair, workers):
-    """The draft worker drafts one sequence at a time: a second target's Start ends the first target's request,
-    and the first target gets an Error naming it at once (not a silent drop it would wait out)."""
+def test_a_second_target_on_one_row_is_told_at_once(pair, workers):
+    """The draft of one row holds one sequence: while one target's sequence holds it, a second target's Open is
+    refused at once (`limit`, naming the sequences), not left to time out; once the first ends, the second is
+    served."""
     draft, _ = workers
     a, b = Client(draft, timeout_s=20), Client(draft, timeout_s=20)
     try:
         for c in (a, b):
             assert isinstance(c.call(_hello(pair)), W.Welcome)
-        assert isinstance(a.call(W.Start("first", [1, 2, 3], 64)), W.Started)
-        assert isinstance(b.call(W.Start("second", [4, 5, 6], 64)), W.Started)
-        note = a.recv(5.0)
-        assert isinstance(note, W.Error) and note.code == "busy" and "'first'" in note.message, note
-        assert isinstance(b.call(W.Propose("second", 0, 7, 3)), W.Proposal)
-        for c, req in ((a, "first"), (b, "second")):
-            assert isinstance(c.call(W.End(req)), W.Ended)
+        a.send(W.Open("first", 0, [1, 2, 3]))
+        assert not a.call(W.Rounds([W.Row("first", 0, 3, 0, [4], 3)])).rows[0].error
+        b.send(W.Open("second", 0, [4, 5, 6]))
+        note, = b.recv(5.0).rows
+        assert note.error == "limit" and "sequences" in note.message, note
+        assert isinstance(a.call(W.End("first")), W.Ended)
+        b.send(W.Open("second", 1, [4, 5, 6]))
+        got = b.call(W.Rounds([W.Row("second", 1, 3, 0, [7], 3)])).rows[0]
+        assert not got.error and len(got.tokens) == 3, got
+        assert isinstance(b.call(W.End("second")), W.Ended)
     finally:
         a.close()
         b.close()
 
 
 def test_heartbeats_are_answered_while_a_long_prompt_prefills(pair, workers):
-    """A Start of a long prompt prefills on its own thread: a Ping sent right after it is answered before its
-    Started, and a Propose sent meanwhile is answered after it, in order."""
+    """A long prompt is fed in chunks between the loop's reads: a Ping sent right after its Open and first round is
+    answered before the round's Drafts, and the round is answered after the prefill."""
     draft, _ = workers
     c, probe = Client(draft, timeout_s=60), Client(draft, timeout_s=60)
     try:
         assert isinstance(c.call(_hello(pair)), W.Welcome)
         ids = [(7 * i) % 20000 + 10 for i in range(1500)]
-        c.send(W.Start("long", ids, 1600))
-        c.send(W.Propose("long", 0, 5, 3))
+        c.send(W.Open("long", 0, ids))
+        c.send(W.Rounds([W.Row("long", 0, len(ids), 0, [5], 3)]))
         t0 = time.perf_counter()
         assert isinstance(probe.call(W.Ping(0.0)), W.Pong)
         pong_s = time.perf_counter() - t0
-        started = c.recv(60)
-        started_s = time.perf_counter() - t0
-        assert isinstance(started, W.Started) and started.req == "long", started
-        assert pong_s < started_s, (pong_s, started_s)
-        proposal = c.recv(60)
-        assert isinstance(proposal, W.Proposal) and len(proposal.tokens) == 3, proposal
+        drafts = c.recv(60)
+        drafts_s = time.perf_counter() - t0
+        assert isinstance(drafts, W.Drafts) and len(drafts.rows[0].tokens) == 3, drafts
+        assert pong_s < drafts_s, (pong_s, drafts_s)
         assert isinstance(c.call(W.End("long")), W.Ended)
     finally:
         c.close()

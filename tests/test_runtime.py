@@ -73,10 +73,10 @@ def test_draft_classes_fulfil_their_roles():
     from doubles import LocalStream
     from sdeth.runtime.loop import Drafter
     from sdeth.runtime.roles import DraftSource, DraftStream
-    from sdeth.wire.remote import RemoteDrafter, RemoteStream
+    from sdeth.wire.draft_client import ServerDraft, ServerStream
     from sdeth.wire.target_worker import _NoDraft
-    for cls in (Drafter, RemoteDrafter, _NoDraft):
+    for cls in (Drafter, ServerDraft, _NoDraft):
         assert all(hasattr(cls, m) for m in ("start", "propose", "compute_s")), cls
-    for cls in (RemoteStream, LocalStream):
+    for cls in (ServerStream, LocalStream):
         assert all(hasattr(cls, m) for m in ("start", "commit", "poll", "wait", "end", "compute_s", "streamed")), cls
     assert not isinstance(object(), DraftSource) and not isinstance(object(), DraftStream)

@@ -12,7 +12,7 @@ import zmq
 
 from sdeth.place.testbed import free_port
 from sdeth.wire import protocol as W
-from sdeth.wire.draft_worker import DECODE as DRAFT_DECODE
+from sdeth.wire.draft_server import DECODE as DRAFT_DECODE
 from sdeth.wire.target_worker import DECODE as TARGET_DECODE
 from sdeth.wire.serving import serve_requests
 from sdeth.wire.transport import Client, Log, PeerGone
@@ -51,7 +51,7 @@ def test_garbage_and_truncation_raise_only_protocol_errors(decode):
 def test_each_role_takes_its_own_messages():
     gen = W.encode(W.Generate("g", [1, 2], 4))
     assert isinstance(TARGET_DECODE(gen), W.Generate)
-    with pytest.raises(W.ProtocolError, match="a draft worker .*takes Hello, Start, Propose, Commit, End, Ping"):
+    with pytest.raises(W.ProtocolError, match="a draft server .*takes Hello, Open, Rounds, Commits, End, Ping"):
         DRAFT_DECODE(gen)
     with pytest.raises(W.ProtocolError, match="a target worker .*takes Generate, Ping"):
         TARGET_DECODE(W.encode(W.Start("r", [1], 4)))
@@ -111,7 +111,7 @@ def test_frames_of_the_wrong_count_are_answered_and_logged():
                 assert sock.poll(3000), frames
                 err = W.decode(sock.recv_multipart()[-1])     # (after a REQ envelope's empty frame, kept for REQ)
                 assert isinstance(err, W.Error) and err.code == "bad-message" and "exactly one frame" in err.message
-            sock.send(W.encode(W.Generate("g", [1], 2)))       # a target's message, sent to a draft worker
+            sock.send(W.encode(W.Generate("g", [1], 2)))       # a target's message, sent to a draft server
             assert sock.poll(3000)
             assert "takes Hello" in W.decode(sock.recv()).message
         finally:
@@ -233,7 +233,7 @@ def test_a_draft_the_heartbeat_marked_down_is_not_waited_for():
     """The pipelined loop's short waits and polls stop at once when the heartbeat has marked the draft down, and the
     request keeps the reason; while it is up, a short wait just finds nothing."""
     from sdeth.runtime.loop import DraftUnavailable
-    from sdeth.wire.remote import RemoteStream
+    from sdeth.wire.draft_client import DraftServerClient, ServerStream
 
     class Quiet:
         addr, timeout_s = "tcp://draft:5601", 5.0
@@ -245,12 +245,13 @@ def test_a_draft_the_heartbeat_marked_down_is_not_waited_for():
     class Health:
         up, why = True, "heartbeat answered"
 
-    s = RemoteStream.__new__(RemoteStream)                 # the handle without its handshake
-    s.client, s.health, s.lost, s.lost_answered = Quiet(), Health(), "", False
+    c = DraftServerClient.__new__(DraftServerClient)       # the client without its handshake
+    c.client, c.health, c.addr = Quiet(), Health(), Quiet.addr
+    s = ServerStream(c)
     assert s.wait(0.02) is False
     Health.up, Health.why = False, "3 heartbeats unanswered (0.5 s each)"
     t0 = time.perf_counter()
     for look in (lambda: s.wait(0.02), s.poll):
-        with pytest.raises(DraftUnavailable, match="heartbeat marked the draft worker at tcp://draft:5601 down"):
+        with pytest.raises(DraftUnavailable, match="heartbeat marked the draft server at tcp://draft:5601 down"):
             look()
     assert time.perf_counter() - t0 < 0.5 and "3 heartbeats unanswered" in s.lost

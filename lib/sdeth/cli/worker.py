@@ -12,20 +12,24 @@ def worker_parser() -> argparse.ArgumentParser:
                                  "the run configuration comes whole in --config (what a testbed passes); --pair, "
                                  "--target, --draft and --device alone make one for a worker started by hand")
     ap.add_argument("--role", required=True, choices=["draft", "draft-server", "target"],
-                    help="draft: one sequence at a time, sync or pipelined; draft-server: many sequences of many "
-                         "targets at once, batched (sync rounds); target: decodes, with its draft at --draft-addr")
+                    help="draft-server: the draft server, many sequences of many targets at once, batched over the "
+                         "fast decoder (sync rounds and streams); draft: the draft server of one row over --config's "
+                         "engine (any: transformers, fast, synthetic, trace-driven, emulated); target: decodes, with "
+                         "its draft server at --draft-addr")
     ap.add_argument("--bind", required=True, help="tcp://ADDR:PORT to listen on (only that address)")
     ap.add_argument("--config", default="{}", help="the run configuration as JSON (study.config.RunConfig."
                     "worker_config(): pair, devices, engine options); the draft role runs on draft_device if set")
     ap.add_argument("--pair", help="model pair preset (overrides --config's)")
     ap.add_argument("--target"), ap.add_argument("--draft")
     ap.add_argument("--device", help="this worker's device (overrides --config's device and draft_device)")
-    ap.add_argument("--draft-addr", help="target role: tcp://ADDR:PORT of the draft worker")
-    ap.add_argument("--draft-server", action="store_true", help="target role: the draft at --draft-addr is a "
-                    "draft server (started with --role draft-server)")
+    ap.add_argument("--draft-addr", help="target role: tcp://ADDR:PORT of the draft server (--role draft or "
+                    "draft-server)")
+    ap.add_argument("--draft-server", action="store_true", help="target role: accepted for older command lines "
+                    "(the draft at --draft-addr is always a draft server)")
     draft_server_arguments(ap)
     ap.add_argument("--draft-timeout", type=float, default=5.0, help="seconds before the target stops waiting for a proposal")
-    ap.add_argument("--die-after", type=int, default=0, help="fault injection: exit after N proposals")
+    ap.add_argument("--die-after", type=int, default=0, help="fault injection (draft roles): exit after N drafts "
+                    "sent (proposals and streamed tokens)")
     ap.add_argument("--max-seconds", type=float, default=0, help="exit after this long (0: run until killed)")
     ap.add_argument("--spin-ms", type=float, default=None,
                     help="busy-poll the link this long after each message (default: 20 on a GPU, where the cores "
@@ -79,7 +83,7 @@ def draft_server_config(a, cfg, spin_s: float):
         prefill_budget=a.prefill_budget, compile_mode=a.compile, fast=cfg.draft_fast if a.fast is None else a.fast,
         warm=not a.no_warm, spin_s=spin_s, messages_per_s=a.messages_per_s, per_pass=a.per_pass,
         read_while_stepping=a.read_while_stepping,
-        verdict_cache=a.verdict_cache, limits=limits).check()
+        verdict_cache=a.verdict_cache, die_after=a.die_after, limits=limits).check()
 
 
 def worker_config(a):
@@ -97,7 +101,7 @@ def worker_config(a):
 
 
 def worker_main(argv=None) -> int:
-    """`python -m sdeth worker --role draft|target ...`: one worker process, until killed."""
+    """`python -m sdeth worker --role draft|draft-server|target ...`: one worker process, until killed."""
     from dataclasses import asdict
     from ..study.config import ConfigError
     from ..models.prompts import PromptError
@@ -119,7 +123,7 @@ def worker_main(argv=None) -> int:
     import torch
     from ..models.presets import load_pair
     from ..wire.auth import Keys, KeysError
-    from ..wire.draft_worker import serve_draft
+    from ..wire.draft_server import serve_draft_server
     from ..wire.target_worker import serve_target
     try:
         keys = Keys.from_env(a.keys)
@@ -133,12 +137,9 @@ def worker_main(argv=None) -> int:
     pair = load_pair(cfg.pair, cfg.target, cfg.draft, device=device, roles=own if a.role == "target" else ("draft",))
     opts = asdict(cfg.engine_config())
     spin_s = (a.spin_ms if a.spin_ms is not None else (20.0 if device.startswith("cuda") else 0.0)) / 1e3
-    if a.role == "draft":
-        serve_draft(a.bind, pair, a.die_after, a.max_seconds, opts, spin_s, keys=keys)
-    elif a.role == "draft-server":
-        from ..wire.draft_server import serve_draft_server
-        serve_draft_server(a.bind, pair, draft_server_config(a, cfg, spin_s), a.max_seconds, keys)
+    if a.role != "target":      # draft: one row over the run configuration's engine; draft-server: batched
+        serve_draft_server(a.bind, pair, draft_server_config(a, cfg, spin_s), a.max_seconds, keys,
+                           opts if a.role == "draft" else None)
     else:
-        serve_target(a.bind, pair, a.draft_addr, a.draft_timeout, a.max_seconds, opts, spin_s, keys=keys,
-                     draft_server=a.draft_server)
+        serve_target(a.bind, pair, a.draft_addr, a.draft_timeout, a.max_seconds, opts, spin_s, keys=keys)
     return 0

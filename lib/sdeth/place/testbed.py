@@ -5,7 +5,7 @@ veth pair (root), or two processes on loopback (no root: results say so).
         tb.target_addr                           # the controller talks to the target here (ipc://)
 
 One-way delay is added in user space by `DelayProxy` (place.relay; no dependence on the kernel's netem): a TCP
-relay in front of the draft worker, on the target's node, holding each chunk for the set delay per
+relay in front of the draft server, on the target's node, holding each chunk for the set delay per
 direction. `rate_mbit` caps the veth with `tc tbf`. Everything started is torn down on exit,
 also on error or Ctrl-C: processes (their process groups), namespaces (the veth goes with them),
 the ipc directory.
@@ -62,7 +62,7 @@ class Testbed:
                  draft_device: str | None = None, worker_config: dict | None = None, ready_timeout_s: float = 180.0,
                  targets: int = 1, draft_server: bool = False, verdict_cache: str = "off"):
         self.pair, self.up_ms, self.down_ms, self.rate_mbit = pair, up_ms, down_ms, rate_mbit
-        self.draft_server = draft_server       # the draft node runs a draft server (many targets) instead of a draft worker
+        self.draft_server = draft_server       # the draft node's server is batched (--role draft-server), not one row
         self.verdict_cache = verdict_cache     # ... with this verdict cache (its --verdict-cache: off, on, FxDxB)
         self.netns = can_use_netns() if netns is None else netns
         if self.netns and not can_use_netns():
@@ -163,8 +163,7 @@ class Testbed:
         for name, addr in zip(self.target_names, self.target_addrs):
             self.run_in("target", ["-m", "sdeth", "worker", "--role", "target", "--bind", addr,
                                    "--config", json.dumps(self.worker_config), "--draft-addr", self.draft_addr_for_target(),
-                                   "--draft-timeout", str(self.draft_timeout_s),
-                                   *(["--draft-server"] if self.draft_server else [])], name)
+                                   "--draft-timeout", str(self.draft_timeout_s)], name)
         self.wait_ready(self.ready_timeout_s)
 
     def _start_relay(self) -> None:
@@ -211,7 +210,7 @@ class Testbed:
             _wait_for(self, name, " up (heartbeat answered)", 30)
 
     def start_draft(self) -> None:
-        """(Re)start the draft worker on its node and port (after kill('draft')); returns once it serves."""
+        """(Re)start the draft server on its node and port (after kill('draft')); returns once it serves."""
         self._launch_draft()
         _wait_for(self, "draft", self._draft_banner, self.ready_timeout_s)
 
@@ -219,9 +218,7 @@ class Testbed:
     def _draft_role(self) -> str:
         return "draft-server" if self.draft_server else "draft"
 
-    @property
-    def _draft_banner(self) -> str:
-        return "sdeth draft server:" if self.draft_server else "sdeth draft worker:"
+    _draft_banner = "sdeth draft server:"
 
     def _launch_draft(self) -> None:
         self.run_in("draft", ["-m", "sdeth", "worker", "--role", self._draft_role, "--bind", self.draft_bind(),

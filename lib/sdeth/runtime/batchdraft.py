@@ -100,6 +100,7 @@ class BatchDrafter:
             raise Full(f"all {self.dec.rows} cache rows hold sequences")
         self.free_rows.sort()
         rng = torch.Generator(device=self.device).manual_seed(seed)
+        self.dec.open_row(self.free_rows[0], prompt_ids)
         seq = Sequence(key, gen, self.free_rows.pop(0), s, rng, q_top, n=len(prompt_ids), pending=list(prompt_ids),
                        seed=seed)
         self.seqs[key] = seq

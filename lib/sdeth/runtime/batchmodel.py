@@ -132,6 +132,9 @@ class BatchDecoder:
             s *= 2
         return min(s, self.capacity)
 
+    def open_row(self, row: int, prompt_ids: list[int]) -> None:
+        """A new sequence takes a row: nothing to do (its old entries are masked by position, then overwritten)."""
+
     def cache_bytes_per_token(self) -> int:
         f = self.fast
         return 2 * f.n_layers * f.n_kv * f.head_dim * self.k_cache[0].element_size()

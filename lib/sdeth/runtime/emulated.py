@@ -75,6 +75,7 @@ class EmulatedEngine(Engine):
     """An Engine that runs no model: each forward answers with the recorded draft's tokens (one-hot logits)
     and takes `step_s` per new token after the first forward of a request (the prefill takes
     `prefill_s`). Misses (contexts past the recording) answer token 0 and are counted."""
+    keyed_by_prompt = True      # the recording is keyed by the prompt of a request's first forward (its prefill)
 
     def __init__(self, model, chains: DraftChains, step_s: float, name: str = "draft", prefill_s: float = 0.0,
                  vocab: int | None = None, **kw):

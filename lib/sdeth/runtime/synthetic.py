@@ -121,6 +121,7 @@ class AcceptanceTrace:
 
 class SyntheticEngine(Engine):
     """An Engine whose forward runs for real, then answers as the synthetic target or draft."""
+    keyed_by_prompt = True      # its sequences are keyed by the prompt of a request's first forward (its prefill)
 
     def __init__(self, model, name: str = "model", role: str = "target", alpha: float = 0.5, seed: int = 0,
                  trace: AcceptanceTrace | None = None, **kw):

@@ -22,6 +22,7 @@ from .transport import Client, PeerGone
 
 DECODE = protocol.Decoder("a draft server's client", protocol.SERVER_SENDS)
 AGAIN = ("desync", "reclaimed")    # a row refused for these is opened again (next generation) and asked again
+HEALTH_SLICE_S = 0.1     # a reply is awaited in slices this long, the heartbeat's view read between them
 
 
 @dataclass(eq=False)
@@ -58,6 +59,7 @@ class DraftServerClient:
         # connection's sequences while it holds them (GONE_S after the old one closed); the Welcome is no reply
         # awaited, and is passed over
         self.client.on_reopen = lambda: self.client.send(self.hello)
+        self.health = None         # wire.health.DraftHealth or None: a draft it marks down is not waited for
         self._handshake()
         self.last = RoundCosts()
         self.n = 0
@@ -76,6 +78,23 @@ class DraftServerClient:
         t = ServerTrack(seq, s, seed, q_top, context=list(prompt_ids), have=len(prompt_ids))
         self._send_open(t, t.context)
         return t
+
+    def recv(self, timeout_s: float):
+        """The next message within timeout_s, or None; waits in slices and stops early (DraftUnavailable) when
+        the connection closes or the heartbeat marks the draft down."""
+        t_end = time.perf_counter() + timeout_s
+        try:
+            while True:
+                m = self.client.recv(min(HEALTH_SLICE_S, max(t_end - time.perf_counter(), 0)))
+                if m is not None:
+                    return m
+                if self.health is not None and not self.health.up:
+                    raise DraftUnavailable(f"the heartbeat marked the draft server at {self.addr} down "
+                                           f"({self.health.why})")
+                if time.perf_counter() >= t_end:
+                    return None
+        except PeerGone as e:
+            raise DraftUnavailable(str(e)) from None
 
     def _send_open(self, t: ServerTrack, context: list[int]) -> None:
         self.client.send(protocol.Open(t.seq, t.gen, list(context), q_top=t.q_top, seed=t.seed,
@@ -117,10 +136,7 @@ class DraftServerClient:
         t_end = t0 + self.client.timeout_s
         while want - got.keys():
             left = t_end - time.perf_counter()
-            try:
-                m = self.client.recv(max(left, 0)) if left > 0 else None
-            except PeerGone as e:
-                raise DraftUnavailable(str(e)) from None
+            m = self.recv(left) if left > 0 else None
             if m is None:
                 self.client.reopen()
                 raise DraftUnavailable(f"no Drafts from {self.addr} within {self.client.timeout_s:.1f} s")
@@ -183,7 +199,42 @@ def ping_ms(addr: str, hello: protocol.Hello, n: int = 10, timeout_s: float = 2.
     return sorted(ts)[n // 2]
 
 
-class ServerDraft:
+class DraftHandle:
+    """What a sequence's handle on a draft server (ServerDraft, ServerStream) shares: its client's connection and
+    the server's Welcome, and why the draft was lost in the current request (lost; lost_answered: the server said
+    so itself, so it is alive). `connect` makes the target worker's handle, on a client of its own."""
+    lost, lost_answered = "", False
+    compute_s: float = 0.0        # the draft's model time since start(), as the server reports it
+    streamed: int = 0             # a stream: the tokens it streamed in this request
+
+    @classmethod
+    def connect(cls, addr: str, hello: protocol.Hello, s: Sampling, timeout_s: float = 5.0, spin_s: float = 0.0,
+                health=None, keys=None, **kw):
+        """A handle on the draft server at addr, on a client of its own (health: the heartbeat, which stops waits
+        early when it marks the draft down); DraftUnavailable when none answers. kw: the handle's own."""
+        try:
+            c = DraftServerClient(addr, hello, timeout_s, spin_s, keys)
+        except (TimeoutError, PeerGone) as e:
+            raise DraftUnavailable(f"draft server at {addr}: {e}") from None
+        c.health = health
+        return cls(c, s, **kw)
+
+    @property
+    def client(self):
+        return self.server.client
+
+    @property
+    def peer(self) -> protocol.Welcome:
+        return self.server.peer
+
+    def lose(self, e: DraftUnavailable, answered: bool) -> DraftUnavailable:
+        """Keep the first reason the draft was lost in this request."""
+        if not self.lost:
+            self.lost, self.lost_answered = str(e), answered
+        return e
+
+
+class ServerDraft(DraftHandle):
     """One sequence on a draft server as the sync loop's draft source (runtime.roles.DraftSource)."""
     starts_async = True
 
@@ -191,21 +242,26 @@ class ServerDraft:
                  name: str = ""):
         self.server, self.sampling, self.q_top, self.device = client, s, q_top, torch.device(device)
         self.name, self.count, self.track = name or f"{os.getpid()}-{id(self):x}", 0, None
-        self.compute_s = 0.0
+        self.compute_s = self.held_s = 0.0      # the draft's model time, and the time the server held the rounds
 
     def start(self, prompt_ids, size, s=None, seed=None):
         if self.track is not None:
             self.end()
+        self.lost, self.lost_answered = "", False
         self.count += 1
-        self.compute_s = 0.0
+        self.compute_s = self.held_s = 0.0
         self.track = self.server.open(f"{self.name}-{self.count}", prompt_ids, s or self.sampling, seed, self.q_top)
         self.first = True
 
     def propose(self, n_prev: int, nxt: int, k: int):
-        r = self.server.rounds([(self.track, n_prev, [nxt], k)])[0]
+        try:
+            r = self.server.rounds([(self.track, n_prev, [nxt], k)])[0]
+        except DraftUnavailable as e:
+            raise self.lose(e, "draft server error" in str(e))
         if r.error:
-            raise DraftUnavailable(f"draft server refused the round ({r.error}): {r.message}")
+            raise self.lose(DraftUnavailable(f"draft server refused the round ({r.error}): {r.message}"), True)
         self.compute_s += self.server.last.draft_ms / 1e3
+        self.held_s += self.server.last.held_ms / 1e3
         return list(r.tokens), q_from_pairs(r.q_idx, r.q_val, self.server.peer.vocab_size, self.device, len(r.tokens))
 
     def end(self):
@@ -214,34 +270,7 @@ class ServerDraft:
             self.track = None
 
 
-class ServerDrafter(ServerDraft):
-    """A draft server as the target worker's handle (wire.target_worker): RemoteDrafter's constructor and the
-    fields its record reads (client, peer, lost, lost_answered)."""
-
-    def __init__(self, addr: str, hello: protocol.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0,
-                 device="cpu", spin_s: float = 0.0, health=None, keys=None):
-        try:
-            c = DraftServerClient(addr, hello, timeout_s, spin_s, keys)
-        except (TimeoutError, PeerGone) as e:
-            raise DraftUnavailable(f"draft server at {addr}: {e}") from None
-        super().__init__(c, s, q_top, device)
-        self.client, self.peer, self.health = c.client, c.peer, health
-        self.lost, self.lost_answered = "", False
-
-    def start(self, prompt_ids, size, s=None, seed=None):
-        self.lost, self.lost_answered = "", False
-        super().start(prompt_ids, size, s, seed)
-
-    def propose(self, n_prev: int, nxt: int, k: int):
-        try:
-            return super().propose(n_prev, nxt, k)
-        except DraftUnavailable as e:
-            self.lost = str(e)
-            self.lost_answered = "refused the round" in self.lost or "draft server error" in self.lost
-            raise
-
-
-class ServerStream:
+class ServerStream(DraftHandle):
     """One pipelined sequence on a draft server as the pipelined loop's draft stream (runtime.roles.DraftStream):
     Open(stream) and the first token's commit at start, a Commits message per commit, Streamed rows into the
     view (runtime.pipeline.StreamView has the rules). With est (the pipelined loop's policy; generate_pipelined
@@ -268,6 +297,7 @@ class ServerStream:
                                                      # this host's: one host, or clocks in step)
 
     def start(self, prompt_ids, size, first, s=None, seed=None):
+        self.lost, self.lost_answered = "", False
         self.count += 1
         self.seq, self.compute_s, self.streamed, self.branched = f"{self.name}-s{self.count}", 0.0, 0, 0
         self.gaps_ms, self.restarts_ms, self.restarts_stepped_ms = [], [], []
@@ -285,11 +315,12 @@ class ServerStream:
 
     def _take(self, m) -> None:
         if isinstance(m, protocol.Error):
-            raise DraftUnavailable(f"draft server error ({m.code}): {m.message}")
+            raise self.lose(DraftUnavailable(f"draft server error ({m.code}): {m.message}"), True)
         if isinstance(m, protocol.Drafts):
             bad = [r for r in m.rows if r.seq == self.seq and r.error]
             if bad:
-                raise DraftUnavailable(f"draft server refused the stream ({bad[0].error}): {bad[0].message}")
+                raise self.lose(DraftUnavailable(f"draft server refused the stream ({bad[0].error}): "
+                                                 f"{bad[0].message}"), True)
         if not isinstance(m, protocol.Streamed):
             return
         for r in m.rows:
@@ -326,18 +357,18 @@ class ServerStream:
         if restart is not None:
             est.observe_rtt(restart - m.draft_ms / 1e3)
 
-    def poll(self) -> None:
+    def _recv(self, timeout_s: float):
         try:
-            while (m := self.server.client.recv(0)) is not None:
-                self._take(m)
-        except PeerGone as e:
-            raise DraftUnavailable(str(e)) from None
+            return self.server.recv(timeout_s)
+        except DraftUnavailable as e:      # (the connection closed, or the heartbeat marked the draft down)
+            raise self.lose(e, False)
+
+    def poll(self) -> None:
+        while (m := self._recv(0)) is not None:
+            self._take(m)
 
     def wait(self, timeout_s: float) -> bool:
-        try:
-            m = self.server.client.recv(timeout_s)
-        except PeerGone as e:
-            raise DraftUnavailable(str(e)) from None
+        m = self._recv(timeout_s)
         if m is None:
             return False
         self._take(m)
@@ -348,32 +379,3 @@ class ServerStream:
         if self.seq:
             self.server.end_seq(self.seq)
             self.seq = ""
-
-
-class ServerStreamer(ServerStream):
-    """A draft server's pipelined stream as the target worker's handle: RemoteStream's constructor and the
-    fields the worker sets and reads (window, est, branches, client, peer, lost, lost_answered). A server drafts no
-    outcome cache (cache stays off); its verdict cache's branches come ahead where the worker sets `branches`
-    (wire.target_worker.server_branches)."""
-
-    def __init__(self, addr: str, hello: protocol.Hello, s: Sampling, q_top: int = 64, timeout_s: float = 5.0,
-                 device="cpu", spin_s: float = 0.0, health=None, keys=None, window: int = protocol.STREAM_WINDOW):
-        try:
-            c = DraftServerClient(addr, hello, timeout_s, spin_s, keys)
-        except (TimeoutError, PeerGone) as e:
-            raise DraftUnavailable(f"draft server at {addr}: {e}") from None
-        super().__init__(c, s, q_top, window, device)
-        self.client, self.peer, self.health = c.client, c.peer, health
-        self.est, self.cache, self.watch = None, (0, 4, 1), 0
-        self.lost, self.lost_answered = "", False
-
-    def start(self, prompt_ids, size, first, s=None, seed=None):
-        self.lost, self.lost_answered = "", False
-        super().start(prompt_ids, size, first, s, seed)
-
-    def _take(self, m) -> None:
-        try:
-            super()._take(m)
-        except DraftUnavailable as e:
-            self.lost, self.lost_answered = str(e), True
-            raise

@@ -49,15 +49,24 @@ docs/reliability.md lists what is guaranteed, each with its test.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
+from ..models.presets import tokenizer_hash
 from ..runtime.batchdraft import BatchDrafter
 from . import protocol
 from .clients import GONE_S
-from .draft_worker import welcome as welcome_of
 from .server_config import DraftServerConfig, ServerLimits
 from .server_core import AHEAD_ROWS, DECODE, DraftServer, refusal  # noqa: F401
 
-__all__ = ["DraftServer", "DraftServerConfig", "ServerLimits", "GONE_S", "build_server", "pair_server",
-           "serve_draft_server"]
+__all__ = ["DraftServer", "DraftServerConfig", "ServerLimits", "GONE_S", "build_server", "engine_server",
+           "pair_server", "serve_draft_server"]
+WARM_WIDTHS = 10     # an engine row's forward widths captured as CUDA graphs before serving (a catch-up of up to 8)
+
+
+def welcome_of(pair, model_id: str) -> protocol.Welcome:
+    """The Welcome a draft of `pair` answers Hellos with (the server sets what it can serve: rows, limits)."""
+    return protocol.Welcome(protocol.PROTOCOL_VERSION, model_id, pair.vocab_size, tokenizer_hash(pair.tokenizer),
+                            pair.config.dtype)
 
 
 def build_server(fast, welcome: protocol.Welcome, cfg: DraftServerConfig) -> DraftServer:
@@ -73,12 +82,35 @@ def build_server(fast, welcome: protocol.Welcome, cfg: DraftServerConfig) -> Dra
     return DraftServer(BatchDrafter(dec, welcome.vocab_size, cfg.prefill_chunk), welcome, cfg)
 
 
-def pair_server(pair, cfg: DraftServerConfig) -> DraftServer:
-    """build_server over a model pair's draft (the fast decoder with cfg.fast's options)."""
+def engine_server(engine, welcome: protocol.Welcome, cfg: DraftServerConfig) -> DraftServer:
+    """A draft server of one row over any draft Engine (runtime.make_engine's: transformers, the fast decoder,
+    synthetic or trace-driven acceptance, an emulated draft device): runtime.enginerow.EngineRow of cfg.capacity
+    tokens, the engine's widths captured when cfg.warm. One row cannot fork: a verdict cache is refused."""
+    from ..runtime.enginerow import EngineRow
+    from ..runtime.verdictcache import VerdictSpec
+    if VerdictSpec.parse(cfg.verdict_cache).on:
+        raise ValueError(f"--verdict-cache {cfg.verdict_cache!r}: a draft of one row (--role draft) has no free rows "
+                         "to draft branches on: use --verdict-cache off, or --role draft-server (the batched fast "
+                         "decoder) for branches")
+    cfg = replace(cfg, rows=1).check().resolved(engine.device.type)
+    if cfg.warm:
+        engine.warm(WARM_WIDTHS)
+    return DraftServer(BatchDrafter(EngineRow(engine, cfg.capacity), welcome.vocab_size, cfg.prefill_chunk), welcome, cfg)
+
+
+def pair_server(pair, cfg: DraftServerConfig, engine_opts: dict | None = None) -> DraftServer:
+    """A draft server over a model pair's draft: batched over the fast decoder (cfg.fast's options); with
+    engine_opts (runtime.make_engine's: the run configuration's engine), one row over that engine."""
+    if engine_opts is not None:
+        from ..runtime import make_engine
+        engine = make_engine(pair.draft, "draft", "draft", vocab=pair.vocab_size, **engine_opts)
+        return engine_server(engine, welcome_of(pair, pair.config.draft), cfg)
     from ..runtime.fastmodel import FastDecoder
     return build_server(FastDecoder(pair.draft, 8, cfg.fast or None), welcome_of(pair, pair.config.draft), cfg)
 
 
-def serve_draft_server(bind: str, pair, cfg: DraftServerConfig, max_seconds: float = 0, keys=None) -> None:
-    """Serve many sequences until killed (or max_seconds): cfg.rows sequences of up to cfg.capacity tokens."""
-    pair_server(pair, cfg).serve(bind, max_seconds, keys)
+def serve_draft_server(bind: str, pair, cfg: DraftServerConfig, max_seconds: float = 0, keys=None,
+                       engine_opts: dict | None = None) -> None:
+    """Serve until killed (or max_seconds): cfg.rows sequences of up to cfg.capacity tokens (engine_opts: one row
+    over that engine, pair_server)."""
+    pair_server(pair, cfg, engine_opts).serve(bind, max_seconds, keys)

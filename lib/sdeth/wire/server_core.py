@@ -3,6 +3,7 @@ step per idle call (wire.draft_server has its rules and its constructors)."""
 from __future__ import annotations
 
 import collections
+import os
 import time
 from dataclasses import asdict
 
@@ -42,7 +43,7 @@ class DraftServer:
                           "messages_per_s": cfg.messages_per_s, "per_pass": cfg.per_pass}
         self.log = Log("draft server")
         self.clients = ClientTable(drafter, cfg.limits, cfg.ttl_s, self.log)
-        self.steps = 0
+        self.steps = self.served = 0         # draft steps; drafts sent (for cfg.die_after)
         dev = drafter.device
         self.overlap = Overlap(dev if dev.type == "cuda" else None)   # a step on its own thread while the loop reads
         self.batches: collections.deque = collections.deque(maxlen=4096)    # sequences per step, newest last
@@ -65,9 +66,19 @@ class DraftServer:
                                                              per_pass=self.cfg.per_pass, closed=self.clients.closed,
                                                              urgent=(protocol.Commits, protocol.End), pump_to=pump_to):
                 for m in self.dispatch(ident, msg, t1, peer):
-                    reply(sock, ident, m)
+                    self._send(sock, ident, m)
         finally:
             self.overlap.close()
+
+    def _send(self, sock, ident: bytes, m) -> None:
+        """Send one reply; under cfg.die_after (fault injection), exit abruptly once that many drafts went out (a
+        proposal, a stream's token: a crash, as far as its clients can tell)."""
+        reply(sock, ident, m)
+        if self.cfg.die_after:
+            rows = getattr(m, "rows", None) if isinstance(m, (protocol.Drafts, protocol.Streamed)) else None
+            self.served += sum(1 for r in rows or [] if not getattr(r, "error", "") and getattr(r, "fork", -1) < 0)
+            if self.served >= self.cfg.die_after:
+                os._exit(17)
 
     def dispatch(self, ident: bytes, msg, t1: float, peer: str) -> list:
         """The immediate replies to one message (Drafts come from steps); an Error is logged with the peer."""
@@ -264,7 +275,7 @@ class DraftServer:
         out = self.step() + self.stream_step()
         out += [(c.ident, self._drafts(c, [])) for c in self.clients.values() if c.refused]
         for ident, m in out:
-            reply(sock, ident, m)
+            self._send(sock, ident, m)
         self.scheduler.plan()            # (after the step's tokens went out: the live streams wait for nothing)
         fed, failed, why = self.scheduler.prefill()
         if why:

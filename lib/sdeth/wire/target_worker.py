@@ -1,9 +1,9 @@
-"""The target worker: decodes requests from a controller, with SD against a remote draft worker when
-one answers, alone otherwise. `python -m sdeth worker --role target --bind ... --draft-addr ...`.
+"""The target worker: decodes requests from a controller, with SD against a remote draft server when one
+answers, alone otherwise. `python -m sdeth worker --role target --bind ... --draft-addr ...`.
 
-Each Generate is served in three steps: connect (a handle on the draft worker, re-made after a loss, none
-while the heartbeat says the draft is away), decode (the request's mode), record (the request's figures,
-its bytes on the link, and why it lost its draft if it did).
+Each Generate is served in three steps: connect (a handle on the draft server, wire.draft_client's, re-made after
+a loss, none while the heartbeat says the draft is away), decode (the request's mode), record (the request's
+figures, its bytes on the link, and why it lost its draft if it did).
 """
 from __future__ import annotations
 
@@ -16,35 +16,33 @@ from ..models.presets import tokenizer_hash
 from ..runtime.loop import DraftUnavailable, generate_sd, generate_target_only
 from ..runtime.pipeline import StreamView, generate_pipelined
 from ..runtime.specs import AHEAD
-from ..runtime.streamdraft import parse_cache
 from ..runtime import make_engine
 from ..runtime.verify import Sampling
 from . import protocol
-from .draft_worker import MAX_K, WARM_WIDTHS
 from .health import DraftHealth
-from .draft_client import ServerDrafter, ServerStreamer
-from .remote import RemoteDrafter, RemoteStream
+from .draft_client import ServerDraft, ServerStream
+from .server_config import MAX_K
 from .serving import serve_requests
 from .transport import Log, reply
 
 DECODE = protocol.Decoder("a target worker", protocol.TARGET_TAKES)
 DRAFT_SEED_OFFSET = 1_000_003      # the draft's own draws: seeded from the request's, reproducible
+WARM_WIDTHS = 10                   # forward widths captured as CUDA graphs before serving (verify of k <= 9)
 
 
 class TargetWorker:
-    """One target engine for the worker's life, a heartbeat on the draft worker, a handler per message."""
+    """One target engine for the worker's life, a heartbeat on the draft server, a handler per message."""
 
     def __init__(self, pair, draft_addr: str | None, draft_timeout_s: float = 5.0,
-                 engine_opts: dict | None = None, spin_s: float = 0.0, keys=None, draft_server: bool = False):
+                 engine_opts: dict | None = None, spin_s: float = 0.0, keys=None):
         self.pair, self.draft_addr, self.draft_timeout_s, self.spin_s = pair, draft_addr, draft_timeout_s, spin_s
-        self.draft_server = draft_server     # the draft at draft_addr is a draft server (sync rounds, many targets)
         self.keys = keys                     # wire.auth.Keys: CURVE both ways (its clients, and to the draft)
         self.target = make_engine(pair.target, "target", "target", vocab=pair.vocab_size, **(engine_opts or {}))
         self.target.warm(WARM_WIDTHS)
         self.eos = pair.tokenizer.eos_token_id
         self.hello = protocol.Hello(protocol.PROTOCOL_VERSION, "target", pair.config.target, pair.vocab_size,
                                     tokenizer_hash(pair.tokenizer), pair.config.dtype)
-        self.drafter = None                  # RemoteDrafter | RemoteStream while connected
+        self.drafter = None                  # ServerDraft | ServerStream while connected
         self.why_not = ""                    # why the last request had no draft
         self.health = DraftHealth(draft_addr, keys=keys) if draft_addr else None
         if self.health is not None:
@@ -92,14 +90,13 @@ class TargetWorker:
                                             **self.draft_record(r, t_req), "cache": cache_used,
                                             "cache_choice": cache_why})
 
-    def handle_kind(self, mode: str):
-        """The handle a request of `mode` needs on the draft: None when this draft cannot serve it."""
-        if not self.draft_server:
-            return RemoteStream if mode == "pipelined" else RemoteDrafter
-        return ServerStreamer if mode == "pipelined" else ServerDrafter
+    @staticmethod
+    def handle_kind(mode: str):
+        """The handle a request of `mode` needs on the draft server."""
+        return ServerStream if mode == "pipelined" else ServerDraft
 
     def connect(self, kind, s: Sampling):
-        """The handle on the draft worker for this request (kind: RemoteDrafter or RemoteStream), or None
+        """The handle on the draft server for this request (kind: ServerDraft or ServerStream), or None
         (why_not says why): dropped while the heartbeat says the draft is away, re-made when it is back."""
         if self.drafter is not None and (type(self.drafter) is not kind or (self.health and not self.health.up)):
             self.drop_drafter()
@@ -107,12 +104,12 @@ class TargetWorker:
             return None
         if self.health is not None and not self.health.up:
             since = time.strftime('%H:%M:%SZ', time.gmtime(self.health.since))
-            self.why_not = f"draft worker at {self.draft_addr} down since {since} ({self.health.why})"
+            self.why_not = f"draft server at {self.draft_addr} down since {since} ({self.health.why})"
         elif self.drafter is None and self.draft_addr:
             try:
-                self.drafter = kind(self.draft_addr, self.hello, s, timeout_s=self.draft_timeout_s,
-                                    device=self.target.device, spin_s=self.spin_s, health=self.health,
-                                    keys=self.keys)
+                self.drafter = kind.connect(self.draft_addr, self.hello, s, timeout_s=self.draft_timeout_s,
+                                            spin_s=self.spin_s, health=self.health, keys=self.keys,
+                                            device=self.target.device)
             except (DraftUnavailable, ConnectionRefusedError) as e:
                 self.why_not = str(e)
                 if self.health is not None and isinstance(e, DraftUnavailable):
@@ -128,7 +125,7 @@ class TargetWorker:
         return step_setting(msg.policy or ("policy" if msg.adaptive else "fixed"))()
 
     def decode(self, msg: protocol.Generate, drafter, s: Sampling, gen):
-        """Decode one SD request (sync or pipelined); (record, the outcome cache used, why)."""
+        """Decode one SD request (sync or pipelined); (record, the branch cache used, why)."""
         est = self.estimators.setdefault(f"{msg.mode}-{msg.k}-{msg.adaptive}-{msg.policy}", self.policy_for(msg))
         source = drafter or _NoDraft(self.why_not)
         draft_seed = msg.seed + DRAFT_SEED_OFFSET
@@ -138,12 +135,8 @@ class TargetWorker:
         cache_used, cache_why = "off", ""
         if drafter is not None:
             drafter.window, drafter.est = protocol.stream_window(msg.k), est
-            if isinstance(drafter, ServerStreamer):
-                drafter.branches, cache_why = server_branches(msg.cache, drafter.peer)
-                cache_used = AHEAD if drafter.branches else "off"
-            else:
-                drafter.cache, drafter.watch, cache_why = outcome_cache(msg.cache, msg.k, drafter.peer, est)
-                cache_used = "x".join(map(str, drafter.cache)) if drafter.cache[0] else "off"
+            drafter.branches, cache_why = server_branches(msg.cache, drafter.peer)
+            cache_used = AHEAD if drafter.branches else "off"
         r = generate_pipelined(self.target, source, msg.prompt_ids, msg.max_tokens, msg.k, s, self.eos, gen, msg.req,
                                est, self.draft_timeout_s, draft_seed)
         return r, cache_used, cache_why
@@ -170,24 +163,10 @@ class TargetWorker:
 
 
 def serve_target(bind: str, pair, draft_addr: str | None, draft_timeout_s: float = 5.0,
-                 max_seconds: float = 0, engine_opts: dict | None = None, spin_s: float = 0.0, keys=None,
-                 draft_server: bool = False) -> None:
-    """Decode requests from a controller; SD with the remote draft when it answers. keys: CURVE on both
-    links (wire.auth.Keys); None: plain TCP. draft_server: the draft at draft_addr is a draft server."""
-    TargetWorker(pair, draft_addr, draft_timeout_s, engine_opts, spin_s, keys, draft_server).serve(bind, max_seconds)
-
-
-def outcome_cache(spec: str, k_max: int, peer: protocol.Welcome, est) -> tuple[tuple, int, str]:
-    """A pipelined request's outcome cache: (fanout, depth, ranks) with fanout 0 for off, the draft's next
-    choices to watch (the cache off under 'auto': they measure the hit rate it would get), and, under 'auto',
-    why (the policy's model decides: costmodel.AdaptivePolicy.choose_cache)."""
-    if spec != "auto":
-        return parse_cache(spec), 0, ""
-    fanout, depth, ranks = parse_cache("on")
-    if not peer.rows:
-        return (0, depth, ranks), 0, "off: the draft worker cannot draft branch rows (its engine is not the fast decoder)"
-    on, why = est.choose_cache(fanout, depth, ranks, k_max)
-    return ((fanout, depth, ranks) if on else (0, depth, ranks)), ranks, why
+                 max_seconds: float = 0, engine_opts: dict | None = None, spin_s: float = 0.0, keys=None) -> None:
+    """Decode requests from a controller; SD with the remote draft server when it answers. keys: CURVE on both
+    links (wire.auth.Keys); None: plain TCP."""
+    TargetWorker(pair, draft_addr, draft_timeout_s, engine_opts, spin_s, keys).serve(bind, max_seconds)
 
 
 def server_branches(spec: str, peer: protocol.Welcome) -> tuple[bool, str]:
@@ -196,13 +175,15 @@ def server_branches(spec: str, peer: protocol.Welcome) -> tuple[bool, str]:
     only (live streams step first), so 'auto' asks wherever the server has the cache."""
     if spec in ("off", "", "0"):
         return False, ""
+    if not peer.rows and peer.sequences <= 1:
+        return False, "off: the draft server drafts one row (--role draft): it has no free rows for branches"
     if not peer.rows:
         return False, "off: the draft server runs no verdict cache (start it with --verdict-cache on)"
     return True, "on: the draft server sends its verdict cache's branches ahead (their shape is its --verdict-cache)"
 
 
 class _NoDraft:
-    """Stands in when no draft worker answered: every round falls back to the target."""
+    """Stands in when no draft server answered: every round falls back to the target."""
     compute_s = 0.0
     streamed = 0
     view = StreamView()
@@ -211,7 +192,7 @@ class _NoDraft:
         self.why = why
 
     def start(self, *a, **kw):
-        raise DraftUnavailable(self.why or "no draft worker configured")
+        raise DraftUnavailable(self.why or "no draft server configured")
 
     def propose(self, *a, **kw):
         raise DraftUnavailable(self.why)
