@@ -42,7 +42,7 @@ def test_deep_frames_are_refused_not_recursed(decode, kind, depth):
 
 @pytest.mark.parametrize("decode", DECODERS, ids=["any", "draft", "target"])
 def test_garbage_and_truncation_raise_only_protocol_errors(decode):
-    good = W.encode(W.Start("r", list(range(50)), 64))
+    good = W.encode(W.Open("r", 0, list(range(50))))
     for frame in [good[:n] for n in range(len(good))] + [b"\xc1", b"\xdd\xff\xff\xff\xff", b"\x92" * 40]:
         with contextlib.suppress(W.ProtocolError):
             decode(frame)
@@ -54,7 +54,7 @@ def test_each_role_takes_its_own_messages():
     with pytest.raises(W.ProtocolError, match="a draft server .*takes Hello, Open, Rounds, Commits, End, Ping"):
         DRAFT_DECODE(gen)
     with pytest.raises(W.ProtocolError, match="a target worker .*takes Generate, Ping"):
-        TARGET_DECODE(W.encode(W.Start("r", [1], 4)))
+        TARGET_DECODE(W.encode(W.Open("r", 0, [1])))
     assert isinstance(DRAFT_DECODE(W.encode(W.Ping(0.0))), W.Ping)
 
 

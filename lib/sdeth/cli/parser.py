@@ -67,9 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="colocated: one process; ethernet: draft and target workers on two (namespace) nodes")
     r.add_argument("--rtt-ms", type=float, default=rc.rtt_ms, help="ethernet: injected round trip (ms), half each way")
     r.add_argument("--impl", default=rc.impl, choices=["hf", "fast"], help="model code: transformers or sdeth's fast decoder")
-    r.add_argument("--cache", default=rc.cache, help="pipelined: the outcome cache, off | on | auto | FANOUT[xDEPTH[xRANKS]] "
-                   "(on needs --impl fast; auto: the target's event model turns it on per request where it "
-                   "predicts a gain, each record says why)")
+    r.add_argument("--cache", default=rc.cache, help="pipelined: branches ahead from the draft server's verdict cache, "
+                   "off | on | auto (on needs --impl fast; auto: asked wherever the draft server drafts them, each "
+                   "record says what it got and why); FANOUT[xDEPTH[xRANKS]] is read as on (the shape is the "
+                   "server's --verdict-cache)")
     r.add_argument("--max-len", type=int, default=rc.max_len, help="longest prompt + max_tokens accepted")
     r.add_argument("--json", help="write the results JSON here")
     r.add_argument("--engine", default=rc.engine, choices=["sdeth", "vllm", "vllm-server"],

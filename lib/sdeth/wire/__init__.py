@@ -1,3 +1,4 @@
 """The wire: typed messages (`protocol`, plain data, no torch), the zmq transport (`transport`; the servers'
-socket and loop: `serving`), the draft and target workers (`draft_worker`, `target_worker`) and the target's
-handles on a remote draft (`remote`)."""
+socket and loop: `serving`), the draft server (`draft_server`, `server_core`: one row over any draft engine, or
+many sequences batched), its one client (`draft_client`: the sync loop's, the pipelined loop's and the target
+worker's handles; `vllm_proposer` for vLLM), and the target worker (`target_worker`)."""

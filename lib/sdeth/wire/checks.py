@@ -1,8 +1,8 @@
-"""A peer's messages checked before a worker or a server acts on them: the handshake (check_hello), a draft worker's
-Start, a draft server's Open, a target worker's Generate; each answer names the field and the fix."""
+"""A peer's messages checked before a worker or a server acts on them: the handshake (check_hello), a draft server's
+Open, a target worker's Generate; each answer names the field and the fix."""
 from __future__ import annotations
 
-from .messages import PROTOCOL_VERSION, Error, Generate, Hello, Start, Welcome
+from .messages import PROTOCOL_VERSION, Error, Generate, Hello, Welcome
 from .server_messages import Open
 
 
@@ -38,22 +38,6 @@ def _sampling_error(m) -> str | None:
     if m.top_k < 0:
         return f"top_k {m.top_k}: use 0 (off) or a positive count"
     return None
-
-
-def check_start(m: Start, vocab: int, max_len: int) -> Error | None:
-    """A draft worker's check of a Start before it touches its engine: None when it can be served."""
-    why = (_ids_error(m.prompt_ids, vocab, "prompt") or _sampling_error(m)
-           or (f"size {m.size}: the request's cache must hold the prompt ({len(m.prompt_ids)} ids) and at least "
-               f"one more token, and at most this draft's {max_len}" if not len(m.prompt_ids) < m.size <= max_len else None)
-           or (f"q_top {m.q_top}: use 0 (the whole vocabulary) to {vocab}" if not 0 <= m.q_top <= vocab else None)
-           or (f"window {m.window}: use 1 to 64" if m.stream and not 1 <= m.window <= 64 else None)
-           or (f"first token {m.first} outside the vocabulary [0, {vocab})" if m.stream and not 0 <= m.first < vocab
-               else None)
-           or (f"outcome cache fanout={m.fanout} depth={m.depth} ranks={m.ranks}: use fanout 0 (off) to 16, depth "
-               f"and ranks 1 to 16" if m.stream and not (0 <= m.fanout <= 16 and 1 <= m.depth <= 16
-                                                        and 1 <= m.ranks <= 16) else None)
-           or (f"watch {m.watch}: use 0 (off) to 16" if not 0 <= m.watch <= 16 else None))
-    return Error("bad-message", f"Start {m.req!r}: {why}") if why else None
 
 
 def check_open(m: Open, vocab: int) -> tuple[str, str] | None:

@@ -17,12 +17,21 @@ import torch
 from ..runtime.loop import DraftUnavailable
 from ..runtime.verify import Sampling
 from . import protocol
-from .remote import q_from_pairs
 from .transport import Client, PeerGone
 
 DECODE = protocol.Decoder("a draft server's client", protocol.SERVER_SENDS)
 AGAIN = ("desync", "reclaimed")    # a row refused for these is opened again (next generation) and asked again
 HEALTH_SLICE_S = 0.1     # a reply is awaited in slices this long, the heartbeat's view read between them
+
+
+def q_from_pairs(idx, val, vocab: int, device, rows: int | None = None):
+    """A sampled draft's q from its wire pairs: [rows, V] (or [V] for rows=None) on the target's device, V the
+    pair's shared tokenizer size (the logits are cut to it on both sides); None for a greedy draft (idx None)."""
+    if idx is None:
+        return None
+    shape = (vocab,) if rows is None else (rows, vocab)
+    return torch.zeros(shape, device=device).scatter_(-1, torch.tensor(idx, device=device),
+                                                      torch.tensor(val, device=device))
 
 
 @dataclass(eq=False)

@@ -1,4 +1,4 @@
-"""The target's view of its draft worker's health: a heartbeat on its own socket, in a thread, so that a
+"""The target's view of its draft server's health: a heartbeat on its own socket, in a thread, so that a
 request never waits for a draft that is away, and a draft that comes back is used again within about a second.
 
 While the draft is up it is pinged every `interval_s`; `misses` unanswered pings in a row (each given

@@ -1,26 +1,20 @@
 """The wire: typed messages (msgspec structs, msgpack-encoded), plain data only (no torch, no pickle).
 
-Who drives: the TARGET. It owns the request (the client talks to it) and asks the draft worker for
+Who drives: the TARGET. It owns the request (the client talks to it) and asks the draft server for
 proposals, as in vLLM's draft-server proposal; a dead or slow draft is then just a missing proposal,
 and the target finishes the request alone. Per round, target -> draft: the verdict on the previous
-proposal (n accepted, the target's token) and k; draft -> target: k token ids, plus in sampled-draft
-mode the draft's distributions as q_top (index, prob) pairs per token.
+proposal (n accepted, the target's tokens) and k; draft -> target: k token ids, plus in sampled-draft
+mode the draft's distributions as q_top (index, prob) pairs per token. The draft server (one row, or many
+sequences of many clients; wire.draft_server has the rules):
 
-    target                                   draft
+    target                                   draft server
     Hello(proto, model, vocab, tok sha) ->   <- Welcome | Error
-    Start(req, prompt ids, sampling)   ->    <- Started            (draft prefill)
-    Propose(req, n_prev, nxt, k)       ->    <- Proposal(tokens, q) (one per round)
-    End(req)                           ->    <- Ended
-  pipelined (Start with stream=True; sdeth.runtime.pipeline has the rules):
-    Commit(req, pos, token)            ->    (no reply)
-                                             <- Drafted(epoch, pos, token, q)  (unasked, one per token)
-    Ping(t0)                           ->    <- Pong(t0, t1, t2)   (link probe: four timestamps)
-  a draft server (many sequences of many clients; wire.draft_server has the rules):
     Open(seq, gen, prompt ids, sampling) ->  (no reply)
     Rounds([Row(seq, gen, have, accepted, tokens, k), ...]) -> <- Drafts([RowDraft(seq, gen, tokens, q), ...])
     Open(seq, gen, context, stream=True) ... Commits([CommitRow(seq, gen, pos, token)]) -> (no reply)
                                              <- Streamed([StreamRow(seq, gen, epoch, pos, token, q)]) (unasked)
     End(seq)                           ->    <- Ended
+    Ping(t0)                           ->    <- Pong(t0, t1, t2)   (link probe: four timestamps)
 
 and controller -> target worker: Generate(req, prompt ids, mode, k, sampling) -> Generated(record).
 """
@@ -32,10 +26,10 @@ import msgspec
 
 from ..runtime.settings import STREAM_WINDOW, stream_window  # noqa: F401 (a stream's window, by its k)
 from .checks import (MODES_ON_THE_WIRE, _ids_error, _sampling_error, check_generate, check_hello,  # noqa: F401
-                     check_open, check_start)
-from .messages import (GEN_MAX, MAX_REQ_ID, PROTOCOL_VERSION, SAMPLING_FIELDS, SEED_MAX, Commit,  # noqa: F401
-                       Drafted, DraftSeed, End, Ended, Error, Generate, Generated, GenNo, Hello, Ping, Pong, Proposal,
-                       Propose, ReqId, Seed, Start, Started, Welcome, sampling_args, sampling_fields)
+                     check_open)
+from .messages import (GEN_MAX, MAX_REQ_ID, PROTOCOL_VERSION, SAMPLING_FIELDS, SEED_MAX,  # noqa: F401
+                       DraftSeed, End, Ended, Error, Generate, Generated, GenNo, Hello, Ping, Pong,
+                       ReqId, Seed, Welcome, sampling_args, sampling_fields)
 from .server_messages import (CommitRow, Commits, Drafts, Open, Rounds, Row, RowDraft,  # noqa: F401
                               Streamed, StreamRow)
 
@@ -48,8 +42,8 @@ class ProtocolError(ValueError):
         self.code = code
 
 
-Message = (Hello | Welcome | Start | Started | Propose | Proposal | Commit | Drafted | End | Ended | Ping | Pong
-           | Open | Rounds | Drafts | Commits | Streamed | Generate | Generated | Error)
+Message = (Hello | Welcome | End | Ended | Ping | Pong | Open | Rounds | Drafts | Commits | Streamed | Generate
+           | Generated | Error)
 _enc = msgspec.msgpack.Encoder()
 
 
@@ -97,8 +91,6 @@ class Decoder:
                                            f"{self.names}): {why}") from None
 
 
-DRAFT_TAKES = (Hello, Start, Propose, Commit, End, Ping)          # what a draft worker serves
-DRAFT_SENDS = (Welcome, Started, Proposal, Drafted, Ended, Pong, Error)
 SERVER_TAKES = (Hello, Open, Rounds, Commits, End, Ping)          # what a draft server serves
 SERVER_SENDS = (Welcome, Drafts, Streamed, Ended, Pong, Error)
 TARGET_TAKES = (Generate, Ping)                                   # what a target worker serves

@@ -114,7 +114,7 @@ class PeerGone(ConnectionError):
 class Client:
     """A DEALER socket with request/reply, a timeout, and byte counters. After a timeout the socket is
     replaced (a late reply must not be taken for the next one). decode: the replies this client takes
-    (protocol.DRAFT_SENDS for a draft worker's, TARGET_SENDS for a target's). gone_fast: while a reply is
+    (protocol.SERVER_SENDS for a draft server's, TARGET_SENDS for a target's). gone_fast: while a reply is
     awaited, a closed connection raises PeerGone at once instead of waiting out the timeout (zmq heartbeats
     close a connection whose peer stopped answering within HEARTBEAT_S)."""
     HEARTBEAT_S = 2.0

@@ -4,8 +4,8 @@ Round trips of the protocol's own messages to a server that answers at once, on 
 server in a thread), so that the difference is the encryption and its framing, not a model.
 `python -m sdeth bench wire --json out.json`.
 
-Messages timed: a Ping (a bare link probe, ~20 bytes), a Drafted-sized frame (a streamed draft token, ~80 bytes),
-and a Start of 4,095 prompt ids (~12 KB, the largest a round sends).
+Messages timed: a Ping (a bare link probe, ~20 bytes), a frame the size of a streamed draft token (~80 bytes),
+and an Open of 4,095 prompt ids (~12 KB, the largest a round sends).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from ...wire.serving import serve_requests
 from ...wire.transport import Client, Log
 
 SIZES = {"ping": protocol.Ping(0.0), "drafted-size": protocol.Ping(0.0, b"x" * 64),
-         "start-4095-ids": protocol.Start("r", list(range(1000, 5095)), 4096)}
+         "open-4095-ids": protocol.Open("r", 0, list(range(1000, 5095)))}
 
 
 class _Quiet(Log):
@@ -33,7 +33,7 @@ class _Quiet(Log):
 
 
 def _serve(addr: str, keys, seconds: float) -> None:
-    decode = protocol.Decoder("a bench server", (protocol.Ping, protocol.Start))
+    decode = protocol.Decoder("a bench server", (protocol.Ping, protocol.Open))
     for sock, ident, msg, t1, peer in serve_requests(addr, decode, _Quiet("bench"), max_seconds=seconds, keys=keys):
         sock.send_multipart([ident, protocol.encode(protocol.Pong(0.0, t1, t1))])
 

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import asdict
 
@@ -72,6 +73,9 @@ def testbed_for(cfg: RunConfig, **testbed_kw):
               draft_device=cfg.draft_device, target=cfg.target, draft=cfg.draft, worker_config=cfg.worker_config())
     if (cfg.mode == "pipelined" and cfg.cache != "auto" and cfg.cache_spec.on and cfg.impl == "fast"
             and cfg.synthetic_alpha is None and not cfg.synthetic_trace and not cfg.draft_emulate):
+        if cfg.cache != "on":
+            print(f"--cache {cfg.cache}: branches come from the draft server's verdict cache now, in its own shape "
+                  f"(--verdict-cache on): read as --cache on", file=sys.stderr)
         kw.update(draft_server=True, verdict_cache="on")
     return Testbed(cfg.pair, **{**kw, **testbed_kw})
 
