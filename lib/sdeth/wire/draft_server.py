@@ -1,5 +1,8 @@
 """The draft server: one draft model drafts for many sequences of many clients at once.
-`python -m sdeth worker --role draft-server --bind tcp://ADDR:PORT` (the CLI is in `sdeth.cli.worker`).
+`python -m sdeth worker --role draft-server --bind tcp://ADDR:PORT` (the CLI is in `sdeth.cli.worker`): batched
+over the fast decoder (build_server); `--role draft`: the same server with one row over any draft engine
+(engine_server: transformers, synthetic or trace-driven acceptance, an emulated draft device), which serves one
+sequence at a time and refuses another (`limit`) while it holds one.
 
 Terms: a *client* is one connection (a target worker, an emulated target, a vLLM proposer), known by its zmq
 routing id from its Hello on; under CURVE with per-client keys its key names its *owner* (one client may hold
@@ -92,6 +95,9 @@ def engine_server(engine, welcome: protocol.Welcome, cfg: DraftServerConfig) -> 
         raise ValueError(f"--verdict-cache {cfg.verdict_cache!r}: a draft of one row (--role draft) has no free rows "
                          "to draft branches on: use --verdict-cache off, or --role draft-server (the batched fast "
                          "decoder) for branches")
+    if getattr(engine, "graphs_on", False) and cfg.capacity > engine.capacity:
+        raise ValueError(f"--capacity {cfg.capacity}: this draft engine's graph cache holds {engine.capacity} tokens: "
+                         f"use --capacity {engine.capacity} or less, or a larger capacity in --config")
     cfg = replace(cfg, rows=1).check().resolved(engine.device.type)
     if cfg.warm:
         engine.warm(WARM_WIDTHS)

@@ -17,7 +17,6 @@ import time
 from dataclasses import asdict, replace
 
 from ... import hardware, metrics
-from ...runtime.streamdraft import CACHE_DEFAULT
 from ..config import RunConfig
 from ..runs.experiment import run, testbed_for
 from ..summary import identical_outputs
@@ -29,7 +28,7 @@ MODES = {
     "sync": dict(mode="sd", placement="ethernet", adaptive=False),
     "adaptive": dict(mode="sd", placement="ethernet", adaptive=True),
     "pipelined": dict(mode="pipelined", placement="ethernet", adaptive=True, cache="off"),
-    "cached": dict(mode="pipelined", placement="ethernet", adaptive=True),   # pipelined with the outcome cache
+    "cached": dict(mode="pipelined", placement="ethernet", adaptive=True),   # pipelined with branches ahead
     "auto": dict(mode="pipelined", placement="ethernet", adaptive=True, cache="auto"),   # the target's model decides
     # pipelined under another step policy (costmodel.POLICIES; "pipelined" plays the step policy): its corners,
     # sync (always wait for k) and offered (go with what is on offer), and one round's best rate
@@ -43,8 +42,8 @@ def mode_config(base: RunConfig, name: str, k_max: int) -> RunConfig:
     if name not in MODES:
         raise ValueError(f"mode {name!r}: use some of {list(MODES)}")
     cfg = replace(base, **MODES[name], k=k_max if name in ADAPTS else base.k)
-    if name == "cached" and cfg.cache in ("auto", "off", "on"):
-        cfg = replace(cfg, cache=CACHE_DEFAULT)
+    if name == "cached":
+        cfg = replace(cfg, cache="on")       # (branches ahead from the draft server, in its own shape)
     return cfg
 
 
