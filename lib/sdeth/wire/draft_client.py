@@ -6,6 +6,7 @@ re-open (the next generation, the whole context) and never a wrong draft.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import uuid
@@ -22,6 +23,7 @@ from .transport import Client, PeerGone
 DECODE = protocol.Decoder("a draft server's client", protocol.SERVER_SENDS)
 AGAIN = ("desync", "reclaimed")    # a row refused for these is opened again (next generation) and asked again
 HEALTH_SLICE_S = 0.1     # a reply is awaited in slices this long, the heartbeat's view read between them
+HANDLES = itertools.count()   # a handle's name (its sequences' ids are name-count: short, as they cross every round)
 
 
 def q_from_pairs(idx, val, vocab: int, device, rows: int | None = None):
@@ -250,7 +252,7 @@ class ServerDraft(DraftHandle):
     def __init__(self, client: DraftServerClient, s: Sampling = Sampling(), q_top: int = 64, device="cpu",
                  name: str = ""):
         self.server, self.sampling, self.q_top, self.device = client, s, q_top, torch.device(device)
-        self.name, self.count, self.track = name or f"{os.getpid()}-{id(self):x}", 0, None
+        self.name, self.count, self.track = name or f"d{next(HANDLES)}", 0, None
         self.compute_s = self.held_s = 0.0      # the draft's model time, and the time the server held the rounds
 
     def start(self, prompt_ids, size, s=None, seed=None):
@@ -294,7 +296,7 @@ class ServerStream(DraftHandle):
         self.server, self.sampling, self.q_top, self.window = client, s, q_top, window
         self.device = torch.device(device)
         self.branches = branches
-        self.name, self.count, self.view = name or f"{os.getpid()}-{id(self):x}", 0, StreamView()
+        self.name, self.count, self.view = name or f"p{next(HANDLES)}", 0, StreamView()
         self.seq, self.gen, self.compute_s, self.streamed, self.branched = "", 0, 0.0, 0, 0
         self.est = None
         self._last = (-1, -1, 0.0)               # (epoch, pos, stepped_at) of the last token of this stream
