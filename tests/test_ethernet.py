@@ -90,6 +90,21 @@ def test_branches_ahead_from_a_draft_server_on_the_real_pair_are_identical_and_h
     assert not leftovers(os.getpid())
 
 
+def test_a_run_that_asks_for_branches_gets_the_batched_server():
+    """`--cache on` (pipelined, fast decoder, real acceptance) starts the batched draft server with its verdict cache;
+    any other run the draft of one row over its engine; a caller that picks the draft's role keeps it."""
+    def role(cfg, **kw):
+        tb = experiment.testbed_for(cfg, **kw)
+        tb.close()                                   # (nothing was started: its temporary directory goes)
+        return tb.describe()["draft_role"], tb.verdict_cache
+    pipe = dict(mode="pipelined", placement="ethernet", impl="fast")
+    assert role(RunConfig(**pipe, cache="on")) == ("draft-server", "on")
+    assert role(RunConfig(**pipe, cache="auto")) == ("draft", "off")
+    assert role(RunConfig(**pipe, cache="on", synthetic_alpha=0.6)) == ("draft", "off")
+    assert role(RunConfig(mode="sd", placement="ethernet")) == ("draft", "off")
+    assert role(RunConfig(**pipe, cache="on"), draft_server=True) == ("draft-server", "off")
+
+
 @pytest.mark.parametrize("rtt", [0.0, 5.0])
 def test_pipelined_draft_killed_mid_request_finishes_on_the_target(pair, target_only_ref, rtt):
     cfg = RunConfig(mode="pipelined", k=3, adaptive=False, placement="ethernet", prompts="sharegpt:2",

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+ONE_ROW_IDLE_S = 0.5     # --role draft: a sequence silent this long gives its one row to another target's new one
+
 
 def worker_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m sdeth worker", description="a draft or target worker process: "
@@ -50,9 +52,10 @@ def draft_server_arguments(ap) -> None:
     g.add_argument("--capacity", type=int, default=None, help="tokens per cache row (default: --config's capacity)")
     g.add_argument("--ttl", type=float, default=d.ttl_s, help="seconds of silence (no message, no work of its own in "
                    "flight) after which a client's sequences are freed")
-    g.add_argument("--idle", type=float, default=d.idle_s, help="seconds a sequence may go without a draft step and keep "
+    g.add_argument("--idle", type=float, default=None, help="seconds a sequence may go without a draft step and keep "
                    "its row while another client waits for one (then its row is reclaimed; its client is told "
-                   "'reclaimed' and opens it again)")
+                   f"'reclaimed' and opens it again; default {d.idle_s:g}, and {ONE_ROW_IDLE_S:g} for --role draft, "
+                   "where the newest request takes the one row from one gone quiet)")
     g.add_argument("--prefill-chunk", type=int, default=d.prefill_chunk,
                    help="prompt tokens per forward (0: 2048 on a GPU, 256 on a CPU)")
     g.add_argument("--prefill-budget", type=int, default=d.prefill_budget,
@@ -79,7 +82,8 @@ def draft_server_config(a, cfg, spin_s: float):
     from ..wire.server_config import DraftServerConfig, ServerLimits, limit_fields
     limits = ServerLimits(**{n: getattr(a, f"limit_{n}") for n in limit_fields()})
     return DraftServerConfig(
-        rows=a.kv_rows, capacity=a.capacity or cfg.capacity, ttl_s=a.ttl, idle_s=a.idle, prefill_chunk=a.prefill_chunk,
+        rows=a.kv_rows, capacity=a.capacity or cfg.capacity, ttl_s=a.ttl, prefill_chunk=a.prefill_chunk,
+        idle_s=a.idle if a.idle is not None else ONE_ROW_IDLE_S if a.role == "draft" else DraftServerConfig.idle_s,
         prefill_budget=a.prefill_budget, compile_mode=a.compile, fast=cfg.draft_fast if a.fast is None else a.fast,
         warm=not a.no_warm, spin_s=spin_s, messages_per_s=a.messages_per_s, per_pass=a.per_pass,
         read_while_stepping=a.read_while_stepping,

@@ -315,6 +315,7 @@ class ServerStream(DraftHandle):
         self.view.reset()
         s = s or self.sampling
         seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
+        self.server.client.forget_gone()         # (a drop between requests, reconnected since, concerns none of this)
         self.server.client.send(protocol.Open(self.seq, self.gen, list(prompt_ids), q_top=self.q_top, seed=seed,
                                          stream=True, window=self.window, branches=self.branches,
                                          **protocol.sampling_fields(s)))

@@ -67,12 +67,14 @@ def run(cfg: RunConfig, pair=None, progress: bool = True, on_testbed=None) -> di
 def testbed_for(cfg: RunConfig, **testbed_kw):
     """A two-node testbed whose workers run cfg's pair, devices and engine options (not started yet). A pipelined
     run that asks for branches (cache on or a shape) on the fast decoder, real acceptance, gets the batched draft
-    server with its verdict cache on (its branches sent ahead); any other run the draft of one row over its engine."""
+    server with its verdict cache on (its branches sent ahead), unless testbed_kw picks the draft's role; any other
+    run the draft of one row over its engine."""
     from ...place.testbed import Testbed
     kw = dict(up_ms=cfg.rtt_ms / 2, down_ms=cfg.rtt_ms / 2, netns=cfg.netns, device=cfg.device,
               draft_device=cfg.draft_device, target=cfg.target, draft=cfg.draft, worker_config=cfg.worker_config())
     if (cfg.mode == "pipelined" and cfg.cache != "auto" and cfg.cache_spec.on and cfg.impl == "fast"
-            and cfg.synthetic_alpha is None and not cfg.synthetic_trace and not cfg.draft_emulate):
+            and cfg.synthetic_alpha is None and not cfg.synthetic_trace and not cfg.draft_emulate
+            and "draft_server" not in testbed_kw):         # (a caller that picks the draft's role keeps it)
         if cfg.cache != "on":
             print(f"--cache {cfg.cache}: branches come from the draft server's verdict cache now, in its own shape "
                   f"(--verdict-cache on): read as --cache on", file=sys.stderr)
