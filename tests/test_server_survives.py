@@ -260,7 +260,7 @@ def test_every_setting_travels_from_the_command_line_to_the_running_server():
     assert set(lim) == {f.name for f in fields(ServerLimits)}
     argv = ["--role", "draft-server", "--bind", "tcp://127.0.0.1:1", "--kv-rows", "6", "--capacity", "80", "--ttl", "9",
             "--idle", "7", "--prefill-chunk", "12", "--prefill-budget", "24", "--compile", "none", "--fast", "", "--no-warm",
-            "--messages-per-s", "321", "--per-pass", "3"]
+            "--messages-per-s", "321", "--per-pass", "3", "--report-every", "2.5"]
     argv += [x for name, v in lim.items() for x in (f"--limit-{name.replace('_', '-')}", str(v))]
     a = worker_parser().parse_args(argv)
 
@@ -275,7 +275,8 @@ def test_every_setting_travels_from_the_command_line_to_the_running_server():
     assert {k: told[k] for k in lim} == lim and c.peer.sequences == 5
     assert (told["rows"], told["capacity"], told["ttl_ms"], told["idle_ms"], told["prefill_chunk"],
             told["prefill_budget"], told["messages_per_s"], told["per_pass"]) == (6, 80, 9000, 7000, 12, 24, 321, 3)
-    assert (server.cfg.compile_mode, server.cfg.fast, server.cfg.warm, server.cfg.spin_s) == ("none", "", False, 0.0)
+    assert (server.cfg.compile_mode, server.cfg.fast, server.cfg.warm, server.cfg.spin_s, server.cfg.report_s) == (
+        "none", "", False, 0.0, 2.5)
     assert asdict(server.cfg.limits) == lim and server.drafter.dec.rows == 6 and server.drafter.dec.capacity == 80
 
 
