@@ -1,6 +1,5 @@
 """`python -m sdeth status` and reports/index.html: every figure comes from a committed results JSON, the answer
 comes in its labelled parts, and missing results read as pending."""
-import json
 import re
 import shutil
 
