@@ -7,6 +7,7 @@ import time
 from dataclasses import asdict
 
 from ..runtime.batchdraft import BatchDrafter, Desync, Full, Overflow
+from ..runtime.parts import Once
 from ..runtime.verdictcache import VerdictCache, VerdictSpec
 from ..runtime.verify import Sampling
 from . import protocol
@@ -22,18 +23,6 @@ from .transport import Log, PeerLimits, key_of, reply
 DECODE = protocol.Decoder("a draft server", protocol.SERVER_TAKES)
 AHEAD_ROWS = 64          # rows of one Streamed message past which a step's branch tokens are not sent ahead (a hit's
                          # answer to its Commits carries its branch's drafts whole)
-
-
-class Once:
-    """fn's result, fn called on the first call only (a step may run it while its device works; else the loop)."""
-
-    def __init__(self, fn):
-        self.fn, self.called, self.result = fn, False, None
-
-    def __call__(self):
-        if not self.called:
-            self.called, self.result = True, self.fn()
-        return self.result
 
 
 def refusal(seq: str, gen: int, code: str, message: str) -> protocol.RowDraft:
