@@ -18,8 +18,8 @@ def table_figures() -> list[Figure]:
     """Every figure the table shows: the cells, t(1), every option's details and those apart, the testbed rows."""
     ts = status.targets()
     return ([f for c in status.decision_table() + status.testbed() for f in c.figures] + [t.t1 for t in ts]
-            + [f for t in ts for o in t.options + t.apart for f in o.figures + o.details] + [f for t in ts
-                                                                                            for f in t.modelled])
+            + [f for t in ts for o in t.options + t.apart for f in o.figures + o.details]
+            + [f for t in ts for f in t.modelled + t.link + t.branches])
 
 
 def test_every_figure_of_the_table_and_the_verdict_is_read_back_from_its_json():
@@ -207,3 +207,16 @@ def test_colocated_in_the_remote_harness_is_an_option_on_the_rows_baseline(tmp_p
     assert len(same) == 1 and "same harness" in same[0].mode and same[0].baseline == t.baseline
     assert abs(same[0].ratio.value - 1.6) < 1e-6 and same[0].ratio.interval[0] < 1.6 < same[0].ratio.interval[1]
     assert decide.baselines_differ(t) == []
+
+
+def test_branches_sent_ahead_are_shown_in_the_details_and_never_picked():
+    """The newest call with branches sent ahead: each row's B = 1, N = 1 points, with and without branches at each
+    hit-rate input (labelled synthetic or trace-driven), in the details row only: no cell's pick comes from them."""
+    ts = {t.name: t for t in status.targets()}
+    got = ts["32B"].branches
+    assert {f.kind.split(",")[0] for f in got} == {"synthetic", "trace-driven"}
+    assert any("with branches sent ahead" in f.label for f in got) and any("plain" in f.label for f in got)
+    sources = {f.source for f in got}
+    for c in status.decision_table():
+        assert c.goal == "details" or not sources & {f.source for f in c.figures}, (c.target, c.goal)
+    assert "branches sent ahead: a device call's verdict-cache part" in status.decision_markdown()

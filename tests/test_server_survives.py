@@ -260,7 +260,7 @@ def test_every_setting_travels_from_the_command_line_to_the_running_server():
     assert set(lim) == {f.name for f in fields(ServerLimits)}
     argv = ["--role", "draft-server", "--bind", "tcp://127.0.0.1:1", "--kv-rows", "6", "--capacity", "80", "--ttl", "9",
             "--idle", "7", "--prefill-chunk", "12", "--prefill-budget", "24", "--compile", "none", "--fast", "", "--no-warm",
-            "--messages-per-s", "321", "--per-pass", "3"]
+            "--messages-per-s", "321", "--per-pass", "3", "--report-every", "2.5"]
     argv += [x for name, v in lim.items() for x in (f"--limit-{name.replace('_', '-')}", str(v))]
     a = worker_parser().parse_args(argv)
 
@@ -275,7 +275,8 @@ def test_every_setting_travels_from_the_command_line_to_the_running_server():
     assert {k: told[k] for k in lim} == lim and c.peer.sequences == 5
     assert (told["rows"], told["capacity"], told["ttl_ms"], told["idle_ms"], told["prefill_chunk"],
             told["prefill_budget"], told["messages_per_s"], told["per_pass"]) == (6, 80, 9000, 7000, 12, 24, 321, 3)
-    assert (server.cfg.compile_mode, server.cfg.fast, server.cfg.warm, server.cfg.spin_s) == ("none", "", False, 0.0)
+    assert (server.cfg.compile_mode, server.cfg.fast, server.cfg.warm, server.cfg.spin_s, server.cfg.report_s) == (
+        "none", "", False, 0.0, 2.5)
     assert asdict(server.cfg.limits) == lim and server.drafter.dec.rows == 6 and server.drafter.dec.capacity == 80
 
 
@@ -690,3 +691,64 @@ def test_a_streams_commits_are_never_refused_while_the_server_catches_up():
         assert isinstance(refused, W.Error) and refused.code == "limit" and "per_pass" in refused.message
     finally:
         srv.close()
+
+
+# ------------------------------------------------------------------ where the loop's time goes
+
+def test_the_loops_parts_add_up_to_its_time_and_are_logged_every_report_s(capsys, monkeypatch):
+    """report_s: the server logs ms a step per part of its loop. A stream's step made 20 ms slower shows in the
+    streams part (and in streams.run within it), and the top-level parts add up to the wall time a step."""
+    import re
+    server = tiny_server(tiny_qwen3(0), rows=4, capacity=CAP, report_s=0.3, verdict_cache="on")
+    _hello(server, b"a")
+    server.dispatch(b"a", W.Open("s", 0, [1, 2, 3], stream=True, window=40), time.time(), "p")
+    inner = server.drafter.stream_step
+    monkeypatch.setattr(server.drafter, "stream_step", lambda seqs, during=None: (time.sleep(0.02),
+                                                                                inner(seqs, during))[1])
+    sock, t_end, pos = Sock(), time.time() + 1.2, 0
+    while time.time() < t_end:
+        server.idle(sock)
+        rows = [r for _, m in sock.sent if isinstance(m, W.Streamed) for r in m.rows if r.fork < 0]
+        if rows and rows[-1].pos >= pos + 2:       # settle a token now and then (the window stays open)
+            pos = rows[-1].pos - 1
+            server.dispatch(b"a", W.Commits([W.CommitRow("s", 0, pos, rows[-2].token)]), time.time(), "p")
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "the loop's parts:" in ln]
+    assert len(lines) >= 2, lines
+    m = re.search(r"(\d+) steps, ms a step: wall ([\d.]+) = (.*?)(?:; within: (.*))?$", lines[-1])
+    top = dict((k, float(v)) for k, v in (p.rsplit(" ", 1) for p in m.group(3).split(" + ")))
+    within = dict((k, float(v)) for k, v in (p.rsplit(" ", 1) for p in m.group(4).split(", ")))
+    wall = float(m.group(2))
+    assert top["streams"] >= 20 and 20 <= within["streams.run"] <= top["streams"], lines[-1]
+    assert abs(sum(top.values()) - wall) <= 0.1 * wall, lines[-1]
+    assert {"sweep", "rounds", "send", "plan", "prefill", "between"} <= set(top), lines[-1]
+    assert {"draft.pack", "draft.inputs", "draft.launch", "draft.wait", "draft.settle", "plan.copy"} <= set(within)
+
+
+def test_a_prompt_is_fed_while_a_stream_step_computes(monkeypatch):
+    """The prefill budget between two steps runs once a stream step is launched, while the device computes it (its
+    forwards queued behind the step), never on the step's own rows."""
+    server = tiny_server(tiny_qwen3(0), rows=4, capacity=CAP)
+    _hello(server, b"a")
+    server.dispatch(b"a", W.Open("s", 0, [1, 2, 3], stream=True, window=40), time.time(), "p")
+    _drive(server, 3)                                         # the stream is under way
+    inside, calls = [], []
+    draft, prefill = server.drafter.draft, server.drafter.prefill
+
+    def in_step(batch, during=None):
+        inside.append([s for s, _ in batch])
+        try:
+            return draft(batch, during)
+        finally:
+            inside.pop()
+
+    def fed(budget=None):
+        calls.append(list(inside[-1]) if inside else None)
+        return prefill(budget)
+    monkeypatch.setattr(server.drafter, "draft", in_step)
+    monkeypatch.setattr(server.drafter, "prefill", fed)
+    server.dispatch(b"a", W.Open("p", 0, list(range(5, 45))), time.time(), "p")   # 40 tokens: chunks of 16
+    _drive(server, 4)
+    stream = server.drafter.get((b"a", "s"))
+    assert calls and all(c is not None and stream in c for c in calls), calls    # inside the stream's step
+    assert server.drafter.get((b"a", "p")).ready                                    # and the prompt got fed
+    assert all(s.key[1] != "p" for c in calls for s in c)

@@ -1,6 +1,5 @@
 """`python -m sdeth status` and reports/index.html: every figure comes from a committed results JSON, the answer
 comes in its labelled parts, and missing results read as pending."""
-import json
 import re
 import shutil
 
@@ -30,7 +29,7 @@ def test_every_figure_is_read_from_its_results_json_and_printed_as_read():
     figures += status.verdict().figures + [f for c in status.decision_table() for f in c.figures]
     figures += [t.t1 for t in status.targets()] + [f for c in status.testbed() for f in c.figures]
     figures += [f for t in status.targets() for o in t.options + t.apart for f in o.figures + o.details]
-    figures += [f for t in status.targets() for f in t.modelled]
+    figures += [f for t in status.targets() for f in t.modelled + t.link + t.branches]
     # every bold number in the summary is one of those figures (none typed in)
     bold = re.findall(r"\*\*([^*]+)\*\*", md)
     assert set(bold) - {"The answer so far, in parts.", "The decision table."} <= {f.shown for f in figures}

@@ -284,6 +284,8 @@ def test_the_crossing_lines_say_what_a_call_lacks():
     assert "no colocated SD in this call" in line and "at no hit rate up to 1" in line and "None" not in line
     (line,) = crossing_lines([{**c, "colocated_speedup": 1.9, "hit_to_beat_colocated": 0.2, "hit_to_match_ssd": 0.66}])
     assert "beats colocated SD (1.9x, same call) from a hit rate of 0.2" in line and "from a hit rate of 0.66" in line
+    (line,) = crossing_lines([{**c, "trace_hit_rate": None}])
+    assert "no point of the embedded trace's ranks in this call" in line and "None" not in line
 
 
 def test_the_link_points_go_through_a_delay_relay_and_carry_the_model_between(fast):

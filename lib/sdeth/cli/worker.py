@@ -72,6 +72,9 @@ def draft_server_arguments(ap) -> None:
                    "of Open/End raise a neighbour's p99 2-3.6x; meant for a GPU, where the device steps alone)")
     g.add_argument("--verdict-cache", default=d.verdict_cache, help="streams: draft the likely verdicts' continuations on free "
                    "rows: off, on (4x4x8) or FANOUT[xDEPTH[xBUDGET]] (runtime.verdictcache)")
+    g.add_argument("--report-every", type=float, default=d.report_s, help="log where the serving loop's time goes "
+                   "(ms a step per part: the step and its parts, the replies, branch planning, prefill, messages) every "
+                   "this many seconds (0: never)")
     for name in limit_fields():
         g.add_argument(f"--limit-{name.replace('_', '-')}", type=int, default=getattr(d.limits, name),
                        help=f"ServerLimits.{name}")
@@ -87,7 +90,7 @@ def draft_server_config(a, cfg, spin_s: float):
         prefill_budget=a.prefill_budget, compile_mode=a.compile, fast=cfg.draft_fast if a.fast is None else a.fast,
         warm=not a.no_warm, spin_s=spin_s, messages_per_s=a.messages_per_s, per_pass=a.per_pass,
         read_while_stepping=a.read_while_stepping,
-        verdict_cache=a.verdict_cache, die_after=a.die_after, limits=limits).check()
+        verdict_cache=a.verdict_cache, die_after=a.die_after, report_s=a.report_every, limits=limits).check()
 
 
 def worker_config(a):

@@ -29,6 +29,7 @@ from .batchmodel import BatchDecoder, width
 from .batchseq import CATCH_UP, Desync, Full, Overflow, RowDrafted, Sequence
 from .engine import HostCopy
 from .loop import draft_token, q_support
+from .parts import Parts
 from .verify import Sampling
 
 WARM_S = 1.0            # a sequence that drafted within this many seconds is warm: it keeps a low cache row (see draft)
@@ -44,6 +45,7 @@ class BatchDrafter:
         self.cache = None              # a runtime.verdictcache.VerdictCache: its branches hold free rows
         self.warm_s = WARM_S           # see draft(): how recently a sequence drafted to keep a low row
         self.moves = 0                 # sequences moved to a lower row (their cache copied) so far
+        self.parts = Parts()           # a step's parts (draft.pack, .inputs, .launch, .wait, .settle), a fork's
 
     @property
     def device(self):
@@ -137,11 +139,12 @@ class BatchDrafter:
         seq.read_at, seq.read_pos = time.time(), pos
         return restart
 
-    def stream_step(self, seqs: list[Sequence]) -> list[RowDrafted]:
+    def stream_step(self, seqs: list[Sequence], during=None) -> list[RowDrafted]:
         """One batched step over streams with room: each drafts its next token (its position: len(chain) before
         the step), which becomes part of its chain. A stream whose target ran ahead (commits past its chain, up
-        to CATCH_UP tokens) is caught up in the same step: its tokens are fed in the step's first forward."""
-        out = self.draft([(seq, 1) for seq in seqs])
+        to CATCH_UP tokens) is caught up in the same step: its tokens are fed in the step's first forward.
+        during: see draft."""
+        out = self.draft([(seq, 1) for seq in seqs], during)
         for seq, d in zip(seqs, out):
             if d.alts:
                 seq.alts[len(seq.chain)] = d.alts[0]
@@ -169,7 +172,9 @@ class BatchDrafter:
             raise ValueError(f"branches at {bad}: a branch starts inside its stream's fed context")
         self.free_rows.sort()
         rows = self.free_rows[:len(forks)]
+        t = time.perf_counter()
         self.dec.copy_prefix([s.row for s, _, _ in forks], rows, max(s.base + p for s, p, _ in forks) if forks else 0)
+        t = self.parts.add("plan.copy", t)
         del self.free_rows[:len(forks)]           # (taken once the copy went through)
         out = []
         for (seq, pos, token), row in zip(forks, rows):
@@ -180,6 +185,7 @@ class BatchDrafter:
                                 pending=[token], stream=True, window=seq.window, base=seq.base,
                                 chain=seq.chain[:pos] + [token], acked=pos + 1, epoch=seq.epoch, seed=seq.seed,
                                 watch=seq.watch, send_branches=seq.send_branches))
+        self.parts.add("plan.rows", t)
         return out
 
     def adopt(self, seq: Sequence, branch: Sequence) -> None:
@@ -235,21 +241,26 @@ class BatchDrafter:
         """Whether a prompt waits to be prefilled."""
         return bool(self.feeding())
 
-    def draft(self, batch: list[tuple[Sequence, int]]) -> list[RowDrafted]:
+    def draft(self, batch: list[tuple[Sequence, int]], during=None) -> list[RowDrafted]:
         """One proposal of k tokens for each (sequence, k), all rows in the same steps; each sequence must be
         ready. Returns the proposals in batch order. Each row feeds its drafts only up to its own k (n + k slots;
         past that, to the scratch slot), so a short row beside a long one never writes past its cache row;
-        Overflow (nothing drafted) names the rows whose own n + k passes the capacity."""
+        Overflow (nothing drafted) names the rows whose own n + k passes the capacity. during(): host work run
+        once the step is launched, while the device computes it (the server feeds waiting prompts then: work on
+        rows outside the batch, queued behind the step); it must not touch the batch's sequences."""
         if not batch:
             return []
         over = [(s, k) for s, k in batch if s.n + k > self.dec.capacity]
         if over:
             raise Overflow(over, self.dec.capacity)
+        clk = time.perf_counter()             # (the step's parts: runtime.parts)
         self._pack(batch)
+        clk = self.parts.add("draft.pack", clk)
         R = max(s.row for s, _ in batch) + 1
         K = max(k for _, k in batch)
         W = width(max(len(s.pending) for s, _ in batch))
         ids, pos, slots, base, stop = self._inputs(batch, R, W)
+        clk = self.parts.add("draft.inputs", clk)
         top = max(s.n for s, _ in batch)
         logits = self.dec.step(ids, pos, slots, top)
         active = slots[:, -1] < self.dec.capacity
@@ -266,9 +277,17 @@ class BatchDrafter:
                 logits = self.dec.step(t[:, None], torch.minimum(p, stop - 1)[:, None], slot[:, None],
                                        max(min(s.n + i, s.n + k - 1) for s, k in batch) + 1)
         tk = torch.stack(toks, 1)
-        host = HostCopy(torch.cat([tk[:, :, None], torch.stack(alts, 1)], 2) if alts else tk).value()
+        copy = HostCopy(torch.cat([tk[:, :, None], torch.stack(alts, 1)], 2) if alts else tk)
+        clk = self.parts.add("draft.launch", clk)
+        if during is not None:
+            during()
+            clk = self.parts.add("draft.during", clk)
+        host = copy.value()
+        clk = self.parts.add("draft.wait", clk)
         self.last_batch = len(batch)
-        return [self._settle(seq, k, host[seq.row], qs) for seq, k in batch]
+        out = [self._settle(seq, k, host[seq.row], qs) for seq, k in batch]
+        self.parts.add("draft.settle", clk)
+        return out
 
     def _pack(self, batch: list[tuple[Sequence, int]]) -> None:
         """Before a step: every row of the batch below the count of warm sequences (those that drafted within

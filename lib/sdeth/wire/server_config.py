@@ -83,6 +83,8 @@ class DraftServerConfig:
                                    # off, on or FANOUT[xDEPTH[xBUDGET]])
     die_after: int = 0             # fault injection (tests): exit abruptly once this many drafts went out (proposals
                                    # and streamed tokens; 0: never)
+    report_s: float = 0.0          # log where the serving loop's time went (ms a step per part) every this many
+                                   # seconds (0: never)
     limits: ServerLimits = field(default_factory=ServerLimits)
 
     def resolved(self, device_type: str) -> "DraftServerConfig":
@@ -95,10 +97,11 @@ class DraftServerConfig:
     def check(self) -> "DraftServerConfig":
         bad = [(n, v) for n, v in (("rows", self.rows), ("capacity", self.capacity), ("per_pass", self.per_pass),
                                    ("messages_per_s", self.messages_per_s)) if v < 1]
-        if bad or not 1 <= self.rows <= 128 or self.ttl_s <= 0 or self.idle_s <= 0 or self.die_after < 0:
-            raise ValueError(f"draft server config {bad or (self.rows, self.ttl_s, self.idle_s, self.die_after)}: rows "
-                             f"1 to 128, capacity, per_pass and messages_per_s at least 1, ttl_s and idle_s above 0, "
-                             f"die_after 0 or more")
+        neg = [(n, v) for n, v in (("die_after", self.die_after), ("report_s", self.report_s)) if v < 0]
+        if bad or neg or not 1 <= self.rows <= 128 or self.ttl_s <= 0 or self.idle_s <= 0:
+            raise ValueError(f"draft server config {bad or neg or (self.rows, self.ttl_s, self.idle_s)}: rows 1 to 128, "
+                             f"capacity, per_pass and messages_per_s at least 1, ttl_s and idle_s above 0, die_after and "
+                             f"report_s 0 or more")
         from ..runtime.verdictcache import VerdictSpec
         spec = VerdictSpec.parse(self.verdict_cache)     # (its error names the flag's forms)
         if spec.on and spec.depth > self.limits.k:

@@ -8,6 +8,7 @@ import time
 from dataclasses import asdict
 
 from ..runtime.batchdraft import BatchDrafter, Desync, Full, Overflow
+from ..runtime.parts import Once
 from ..runtime.verdictcache import VerdictCache, VerdictSpec
 from ..runtime.verify import Sampling
 from . import protocol
@@ -44,6 +45,8 @@ class DraftServer:
         self.log = Log("draft server")
         self.clients = ClientTable(drafter, cfg.limits, cfg.ttl_s, self.log)
         self.steps = self.served = 0         # draft steps; drafts sent (for cfg.die_after)
+        self.parts = drafter.parts          # where the loop's time goes (logged every cfg.report_s seconds)
+        self._idle_end = time.perf_counter()
         dev = drafter.device
         self.overlap = Overlap(dev if dev.type == "cuda" else None)   # a step on its own thread while the loop reads
         self.batches: collections.deque = collections.deque(maxlen=4096)    # sequences per step, newest last
@@ -271,16 +274,33 @@ class DraftServer:
     def idle(self, sock) -> bool:
         """Between messages: the TTL sweep, one draft step over the waiting rows (and one over the streams), the
         refusals a step made, one chunk of prefill. True while work remains (refusals the prefill made included)."""
+        P = self.parts                  # (each part closed as the next begins: they add up to the loop's time)
+        if not P.steps:                 # (no step since the last report: the wait for work is no step's)
+            P.reset()
+            self._idle_end = P.since
+        t = P.add("between", self._idle_end)     # the messages served since the last call, and any wait for them
         self.clients.expire()
-        out = self.step() + self.stream_step()
+        t = P.add("sweep", t)
+        out = self.step()
+        t = P.add("rounds", t)
+        fed = Once(self.scheduler.prefill)     # (run while the stream step's device work runs, else below)
+        out += self.stream_step(fed)
+        t = P.add("streams", t)
         out += [(c.ident, self._drafts(c, [])) for c in self.clients.values() if c.refused]
         for ident, m in out:
             self._send(sock, ident, m)
+        t = P.add("send", t)
         self.scheduler.plan()            # (after the step's tokens went out: the live streams wait for nothing)
-        fed, failed, why = self.scheduler.prefill()
+        t = P.add("plan", t)
+        fed, failed, why = fed()
         if why:
             self._fail([failed] if failed else [], "internal", "prefill", why)
-        return bool(fed) or self.scheduler.more(self.clients)
+        more = bool(fed) or self.scheduler.more(self.clients)
+        self._idle_end = P.add("prefill", t)
+        if self.cfg.report_s and P.steps and self._idle_end - P.since >= self.cfg.report_s:
+            self.log.line(f"the loop's parts: {P.line()}")
+            P.reset()
+        return more
 
     def _contained(self, batch: list, draft) -> dict:
         """draft(batch) with its errors contained, {id(sequence): RowDrafted}: rows past their own room (Overflow)
@@ -313,17 +333,22 @@ class DraftServer:
                 self._drop_waiting(c, seq.key[1])
                 self._refuse(c, seq.key[1], seq.gen, code, field_, f"sequence {seq.key[1]!r}: {why}; open it again")
 
-    def stream_step(self) -> list[tuple[bytes, protocol.Streamed]]:
-        """One batched step over the scheduler's streams and branches: one token each, one Streamed per client."""
+    def stream_step(self, during=None) -> list[tuple[bytes, protocol.Streamed]]:
+        """One batched step over the scheduler's streams and branches: one token each, one Streamed per client.
+        during: host work done while the step's device work runs (BatchDrafter.draft's)."""
+        t = time.perf_counter()
         rows, extra = self.scheduler.streams()
+        t = self.parts.add("streams.schedule", t)
         if not rows and not extra:
             return []
         c0 = self.drafter.dec.clock.seconds
         positions = {id(seq): len(seq.chain) for seq in rows}
         out = self._contained([(seq, 1) for seq in rows + extra],
-                              lambda b: self.overlap.run(self.drafter.stream_step, [s for s, _ in b]))
+                              lambda b: self.overlap.run(self.drafter.stream_step, [s for s, _ in b], during))
         draft_ms = (self.drafter.dec.clock.seconds - c0) * 1e3
+        t = self.parts.add("streams.run", t)
         self.steps += 1
+        self.parts.steps += 1
         self.batches.append(len(rows) + len(extra))
         ahead = self.verdicts.took(out) if self.verdicts is not None else []
         stepped, held = time.time(), len(self.drafter.streams())
@@ -334,6 +359,7 @@ class DraftServer:
         for seq, b, pos, d in ahead:        # (branches of streams that asked for them, nearest fork first, bounded)
             if seq.send_branches and len(msgs.setdefault(seq.key[0], [])) < AHEAD_ROWS:
                 msgs[seq.key[0]].append(self._branch_row(seq, b, pos, d))
+        self.parts.add("streams.replies", t)
         return [(ident, protocol.Streamed(m, len(rows), draft_ms, stepped, held, len(extra)))
                 for ident, m in msgs.items()]
 
@@ -348,6 +374,7 @@ class DraftServer:
         done = self._contained(batch, lambda b: self.overlap.run(self.drafter.draft, b))
         draft_s = self.drafter.dec.clock.seconds - c0
         self.steps += 1
+        self.parts.steps += 1
         self.batches.append(len(batch))
         sent = []
         for c, rows in picked:

@@ -65,6 +65,7 @@ class Target:
     apart: list[Option] = field(default_factory=list)    # measured on another baseline: details only
     modelled: list[Figure] = field(default_factory=list)  # the models fed this row's components: details only
     link: list[Figure] = field(default_factory=list)      # what Ethernet costs (a device call's link curve): details
+    branches: list[Figure] = field(default_factory=list)  # branches sent ahead (a device call's ssd part): details
 
 
 def baseline_key(definition: str, harness: str, t1: Figure) -> str:
@@ -289,23 +290,36 @@ def crossover(root: Path, name: str) -> list[Figure]:
 LINK_MODELS = {"8B": "Qwen3-8B", "32B": "Qwen3-32B", "72B-class": "Qwen2.5-72B"}   # a row's emulated shape
 
 
+def newest_call(root: Path, has) -> tuple[str, dict] | None:
+    """The newest device call (reports/gpu, by its call number) whose document `has`: (its path, its document)."""
+    docs = [(f"reports/gpu/{p.name}", load(root, f"reports/gpu/{p.name}")) for p in (root / "reports/gpu").glob("*.json")]
+    docs = [(rel, d) for rel, d in docs if d and has(d)]
+    return max(docs, key=lambda x: (x[1].get("call", 0), x[0])) if docs else None
+
+
+def _row_call(got: tuple | None, name: str, where: str) -> tuple | None:
+    """(path, document, the row's emulated shape, the hardware line) of a device call for a row, None without."""
+    model = LINK_MODELS.get(name)
+    if not got or not model:
+        return None
+    rel, doc = got
+    return rel, doc, model, (f"1x {(doc.get('hardware') or {}).get('label', '?')}: emulated {model} targets, the real "
+                             f"draft server{where}, call {doc.get('call', '?')}")
+
+
 def link_call(root: Path) -> tuple[str, dict] | None:
     """The newest device call with a link part (`bench streams --link-rtts`): (its path, its document)."""
-    docs = [(f"reports/gpu/{p.name}", load(root, f"reports/gpu/{p.name}")) for p in (root / "reports/gpu").glob("*.json")]
-    docs = [(rel, d) for rel, d in docs if d and d.get("link", {}).get("points")]
-    return max(docs, key=lambda x: (x[1].get("call", 0), x[0])) if docs else None
+    return newest_call(root, lambda d: d.get("link", {}).get("points"))
 
 
 def link_figures(root: Path, name: str, policy: str = "policy") -> list[Figure]:
     """What Ethernet costs for a row's shape: remote SD under the step policy at each injected round trip of the
     newest link call (measured, with its interval; the event model beside it). Its own call and harness: shown in
     the details row, never compared with the row's options."""
-    got, model = link_call(root), LINK_MODELS.get(name)
-    if not got or not model:
+    got = _row_call(link_call(root), name, " through a delay relay")
+    if not got:
         return []
-    rel, doc = got
-    hw = (f"1x {(doc.get('hardware') or {}).get('label', '?')}: emulated {model} targets, the real draft server "
-          f"through a delay relay, call {doc.get('call', '?')}")
+    rel, doc, model, hw = got
     out = []
     for p in sorted((p for p in doc["link"]["points"] if p.get("target") == model and p.get("step_policy") == policy
                      and (p["B"], p["N"]) == (1, 1) and "speedup" in p), key=lambda p: p["injected_rtt_ms"]):
@@ -320,6 +334,33 @@ def link_figures(root: Path, name: str, policy: str = "policy") -> list[Figure]:
     return [f for f in out if f]
 
 
+def branch_call(root: Path) -> tuple[str, dict] | None:
+    """The newest device call with branches sent ahead (`bench streams --verdict-cache off,...+ahead`)."""
+    return newest_call(root, lambda d: any(str((p.get("verdict_cache") or {}).get("spec", "")).endswith("+ahead")
+                                           and "speedup" in p for p in (d.get("ssd") or {}).get("points", [])))
+
+
+def branch_figures(root: Path, name: str) -> list[Figure]:
+    """Branches sent ahead for a row's shape (B = 1, N = 1 of the newest such call): over the target alone with
+    branches and without, at each hit-rate input (synthetic or the embedded pair's trace). Its own call and harness: details only, never compared with the row's options."""
+    got = _row_call(branch_call(root), name, " on loopback")
+    if not got:
+        return []
+    rel, doc, model, hw = got
+    out = []
+    for p in (p for p in doc["ssd"]["points"] if p.get("target") == model and (p["B"], p["N"]) == (1, 1)
+              and "speedup" in p):
+        v = p.get("verdict_cache") or {}
+        kind = "trace-driven" if v.get("ranks") == "trace" else "synthetic"
+        what = "with branches sent ahead" if str(v.get("spec", "")).endswith("+ahead") else "plain (no branches)"
+        hit = f", hit rate {v['hit_rate']:.2f}" if v.get("hit_rate") is not None else ""
+        at = ("ssd", "points", {"label": p["label"], "B": 1, "N": 1})
+        out.append(fig(root, rel, at + ("speedup",), f"remote pipelined {what}, {v.get('ranks')} ranks{hit}: over the "
+                       "target alone", "{:.2f}x", f"{kind}, emulated target", hw,
+                       interval=at + ("speedup_interval",) if p.get("speedup_interval") else None))
+    return [f for f in out if f]
+
+
 def targets(root: Path) -> list[Target]:
     root = Path(root)
     out = [t for t in (target_8b(root), target_big(root, "32B", "Qwen3-32B", "bf16"),
@@ -327,4 +368,5 @@ def targets(root: Path) -> list[Target]:
     for t in out:
         t.modelled = crossover(root, t.name)
         t.link = link_figures(root, t.name)
+        t.branches = branch_figures(root, t.name)
     return out

@@ -126,9 +126,14 @@ def _at(sweep: list[dict], h: float) -> float | None:
 
 
 def crossing_lines(cs: list[dict]) -> list[str]:
-    return [f"{c['call']}: {c['target']} B=1 N=1 ({c['spec']}): the trace's hit rate {c['trace_hit_rate']} (a floor: a "
-            f"135M target and a 6-layer draft); modelled, {_against_colocated(c)}, and reaches SSD's {SSD_PUBLISHED}x "
-            f"{_from(c['hit_to_match_ssd'])}" for c in cs]
+    return [f"{c['call']}: {c['target']} B=1 N=1 ({c['spec']}): {_trace(c['trace_hit_rate'])}; modelled, "
+            f"{_against_colocated(c)}, and reaches SSD's {SSD_PUBLISHED}x {_from(c['hit_to_match_ssd'])}" for c in cs]
+
+
+def _trace(hit) -> str:
+    if hit is None:
+        return "no point of the embedded trace's ranks in this call"
+    return f"the trace's hit rate {hit} (a floor: a 135M target and a 6-layer draft)"
 
 
 def _from(hit) -> str:

@@ -11,14 +11,17 @@ from ...runtime.fastmodel import FastDecoder
 from ...wire.server_config import DraftServerConfig
 from .common import CONTEXT, PREFILL_CHUNK, PROMPT, SERVER_ROWS, SLACK, allow_recompiles, sync_device, welcome
 
+REPORT_S = 4.0           # the bench's draft servers log their loop's parts this often (the call's log keeps them)
+
 
 def serve_random(name: str, device: str, addr: str, ready, seconds: float, rows: int = SERVER_ROWS,
                  capacity: int = CONTEXT + SLACK, spin_s: float = 0.002, compile_mode: str | None = None,
                  verdict_cache: str = DraftServerConfig.verdict_cache,
-                 read_while_stepping: bool = DraftServerConfig.read_while_stepping) -> None:
+                 read_while_stepping: bool = DraftServerConfig.read_while_stepping, report_s: float = REPORT_S) -> None:
     """A draft server process: the named draft shape (random bf16 weights) on `device`, its graphs captured and
     a prompt's prefill run once before `ready` is told; serves `addr` for `seconds` (verdict_cache: the server's
-    DraftServerConfig.verdict_cache; read_while_stepping: its read_while_stepping)."""
+    DraftServerConfig.verdict_cache; read_while_stepping: its read_while_stepping; report_s: how often it logs
+    where its loop's time went, ms a step per part)."""
     from ...runtime.randomweights import fused_random
     from ...wire.draft_server import ServerLimits, build_server
     try:
@@ -29,7 +32,7 @@ def serve_random(name: str, device: str, addr: str, ready, seconds: float, rows:
         fast = FastDecoder(fused_random(name, device, "bf16", seed=1), 8)
         server = build_server(fast, welcome(name, fast.vocab, rows), DraftServerConfig(
             rows, capacity, ttl_s=120, prefill_chunk=PREFILL_CHUNK, compile_mode=compile_mode or "none", warm=False,
-            spin_s=spin_s, verdict_cache=verdict_cache, read_while_stepping=read_while_stepping,
+            spin_s=spin_s, verdict_cache=verdict_cache, read_while_stepping=read_while_stepping, report_s=report_s,
             limits=ServerLimits(sequences_per_client=rows, reserve=0, clients=4096, clients_per_peer=4096)))
         dec = server.drafter.dec
         dec.warm(spans=(dec.span_for(CONTEXT),))
