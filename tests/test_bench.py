@@ -54,3 +54,22 @@ def test_bench_compares_modes_on_the_same_requests(tmp_path):
     assert 0.3 < rows["sync"]["alpha"] < 1.0 and rows["sync"]["alpha_ci95"][0] <= rows["sync"]["alpha"]
     # each request its own prompt: three different prompt ids, seeds 0..2
     assert [q["prompt_id"] for q in res["runs"]["sync"]["requests"]] == ["random/0", "random/1", "random/2"]
+
+
+def test_the_cached_mode_needs_a_draft_that_can_branch_and_the_default_leaves_it_out():
+    """'cached' (branches sent ahead) runs against the batched draft server with its verdict cache, which drafts a
+    fast-decoder draft with real acceptance only: asked for on another draft it is refused naming the fix; the
+    default --modes leaves it out there (said on stderr), and keeps it where the draft can branch."""
+    import pytest
+    from sdeth.cli.measure import bench_modes
+    from sdeth.cli.parser import BENCH_MODES
+    from sdeth.study.bench.modes import branch_draft
+    from sdeth.study.config import RunConfig
+    real = RunConfig(mode="sd", placement="ethernet", impl="fast")
+    synthetic = RunConfig(mode="sd", placement="ethernet", impl="fast", synthetic_alpha=0.7)
+    assert branch_draft(real, ("sync", "cached")) == dict(draft_server=True, verdict_cache="on")
+    assert branch_draft(synthetic, ("sync", "pipelined")) == {}
+    with pytest.raises(ValueError, match="mode 'cached'.*drop 'cached' from --modes"):
+        branch_draft(synthetic, ("sync", "cached"))
+    assert "cached" not in bench_modes(BENCH_MODES, synthetic).split(",")
+    assert bench_modes(BENCH_MODES, real) == BENCH_MODES and bench_modes("sync,cached", synthetic) == "sync,cached"

@@ -121,6 +121,10 @@ def test_summary_cache_step_models_the_commonest_choice():
     ahead, none = summary.cache_model([_req(cache="ahead", stream_restarts=4, cache_hits=1)] * 2 + [_req(cache="off")], cfg)
     assert none is None and ahead["cache"] == "ahead" and ahead["cache_hit_rate"] == pytest.approx(0.25)
     assert "not modelled" in ahead["cache_model"] and ahead["cache_auto"] == {"ahead": 2, "off": 1}
+    asked = RunConfig(mode="pipelined", placement="ethernet", impl="fast", cache="on")
+    why = "off: the draft server runs no verdict cache (start it with --verdict-cache on)"
+    got, none = summary.cache_model([_req(cache="off", cache_choice=why, stream_restarts=4)] * 2, asked)
+    assert none is None and got["cache"] == "off" and got["cache_choice"] == why      # asked, none drafted: no model
 
 
 def test_the_run_configuration_and_the_command_lines_parser_import_no_torch():

@@ -538,3 +538,15 @@ def test_a_commits_that_comes_during_a_step_is_read_then_and_restarts_the_stream
           f"{during[0][1] - during[0][0]:.3f} s; its first new draft stepped at +{stepped_at - t_sent:.3f} s")
     off, *_ = run(False)
     assert off.overlap.read == 0 and off.overlap.take is None
+
+
+def test_a_handle_measures_the_links_round_trip_when_it_connects():
+    """connect() times bare Ping/Pongs once: the record's bare_rtt_ms and a stream's link (the step policy's
+    observe_link), as the draft of one sequence measured them."""
+    from sdeth.wire.draft_client import ServerStream
+    addr = serving(tiny_server(tiny_qwen3(0)), 20)
+    h = ServerStream.connect(addr, HELLO, Sampling())
+    try:
+        assert h.bare_rtt_ms is not None and 0 < h.bare_rtt_ms < 1000 and h.link_ms == h.bare_rtt_ms
+    finally:
+        h.server.close()

@@ -141,6 +141,22 @@ def test_rows_idle_past_idle_s_pass_to_a_waiting_client_and_their_holder_is_told
     print(f"\n{json.dumps({'idle_s': idle_s, 'waiting_client_admitted_after_s': round(waited, 3)})}")
 
 
+def test_a_closed_connections_row_passes_to_a_waiting_client_at_once(capsys):
+    """A one-row server: the holder's connection closes (a target that lost its link and comes back on a new one);
+    a new client's Open takes the row at once, long before idle_s or the closed client's GONE_S."""
+    server = tiny_server(tiny_qwen3(0), rows=1, capacity=CAP, idle_s=30)
+    for ident, peer in ((b"a", "10.0.0.1"), (b"b", "10.0.0.2")):
+        _hello(server, ident, peer)
+    assert _open_msg(server, b"a", "a0", "10.0.0.1") == ""
+    _drive(server)
+    _round(server, b"a", "a0", "10.0.0.1")
+    assert _open_msg(server, b"b", "b0", "10.0.0.2").startswith("sequences:")     # a is there: refused
+    server.clients.closed(b"a")
+    assert _open_msg(server, b"b", "b0", "10.0.0.2") == ""                        # a's connection closed: taken
+    assert list(server.drafter.seqs) == [(b"b", "b0")] and _round(server, b"b", "b0", "10.0.0.2").tokens
+    assert "refused (reclaimed): idle_s: sequence 'a0': its connection closed" in capsys.readouterr().out
+
+
 def test_a_reclaimed_sequence_is_opened_again_by_its_client_and_loses_nothing_but_time():
     """Over the wire: the holder's next round of a reclaimed sequence re-opens it (the next generation, its whole
     context) and is drafted; its other sequence is not touched."""

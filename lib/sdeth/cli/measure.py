@@ -65,6 +65,7 @@ def _bench(a) -> int:
         return 0
     try:
         base = build_config(a)
+        a.modes = bench_modes(a.modes, base)
         if a.what == "rtt":
             modes = tuple(m for m in a.modes.split(",") if m and m not in ("target-only", "colocated"))
             res = bench.bench_rtt(base, tuple(parse_rtts(a.rtts, "--rtts")), modes, a.k_max)
@@ -118,3 +119,14 @@ def _sweep(cfg, a) -> int:
 
 
 COMMANDS = {"run": _run, "bench": _bench}
+
+
+def bench_modes(modes: str, base) -> str:
+    """--modes as given; the default without 'cached' where the draft cannot draft branches (said on stderr)."""
+    from ..study.runs.experiment import can_branch
+    from .parser import BENCH_MODES
+    if modes != BENCH_MODES or can_branch(base):
+        return modes
+    print("sdeth: mode 'cached' left out: branches sent ahead need the batched draft server, which drafts a "
+          "fast-decoder draft with real acceptance only", file=sys.stderr)
+    return ",".join(m for m in modes.split(",") if m != "cached")

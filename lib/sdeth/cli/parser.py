@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+BENCH_MODES = "target-only,colocated,sync,adaptive,pipelined,cached"     # bench sd and rtt's --modes by default
+
 
 def _bool_switch(v: str) -> bool:
     if v.lower() in ("on", "true", "1", "yes"):
@@ -117,12 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-tokens", type=int, default=128, help="generated tokens per request")
     b.add_argument("--k", type=int, default=rc.k, help="k of the fixed-k modes (colocated, sync)")
     b.add_argument("--k-max", type=int, default=8, help="the most k of adaptive and pipelined")
-    b.add_argument("--modes", default="target-only,colocated,sync,adaptive,pipelined,cached",
-                   help="cached: pipelined with the outcome cache (--cache); auto: pipelined, the target's model "
-                   "turning the cache on per request where it predicts a gain; pipelined-sync, pipelined-offered, "
+    b.add_argument("--modes", default=BENCH_MODES,
+                   help="cached: pipelined with branches sent ahead by the batched draft server's verdict cache (a "
+                   "fast-decoder draft with real acceptance; left out of the default otherwise); auto: pipelined, "
+                   "asking for branches wherever the draft server has them; pipelined-sync, pipelined-offered, "
                    "pipelined-adaptive: pipelined under that step policy (pipelined: the step policy)")
-    b.add_argument("--cache", default=rc.cache, help="the outcome cache of mode 'cached': FANOUT[xDEPTH[xRANKS]] "
-                   "(auto: runtime.streamdraft.CACHE_DEFAULT)")
+    b.add_argument("--cache", default=rc.cache, help="a pipelined run's branches: off, on, auto (their shape is the "
+                   "draft server's --verdict-cache; a FANOUTxDEPTH shape reads as on)")
     b.add_argument("--seed", type=int, default=rc.seed)
     b.add_argument("--json", required=True)
     b.add_argument("--draft-fast", default=rc.draft_fast, help="sd: the draft decoder's levers (FastOptions spec)")

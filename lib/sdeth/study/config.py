@@ -97,9 +97,9 @@ class RunConfig:
     target_fast: str = ""           # e.g. 'scope=layer,weights=fp8,head=32768'); the target's must keep its numerics
     draft_emulate: str = ""         # an emulated draft device, PROFILE:SHAPE[:fp8] (params/devices, runtime.emulated)
     draft_chains: str = ""          # ... replaying the draft's continuations recorded here (`python -m sdeth chains`)
-    cache: str = "auto"             # pipelined: the outcome cache (runtime.streamdraft), off | on | auto | FANOUT[xDEPTH[xRANKS]];
-                                    # on: streamdraft.CACHE_DEFAULT; auto: the target's event model turns CACHE_DEFAULT on
-                                    # per request where it predicts a gain (costmodel.AdaptivePolicy.choose_cache)
+    cache: str = "auto"             # pipelined over the link: branches sent ahead by the draft server's verdict cache,
+                                    # off | on | auto (asked for wherever the server drafts them); their shape is the
+                                    # server's --verdict-cache (a FANOUT[xDEPTH[xRANKS]] shape reads as on)
     target_emulate: str = ""        # an emulated target: no model, synthetic answers at the forward times measured in
                                     # PATH[:MODEL] (a results JSON's target.points; runtime.emulated.TargetTimes)
 

@@ -132,20 +132,21 @@ def cache_model(reqs: list[dict], cfg: RunConfig) -> tuple[dict, dict | None]:
     the share of corrections among the draft's next choices, else this run's own hit rate."""
     out: dict = {}
     spec = cfg.outcome_cache()
+    used = [r.get("cache", "off" if spec == "auto" else spec) for r in reqs]
+    choice = next((r["cache_choice"] for r in reversed(reqs) if r.get("cache_choice")), "")
     if spec == "auto":
-        used = [r.get("cache", "off") for r in reqs]
-        out["cache_auto"] = {u: used.count(u) for u in sorted(set(used))}
-        out["cache_choice"] = next((r["cache_choice"] for r in reversed(reqs) if r.get("cache_choice")), "")
+        out.update(cache_auto={u: used.count(u) for u in sorted(set(used))}, cache_choice=choice)
         spec = max(sorted(set(used)), key=used.count)
     judged, among = (sum(r.get(f, 0) for r in reqs) for f in ("alt_judged", "alt_among"))
     if judged:
         out["corrections_among_next_choices"] = among / judged
-    ahead = any(r.get("cache") == AHEAD for r in reqs)      # a draft server's branches: measured; modelled elsewhere
+    ahead = AHEAD in used                   # a draft server's branches: measured; modelled elsewhere
+    if spec != "off" and used and set(used) == {"off"}:     # asked for, none drafted (the records say why)
+        return {**out, "cache": "off", "cache_choice": choice}, None
     if spec == "off" and not ahead:
         return out, None
     restarts, hits = (sum(r.get(f, 0) for r in reqs) for f in ("stream_restarts", "cache_hits"))
-    out["cache"] = spec
-    out["cache_hit_rate"] = hits / restarts if restarts else None
+    out.update(cache=spec, cache_hit_rate=hits / restarts if restarts else None)
     if ahead:
         out.update(cache=AHEAD, cache_model="not modelled here: a draft server's branches sent ahead take its spare "
                    "rows (study.streambench.hitcurve models them against the hit rate)")

@@ -82,9 +82,10 @@ class ClientTable:
         return True
 
     def idle_row(self, c: ClientState, idle_s: float) -> Sequence | None:
-        """The row to reclaim for c, refused one: another owner's sequence that has not drafted for idle_s (none
-        with work in flight), an owner's over its fair share before one's within it, the oldest idle first; only
-        while c's owner holds less than its fair share (recounted over the clients there are now)."""
+        """The row to reclaim for c, refused one: another owner's sequence that has not drafted for idle_s, or
+        whose connection has closed (none with work in flight), an owner's over its fair share before one's within
+        it, the oldest idle first; only while c's owner holds less than its fair share (recounted over the clients
+        there are now)."""
         fair = self.shares.fair(self.by_ident)
         if self.owned(c) >= fair:
             return None
@@ -93,7 +94,7 @@ class ClientTable:
         feeding = {id(s) for s in self.drafter.feeding()}
         holder = {s.key: self.by_ident.get(s.key[0]) for s in self.drafter.sequences()}
         idle = [s for s in self.drafter.sequences() if id(s) not in waiting and id(s) not in feeding
-                and now - max(s.stepped, s.opened) >= idle_s
+                and (now - max(s.stepped, s.opened) >= idle_s or holder[s.key] is None or holder[s.key].gone)
                 and (holder[s.key] is None or holder[s.key].owner != c.owner)]
         over = {s.key: holder[s.key] is None or self.owned(holder[s.key]) > fair for s in idle}
         return min(idle, key=lambda s: (not over[s.key], max(s.stepped, s.opened)), default=None)

@@ -18,6 +18,7 @@ import torch
 from ..runtime.loop import DraftUnavailable
 from ..runtime.verify import Sampling
 from . import protocol
+from .health import bare_rtt_ms
 from .transport import Client, PeerGone
 
 DECODE = protocol.Decoder("a draft server's client", protocol.SERVER_SENDS)
@@ -199,15 +200,14 @@ class DraftServerClient:
 
 def ping_ms(addr: str, hello: protocol.Hello, n: int = 10, timeout_s: float = 2.0) -> float:
     """The link's round trip to the draft server at addr (the median of n Ping/Pong, ms)."""
-    c, ts = DraftServerClient(addr, hello, timeout_s=10), []
+    c = DraftServerClient(addr, hello, timeout_s=10)
     try:
-        for _ in range(n):
-            t0 = time.perf_counter()
-            c.client.call(protocol.Ping(time.time()), timeout_s=timeout_s)
-            ts.append((time.perf_counter() - t0) * 1e3)
+        rtt = bare_rtt_ms(c.client, n, timeout_s)
     finally:
         c.close()
-    return sorted(ts)[n // 2]
+    if rtt is None:
+        raise TimeoutError(f"draft server at {addr}: no Pong in {timeout_s:g} s")
+    return rtt
 
 
 class DraftHandle:
@@ -217,6 +217,8 @@ class DraftHandle:
     lost, lost_answered = "", False
     compute_s: float = 0.0        # the draft's model time since start(), as the server reports it
     streamed: int = 0             # a stream: the tokens it streamed in this request
+    bare_rtt_ms: float | None = None   # the link's round trip, Ping/Pong at connect (the record's bare_rtt_ms) ...
+    link_ms: float | None = None       # ... and a stream's link (two transits: the step policy's observe_link)
 
     @classmethod
     def connect(cls, addr: str, hello: protocol.Hello, s: Sampling, timeout_s: float = 5.0, spin_s: float = 0.0,
@@ -228,7 +230,9 @@ class DraftHandle:
         except (TimeoutError, PeerGone) as e:
             raise DraftUnavailable(f"draft server at {addr}: {e}") from None
         c.health = health
-        return cls(c, s, **kw)
+        h = cls(c, s, **kw)
+        h.bare_rtt_ms = h.link_ms = bare_rtt_ms(c.client)
+        return h
 
     @property
     def client(self):

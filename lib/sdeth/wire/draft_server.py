@@ -2,7 +2,8 @@
 `python -m sdeth worker --role draft-server --bind tcp://ADDR:PORT` (the CLI is in `sdeth.cli.worker`): batched
 over the fast decoder (build_server); `--role draft`: the same server with one row over any draft engine
 (engine_server: transformers, synthetic or trace-driven acceptance, an emulated draft device), which serves one
-sequence at a time and refuses another (`limit`) while it holds one.
+sequence at a time: another client's Open is refused (`limit`) while the held one is in use, and takes the row
+once the holder's connection closed or its sequence drafted nothing for `idle_s` (0.5 s for `--role draft`).
 
 Terms: a *client* is one connection (a target worker, an emulated target, a vLLM proposer), known by its zmq
 routing id from its Hello on; under CURVE with per-client keys its key names its *owner* (one client may hold

@@ -13,7 +13,7 @@ import threading
 import time
 
 from . import protocol
-from .transport import Client
+from .transport import Client, PeerGone
 
 
 class DraftHealth:
@@ -79,3 +79,17 @@ class DraftHealth:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=2 * self.timeout_s + self.max_backoff_s)
+
+
+def bare_rtt_ms(client: Client, n: int = 10, timeout_s: float = 1.0) -> float | None:
+    """The median round trip (ms) of n bare Ping/Pong on a connection that said Hello: the transport's floor (None:
+    no Pong; a draft gone quiet says so at its first wait)."""
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        try:
+            if isinstance(client.call(protocol.Ping(time.time()), timeout_s=timeout_s), protocol.Pong):
+                ts.append((time.perf_counter() - t0) * 1e3)
+        except (TimeoutError, PeerGone):
+            break
+    return sorted(ts)[len(ts) // 2] if ts else None

@@ -161,9 +161,10 @@ class DraftServer:
         self.drafter.free(seq.key)
         holder = self.clients.get(seq.key[0])
         if holder is not None:
+            why = ("its connection closed" if holder.gone else
+                   f"it drafted nothing for {idle_s:.1f} s (the server's idle_s is {self.cfg.idle_s:g})")
             self._refuse(holder, seq.key[1], seq.gen, "reclaimed", "idle_s", (
-                f"sequence {seq.key[1]!r} drafted nothing for {idle_s:.1f} s (the server's idle_s is "
-                f"{self.cfg.idle_s:g}) while another client waited for a row: open it again to resume"))
+                f"sequence {seq.key[1]!r}: {why} while another client waited for a row: open it again to resume"))
         return True
 
     def _open_error(self, c: ClientState, msg: protocol.Open) -> tuple | None:

@@ -47,6 +47,19 @@ def mode_config(base: RunConfig, name: str, k_max: int) -> RunConfig:
     return cfg
 
 
+def branch_draft(base: RunConfig, modes) -> dict:
+    """The testbed's draft for a bench of these modes: 'cached' asks for branches sent ahead, which only the
+    batched draft server drafts (experiment.can_branch); any other bench gets the draft of one row."""
+    from ..runs.experiment import can_branch
+    if "cached" not in modes:
+        return {}
+    if not can_branch(base):
+        raise ValueError("mode 'cached' (branches sent ahead) needs the batched draft server, which drafts a "
+                         "fast-decoder draft with real acceptance only (--impl fast; no --synthetic-alpha, --trace or "
+                         "--draft-emulate): drop 'cached' from --modes, or run it on such a pair")
+    return dict(draft_server=True, verdict_cache="on")
+
+
 def per_request(res: dict) -> dict:
     """The per-request lists the intervals resample."""
     reqs = res["requests"]
@@ -104,6 +117,7 @@ def bench_sd(base: RunConfig, modes=tuple(MODES), k_max: int = 8, warmup_tokens:
         modes = ("target-only", *modes)
     for name in modes:              # every mode's configuration, before anything runs (k_max within the target's)
         mode_config(base, name, k_max).check()
+    draft_kw = branch_draft(base, modes)
     pair = pair or load_pair(base.pair, base.target, base.draft, device=colocated_device(base),
                              roles=colocated_roles(base) if "colocated" in modes else ())
     length = base.prompt_spec.length or 64       # random:N:LEN: the prompts' own length
@@ -112,7 +126,7 @@ def bench_sd(base: RunConfig, modes=tuple(MODES), k_max: int = 8, warmup_tokens:
     t0 = time.time()
     link = [m for m in modes if MODES[m]["placement"] == "ethernet"]
     if link:
-        with testbed_for(base, ready_timeout_s=1200, draft_timeout_s=300) as tb:
+        with testbed_for(base, ready_timeout_s=1200, draft_timeout_s=300, **draft_kw) as tb:
             for name in link:
                 run(mode_config(warm, name, k_max), pair, False, tb)          # first use of each width
                 results[name] = run(mode_config(base, name, k_max), pair, progress, tb)
@@ -172,12 +186,14 @@ def bench_rtt(base: RunConfig, rtts=RTT_SWEEP, modes=("sync", "pipelined", "cach
     probe's round trip, interpolated between points)."""
     from ...models.presets import load_pair
     base = base.check()
+    draft_kw = branch_draft(base, modes)
     pair = pair or load_pair(base.pair, base.target, base.draft, device=base.device, roles=())
     length = base.prompt_spec.length or 64       # random:N:LEN: the prompts' own length
     warm = replace(base, prompts=f"random:1:{length}:999983", max_tokens=warmup_tokens)
     t0 = time.time()
     points = []
-    with testbed_for(base, up_ms=0.0, down_ms=0.0, relay=True, ready_timeout_s=1200, draft_timeout_s=300) as tb:
+    with testbed_for(base, up_ms=0.0, down_ms=0.0, relay=True, ready_timeout_s=1200, draft_timeout_s=300,
+                     **draft_kw) as tb:
         for name in ("target-only", *modes):
             run(mode_config(warm, name, k_max), pair, False, tb)
         ref = run(mode_config(base, "target-only", k_max), pair, False, tb)

@@ -64,6 +64,13 @@ def run(cfg: RunConfig, pair=None, progress: bool = True, on_testbed=None) -> di
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "requests": reqs, "summary": summarize(reqs, cfg)}
 
 
+def can_branch(cfg: RunConfig) -> bool:
+    """Whether cfg's draft can draft branches: the batched draft server's, a fast-decoder draft with real acceptance
+    (a synthetic, trace-driven or emulated draft is served one row over its engine, which cannot fork)."""
+    return (cfg.impl == "fast" and cfg.synthetic_alpha is None and not cfg.synthetic_trace
+            and not cfg.draft_emulate)
+
+
 def testbed_for(cfg: RunConfig, **testbed_kw):
     """A two-node testbed whose workers run cfg's pair, devices and engine options (not started yet). A pipelined
     run that asks for branches (cache on or a shape) on the fast decoder, real acceptance, gets the batched draft
@@ -72,8 +79,7 @@ def testbed_for(cfg: RunConfig, **testbed_kw):
     from ...place.testbed import Testbed
     kw = dict(up_ms=cfg.rtt_ms / 2, down_ms=cfg.rtt_ms / 2, netns=cfg.netns, device=cfg.device,
               draft_device=cfg.draft_device, target=cfg.target, draft=cfg.draft, worker_config=cfg.worker_config())
-    if (cfg.mode == "pipelined" and cfg.cache != "auto" and cfg.cache_spec.on and cfg.impl == "fast"
-            and cfg.synthetic_alpha is None and not cfg.synthetic_trace and not cfg.draft_emulate
+    if (cfg.mode == "pipelined" and cfg.cache != "auto" and cfg.cache_spec.on and can_branch(cfg)
             and "draft_server" not in testbed_kw):         # (a caller that picks the draft's role keeps it)
         if cfg.cache != "on":
             print(f"--cache {cfg.cache}: branches come from the draft server's verdict cache now, in its own shape "
