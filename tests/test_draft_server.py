@@ -498,9 +498,9 @@ def test_a_commits_that_comes_during_a_step_is_read_then_and_restarts_the_stream
         server = tiny_server(tiny_pair()[1], read_while_stepping=read_while_stepping)
         inner = server.drafter.stream_step
 
-        def slow(seqs, during=None):
+        def slow(seqs):
             time.sleep(0.4)                         # (sleeps as a device step does: the GIL released)
-            return inner(seqs, during)
+            return inner(seqs)
         server.drafter.stream_step = slow
         addr = f"tcp://127.0.0.1:{free_port()}"
         th = threading.Thread(target=server.serve, args=(addr,), kwargs={"max_seconds": 6}, daemon=True)

@@ -254,9 +254,9 @@ def test_with_a_slow_target_step_every_draft_the_server_has_drafted_past_the_con
     step_s, draft_s, alpha = 0.06, 0.018, 0.44
     stream_step = batchdraft.BatchDrafter.stream_step
 
-    def slow(self, seqs, during=None):
+    def slow(self, seqs):
         time.sleep(draft_s)
-        return stream_step(self, seqs, during)
+        return stream_step(self, seqs)
     monkeypatch.setattr(batchdraft.BatchDrafter, "stream_step", slow)
     target, draft = tiny_pair(0.0)
     server, addr = draft_server(draft)

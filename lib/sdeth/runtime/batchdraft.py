@@ -139,12 +139,11 @@ class BatchDrafter:
         seq.read_at, seq.read_pos = time.time(), pos
         return restart
 
-    def stream_step(self, seqs: list[Sequence], during=None) -> list[RowDrafted]:
+    def stream_step(self, seqs: list[Sequence]) -> list[RowDrafted]:
         """One batched step over streams with room: each drafts its next token (its position: len(chain) before
         the step), which becomes part of its chain. A stream whose target ran ahead (commits past its chain, up
-        to CATCH_UP tokens) is caught up in the same step: its tokens are fed in the step's first forward.
-        during: see draft."""
-        out = self.draft([(seq, 1) for seq in seqs], during)
+        to CATCH_UP tokens) is caught up in the same step: its tokens are fed in the step's first forward."""
+        out = self.draft([(seq, 1) for seq in seqs])
         for seq, d in zip(seqs, out):
             if d.alts:
                 seq.alts[len(seq.chain)] = d.alts[0]
@@ -241,13 +240,11 @@ class BatchDrafter:
         """Whether a prompt waits to be prefilled."""
         return bool(self.feeding())
 
-    def draft(self, batch: list[tuple[Sequence, int]], during=None) -> list[RowDrafted]:
+    def draft(self, batch: list[tuple[Sequence, int]]) -> list[RowDrafted]:
         """One proposal of k tokens for each (sequence, k), all rows in the same steps; each sequence must be
         ready. Returns the proposals in batch order. Each row feeds its drafts only up to its own k (n + k slots;
         past that, to the scratch slot), so a short row beside a long one never writes past its cache row;
-        Overflow (nothing drafted) names the rows whose own n + k passes the capacity. during(): host work run
-        once the step is launched, while the device computes it (the server feeds waiting prompts then: work on
-        rows outside the batch, queued behind the step); it must not touch the batch's sequences."""
+        Overflow (nothing drafted) names the rows whose own n + k passes the capacity."""
         if not batch:
             return []
         over = [(s, k) for s, k in batch if s.n + k > self.dec.capacity]
@@ -279,9 +276,6 @@ class BatchDrafter:
         tk = torch.stack(toks, 1)
         copy = HostCopy(torch.cat([tk[:, :, None], torch.stack(alts, 1)], 2) if alts else tk)
         clk = self.parts.add("draft.launch", clk)
-        if during is not None:
-            during()
-            clk = self.parts.add("draft.during", clk)
         host = copy.value()
         clk = self.parts.add("draft.wait", clk)
         self.last_batch = len(batch)

@@ -43,15 +43,3 @@ class Parts:
         self.seconds.clear()
         self.steps, self.since = 0, time.perf_counter()
 
-
-class Once:
-    """fn's result, fn called on the first call only (the draft server's prefill: a stream step may run it while its
-    device work runs, else the loop after the step)."""
-
-    def __init__(self, fn):
-        self.fn, self.called, self.result = fn, False, None
-
-    def __call__(self):
-        if not self.called:
-            self.called, self.result = True, self.fn()
-        return self.result

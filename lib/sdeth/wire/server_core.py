@@ -8,7 +8,6 @@ import time
 from dataclasses import asdict
 
 from ..runtime.batchdraft import BatchDrafter, Desync, Full, Overflow
-from ..runtime.parts import Once
 from ..runtime.verdictcache import VerdictCache, VerdictSpec
 from ..runtime.verify import Sampling
 from . import protocol
@@ -284,8 +283,7 @@ class DraftServer:
         t = P.add("sweep", t)
         out = self.step()
         t = P.add("rounds", t)
-        fed = Once(self.scheduler.prefill)     # (run while the stream step's device work runs, else below)
-        out += self.stream_step(fed)
+        out += self.stream_step()
         t = P.add("streams", t)
         out += [(c.ident, self._drafts(c, [])) for c in self.clients.values() if c.refused]
         for ident, m in out:
@@ -293,7 +291,7 @@ class DraftServer:
         t = P.add("send", t)
         self.scheduler.plan()            # (after the step's tokens went out: the live streams wait for nothing)
         t = P.add("plan", t)
-        fed, failed, why = fed()
+        fed, failed, why = self.scheduler.prefill()
         if why:
             self._fail([failed] if failed else [], "internal", "prefill", why)
         more = bool(fed) or self.scheduler.more(self.clients)
@@ -334,9 +332,8 @@ class DraftServer:
                 self._drop_waiting(c, seq.key[1])
                 self._refuse(c, seq.key[1], seq.gen, code, field_, f"sequence {seq.key[1]!r}: {why}; open it again")
 
-    def stream_step(self, during=None) -> list[tuple[bytes, protocol.Streamed]]:
-        """One batched step over the scheduler's streams and branches: one token each, one Streamed per client.
-        during: host work done while the step's device work runs (BatchDrafter.draft's)."""
+    def stream_step(self) -> list[tuple[bytes, protocol.Streamed]]:
+        """One batched step over the scheduler's streams and branches: one token each, one Streamed per client."""
         t = time.perf_counter()
         rows, extra = self.scheduler.streams()
         t = self.parts.add("streams.schedule", t)
@@ -345,7 +342,7 @@ class DraftServer:
         c0 = self.drafter.dec.clock.seconds
         positions = {id(seq): len(seq.chain) for seq in rows}
         out = self._contained([(seq, 1) for seq in rows + extra],
-                              lambda b: self.overlap.run(self.drafter.stream_step, [s for s, _ in b], during))
+                              lambda b: self.overlap.run(self.drafter.stream_step, [s for s, _ in b]))
         draft_ms = (self.drafter.dec.clock.seconds - c0) * 1e3
         t = self.parts.add("streams.run", t)
         self.steps += 1
