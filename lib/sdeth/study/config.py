@@ -179,8 +179,8 @@ class RunConfig:
 
     def _check_cache(self) -> None:
         if self.cache != "auto" and self.cache_spec.on and (self.impl != "fast" or self.draft_emulate):
-            raise ConfigError(f"cache={self.cache!r} drafts branches as rows of the fast decoder: use impl "
-                              "'fast' (and a draft that is not emulated), or cache 'off'")
+            raise ConfigError(f"cache={self.cache!r}: branches come from the batched draft server, which runs the fast "
+                              "decoder: use impl 'fast' (and a draft that is not emulated), or cache 'off'")
 
     # ------------------------------------------------------------------ the typed values inside
     @property
