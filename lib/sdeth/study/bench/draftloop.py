@@ -48,9 +48,9 @@ def _loop(engine, context: int, steps: int, skip: int, watch: int = 0) -> dict:
         t2 = time.perf_counter()
         st = d.settle()
         t3 = time.perf_counter()
-        rows = [protocol.StreamRow("r", 0, m[0], m[1], m[2], alts=m[6] if len(m) > 6 else None, fork=m[4], corr=m[5])
+        sent = [protocol.StreamRow("r", 0, m[0], m[1], m[2], alts=m[6] if len(m) > 6 else None, fork=m[4], corr=m[5])
                 for m in d.messages(st)]
-        protocol.encode(protocol.Streamed(rows, 1, st.ms, time.time()))     # what a server sends a step
+        protocol.encode(protocol.Streamed(sent, 1, st.ms, time.time()))     # what a server sends a step
         t4 = time.perf_counter()
         d.commit(st.pos, st.token)               # the target took it: the run-ahead stays valid
         t5 = time.perf_counter()
