@@ -14,8 +14,8 @@ class LocalStream:
     (run-ahead kept, dropped, adopted; stale epochs) is exercised deterministically."""
 
     def __init__(self, engine, s: Sampling = Sampling(), seed: int = 0, q_top: int = 0, window: int = 8,
-                 max_steps_per_poll: int = 3, die_after: int = 0, fanout: int = 0, depth: int = 4, ranks: int = 1):
-        self.d = StreamDrafter(engine, q_top, window, fanout, depth, ranks)
+                 max_steps_per_poll: int = 3, die_after: int = 0):
+        self.d = StreamDrafter(engine, q_top, window)
         self.s, self.seed = s, seed
         self.rng = random.Random(seed)
         self.view = StreamView()
@@ -31,15 +31,11 @@ class LocalStream:
     def streamed(self) -> int:
         return self.sent
 
-    @property
-    def branched(self) -> int:
-        return self.branch_sent
-
     def start(self, prompt_ids, size, first, s=None, seed=None):
         self.view.reset()
         self.to_draft.clear(), self.to_target.clear()
         self.d.start(prompt_ids, size, first, s or self.s, self.seed if seed is None else seed)
-        self.sent = self.branch_sent = 0
+        self.sent = 0
 
     def _to_draft(self) -> None:
         for st in self.d.commit(*self.to_draft.pop(0)):      # steps the commit settled go out first
@@ -63,7 +59,6 @@ class LocalStream:
             msgs = self.d.step()
             self.to_target.extend(msgs)
             self.sent += 1
-            self.branch_sent += len(msgs) - 1
         n = len(self.to_target)
         for _ in range(self.rng.randint(min(n, 1 if at_least_one else 0), n)):
             self.view.on_drafted(*self.to_target.pop(0))
@@ -112,38 +107,3 @@ def tiny_qwen3(seed: int = 0):
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
                       tie_word_embeddings=True)
     return Qwen3ForCausalLM(cfg).eval()
-
-
-def row_bigram(table, device="cpu", scratch: int = 64):
-    """A bigram engine (test_verify.BigramEngine) that also drafts rows, as the fast decoder does: the
-    outcome cache's protocol logic without a real cache (a bigram's next token depends on its input alone)."""
-    import torch
-    from test_verify import BigramEngine
-
-    class RowBigram(BigramEngine):
-        impl = "fast"
-
-        def __init__(self):
-            super().__init__(table, device)
-            self.scratch, self.adopted = scratch, 0
-
-        def scratch_base(self):
-            return 10_000
-
-        def rows_visible(self, prefix, lo, hi):
-            return None
-
-        def rows_inputs(self, ids, positions, slots, prefix, lo, hi):
-            return ids, positions, slots, None
-
-        def forward_rows(self, ids, positions, slots, visible, advance=0):
-            assert all(s >= self.scratch_base() for s in slots[advance:]), "branch rows write to scratch slots"
-            assert list(slots[:advance]) == list(range(self.pos, self.pos + advance)), "chain rows at the chain's slots"
-            self.pos += advance
-            return self.table[torch.as_tensor(ids, device=self.device).reshape(-1)]
-
-        def copy_slots(self, src, dst_pos):
-            assert dst_pos <= self.pos and all(s >= self.scratch_base() for s in src)
-            self.pos, self.adopted = dst_pos + len(src), self.adopted + 1
-
-    return RowBigram()

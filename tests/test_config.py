@@ -9,14 +9,14 @@ from sdeth.cli.worker import worker_config, worker_parser
 from sdeth.models.prompts import PromptError
 from sdeth.runtime import EngineConfig
 from sdeth.runtime.emulated import Emulation
-from sdeth.runtime.streamdraft import CACHE_DEFAULT, CacheSpec
+from sdeth.runtime.verdictcache import VERDICT_DEFAULT, VerdictSpec
 from sdeth.study import summary
 from sdeth.study.config import ConfigError, PromptSpec, RunConfig, parse_rtts
 
 
 def test_each_small_language_parses_to_a_typed_value():
-    assert CacheSpec.parse("2x4") == CacheSpec(2, 4, 1) and CacheSpec.parse("off") == CacheSpec()
-    assert CacheSpec.parse("on") == CacheSpec.parse(CACHE_DEFAULT) and not CacheSpec.parse("0").on
+    assert VerdictSpec.parse("2x4") == VerdictSpec(2, 4, 4) and VerdictSpec.parse("off") == VerdictSpec()
+    assert VerdictSpec.parse("on") == VerdictSpec.parse(VERDICT_DEFAULT) and not VerdictSpec.parse("0").on
     assert PromptSpec.parse("sharegpt:8") == PromptSpec("sharegpt", 8, 0)
     assert PromptSpec.parse("random:16:512:3") == PromptSpec("random", 16, 3, 512)
     assert str(PromptSpec.parse("random:16:512")) == "random:16:512:0"
@@ -25,7 +25,7 @@ def test_each_small_language_parses_to_a_typed_value():
 
 
 @pytest.mark.parametrize("parse, bad, error, says", [
-    (CacheSpec.parse, "2x", ValueError, "FANOUT"), (CacheSpec.parse, "0x4", ValueError, "each >= 1"),
+    (VerdictSpec.parse, "2x", ValueError, "FANOUT"), (VerdictSpec.parse, "0x4", ValueError, "each >= 1"),
     (PromptSpec.parse, "random:16", PromptError, "random:N:LEN"), (PromptSpec.parse, "wiki:3", PromptError, "sharegpt"),
     (Emulation.parse, "corsair", ValueError, "PROFILE:SHAPE"), (Emulation.parse, "a:b:int4", ValueError, "bf16 or fp8"),
     (parse_rtts, "1,x", ConfigError, "in ms"), (parse_rtts, "-1", ConfigError, ">= 0")])
@@ -43,7 +43,19 @@ def test_the_configuration_checks_its_values_once():
     with pytest.raises(ConfigError, match="draft_fast"):
         RunConfig(impl="fast", draft_fast="scope=nowhere").check()
     c = RunConfig(mode="pipelined", placement="ethernet", impl="fast", cache="on", prompts="random:2:8").check()
-    assert c.cache_spec == CacheSpec.parse(CACHE_DEFAULT) and c.prompt_spec.length == 8 and c.emulation is None
+    assert c.cache_spec == VerdictSpec.parse(VERDICT_DEFAULT) and c.prompt_spec.length == 8 and c.emulation is None
+
+
+def test_the_branch_cache_a_pipelined_request_asks_for():
+    """Generate.cache: 'auto' (the target asks wherever the server drafts branches), 'on' for on or any shape
+    (the server's --verdict-cache sets the shape), 'off'; sync SD has no stream. Branches need the fast decoder."""
+    with pytest.raises(ConfigError, match="impl 'fast'"):
+        RunConfig(mode="pipelined", placement="ethernet", cache="2x4").check()
+    assert RunConfig(mode="pipelined", placement="ethernet", impl="fast").branch_cache() == "auto"
+    assert RunConfig(mode="pipelined", placement="ethernet", impl="fast", cache="on").check().branch_cache() == "on"
+    assert RunConfig(mode="pipelined", placement="ethernet", impl="fast", cache="2x4").branch_cache() == "on"
+    assert RunConfig(mode="pipelined", placement="ethernet", cache="off").branch_cache() == "off"
+    assert RunConfig(mode="sd", impl="fast", cache="on").branch_cache() == "off"
 
 
 def test_a_worker_gets_the_configuration_whole(tmp_path):
@@ -108,23 +120,19 @@ def test_summary_steps_each_alone():
     assert comp["components_ms_per_round"]["wire"] == pytest.approx(50.0)
 
 
-def test_summary_cache_step_models_the_commonest_choice():
+def test_summary_cache_step_reports_the_commonest_choice():
     cfg = RunConfig(mode="pipelined", placement="ethernet", impl="fast", cache="auto")
-    reqs = [_req(cache="2x4", stream_restarts=4, cache_hits=1, alt_judged=10, alt_among=4),
-            _req(cache="2x4", stream_restarts=4, cache_hits=3), _req(cache="off")]
-    figures, terms = summary.cache_model(reqs, cfg)
-    assert figures["cache_auto"] == {"2x4": 2, "off": 1} and figures["cache"] == "2x4"
-    assert figures["cache_hit_rate"] == pytest.approx(0.5) and figures["corrections_among_next_choices"] == 0.4
-    assert terms.forks == 2 and terms.depth == 4 and terms.hit == pytest.approx(0.4)
-    off, none = summary.cache_model([_req(cache="off")], cfg)
-    assert none is None and "cache" not in off
-    ahead, none = summary.cache_model([_req(cache="ahead", stream_restarts=4, cache_hits=1)] * 2 + [_req(cache="off")], cfg)
-    assert none is None and ahead["cache"] == "ahead" and ahead["cache_hit_rate"] == pytest.approx(0.25)
+    off = summary.cache_model([_req(cache="off")], cfg)
+    assert "cache" not in off and off["cache_auto"] == {"off": 1}
+    reqs = [_req(cache="ahead", stream_restarts=4, cache_hits=1, alt_judged=10, alt_among=4)] * 2 + [_req(cache="off")]
+    ahead = summary.cache_model(reqs, cfg)
+    assert ahead["cache"] == "ahead" and ahead["cache_hit_rate"] == pytest.approx(0.25)
+    assert ahead["corrections_among_next_choices"] == pytest.approx(0.4)
     assert "not modelled" in ahead["cache_model"] and ahead["cache_auto"] == {"ahead": 2, "off": 1}
     asked = RunConfig(mode="pipelined", placement="ethernet", impl="fast", cache="on")
     why = "off: the draft server runs no verdict cache (start it with --verdict-cache on)"
-    got, none = summary.cache_model([_req(cache="off", cache_choice=why, stream_restarts=4)] * 2, asked)
-    assert none is None and got["cache"] == "off" and got["cache_choice"] == why      # asked, none drafted: no model
+    got = summary.cache_model([_req(cache="off", cache_choice=why, stream_restarts=4)] * 2, asked)
+    assert got["cache"] == "off" and got["cache_choice"] == why      # asked, none drafted: no model
 
 
 def test_the_run_configuration_and_the_command_lines_parser_import_no_torch():

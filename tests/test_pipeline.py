@@ -11,7 +11,7 @@ from sdeth import costmodel
 from sdeth.runtime import loop, pipeline, streamdraft, verify
 from sdeth.costmodel import Costs, AdaptivePolicy
 from sdeth.runtime.verify import Sampling
-from doubles import LocalStream, row_bigram, tiny_qwen3
+from doubles import LocalStream
 from test_verify import DRAFT, TARGET, V, BigramEngine
 
 
@@ -37,13 +37,9 @@ SETTINGS = {"policy": costmodel.StepPolicy, "sync": costmodel.SyncPolicy, "offer
             "between": PinnedRule}
 
 
-def _run(seed, s, max_tokens=40, k=4, die_after=0, gen=None, start=0, device="cpu", cache=None, est=None):
-    """cache: (fanout, depth, ranks) of the outcome cache (None: off); est: the step's policy (RandomPolicy)."""
-    if cache:
-        stream = LocalStream(row_bigram(DRAFT, device), s, seed=seed, die_after=die_after, window=2 * k + 2,
-                             fanout=cache[0], depth=cache[1], ranks=cache[2])
-    else:
-        stream = LocalStream(BigramEngine(DRAFT, device), s, seed=seed, die_after=die_after, window=2 * k + 2)
+def _run(seed, s, max_tokens=40, k=4, die_after=0, gen=None, start=0, device="cpu", est=None):
+    """est: the step's policy (RandomPolicy)."""
+    stream = LocalStream(BigramEngine(DRAFT, device), s, seed=seed, die_after=die_after, window=2 * k + 2)
     return pipeline.generate_pipelined(BigramEngine(TARGET, device), stream, [start], max_tokens, k, s, None, gen,
                                        est=est or RandomPolicy(seed))
 
@@ -111,11 +107,11 @@ def test_commits_made_before_a_restart_is_seen_are_compared_in_the_new_epoch():
     assert view.epoch == d.epoch and [t for t, _ in view.chain(3, 8)] == [nxt[2]]
 
 
-def _pvalue(s, n=8000, seed=0, device="cpu", cache=None, policy=None):
+def _pvalue(s, n=8000, seed=0, device="cpu", policy=None):
     gen = torch.Generator(device).manual_seed(seed)
     counts = torch.zeros(V * V)
     for i in range(n):
-        r = _run(seed * 100000 + i, s, max_tokens=3, k=3, gen=gen, device=device, cache=cache,
+        r = _run(seed * 100000 + i, s, max_tokens=3, k=3, gen=gen, device=device,
                  est=policy() if policy else None)
         b, c = r.output_ids[1:3]
         counts[b * V + c] += 1
@@ -151,28 +147,6 @@ def test_pipelined_sampling_reproduces_target_distribution_under_each_step_polic
     assert _pvalue(Sampling(1.0), n=4000, policy=SETTINGS[setting]) > 1e-3
 
 
-@pytest.mark.parametrize("cache", [(2, 3, 1), (4, 2, 2), (1, 1, 1)])
-@pytest.mark.parametrize("die_after", [0, 7])
-def test_outcome_cache_greedy_equals_target_only(cache, die_after):
-    """Random interleavings of drafting, commits and delivery with branches open: hits (a branch adopted,
-    its tokens taken before or after the commit), misses (a restart) and the draft's death all occur."""
-    s = Sampling()
-    hits = restarts = branch_tokens = 0
-    for seed in range(200):
-        start = seed % V
-        ref = loop.generate_target_only(BigramEngine(TARGET), [start], 40, s, None)
-        r = _run(seed, s, die_after=die_after, start=start, cache=cache)
-        assert r.output_ids == ref.output_ids, seed
-        hits, restarts, branch_tokens = hits + r.cache_hits, restarts + r.stream_restarts, branch_tokens + r.branch_tokens
-        assert r.cache_hits <= r.stream_restarts
-    assert branch_tokens > 0 and 0 < hits < restarts, (hits, restarts)
-
-
-@pytest.mark.parametrize("draft_sampled", [True, False])
-def test_outcome_cache_sampling_reproduces_target_distribution(draft_sampled):
-    assert _pvalue(Sampling(1.0, draft_sampled=draft_sampled), n=6000, cache=(2, 3, 2)) > 1e-3
-
-
 def test_stream_view_takes_a_branch_before_and_after_the_commit():
     """A hit: the target's commit selects a branch; the tokens it already holds become the new epoch's
     drafts at once, and the ones still on the wire (old epoch, same fork) are taken when they arrive."""
@@ -188,54 +162,6 @@ def test_stream_view_takes_a_branch_before_and_after_the_commit():
     assert [t for t, _ in view.chain(2, 8)] == [8, 4, 2]
     view.on_commit(2, 3)                              # a miss: no branch at 2
     assert (view.epoch, view.hits, view.restarts) == (2, 1, 2) and view.chain(3, 8) == []
-
-
-@pytest.mark.parametrize("in_flight", [False, True])
-def test_outcome_cache_adopts_the_branch_rows_exactly(in_flight):
-    """On a real cache (the fast decoder, branch rows in scratch slots): after a hit the draft's chain and
-    its next tokens equal a draft that decoded the corrected sequence from scratch; also when the hit
-    arrives while a step (with a row of that branch) is still in flight."""
-    from sdeth.runtime.engine import Engine
-    model = tiny_qwen3(3)
-    eng = Engine(model, "draft", impl="fast", capacity=64, scratch=16)
-    d = streamdraft.StreamDrafter(eng, window=12, fanout=3, depth=4, ranks=2)
-    prompt = [5, 17, 42, 9]
-    d.start(prompt, 48, first=11, s=Sampling())
-    for _ in range(4):                                # positions 1-4; the branches at 1 hold 3 tokens
-        d.step()
-    (fork, corr), b = min(d.branches.items())         # the earliest branch (its fork: position 1)
-    assert len(b.tokens) >= 3 and corr != d.chain[fork]
-    if in_flight:
-        d.launch()
-        assert d.flight and d.flight[0].rows
-    assert d.commit(fork, corr) == [] and not d.flight
-    assert d.hits == 1 and d.chain[fork] == corr
-    for _ in range(3):
-        d.step()
-    ref = Engine(model, "ref", impl="fast", capacity=64)
-    ref.start(64)
-    seq = prompt + [11]
-    logits = ref.forward(seq + d.chain[1:fork + 1])[-1]
-    want = []
-    for _ in range(len(d.chain) - fork - 1):
-        want.append(int(logits.argmax()))
-        logits = ref.forward([want[-1]])[-1]
-    assert d.chain[fork + 1:] == want
-
-
-def test_outcome_cache_config_errors():
-    from sdeth.study.config import ConfigError, RunConfig
-    with pytest.raises(ValueError, match="FANOUT"):
-        streamdraft.parse_cache("2x")
-    assert streamdraft.parse_cache("3") == (3, 4, 1) and streamdraft.parse_cache("off")[0] == 0
-    with pytest.raises(ConfigError, match="impl 'fast'"):
-        RunConfig(mode="pipelined", placement="ethernet", cache="2x4").check()
-    with pytest.raises(ValueError, match="scratch slots"):
-        streamdraft.StreamDrafter(BigramEngine(DRAFT), fanout=2)
-    assert RunConfig(mode="pipelined", placement="ethernet", impl="fast").outcome_cache() == "auto"  # the target decides
-    on = RunConfig(mode="pipelined", placement="ethernet", impl="fast", cache="on").check()
-    assert on.outcome_cache() == streamdraft.CACHE_DEFAULT
-    assert RunConfig(mode="sd", impl="fast", cache="on").outcome_cache() == "off"       # sync SD has no stream
 
 
 def test_estimator_alpha_and_choices():
@@ -320,42 +246,6 @@ def test_the_draft_times_its_step_and_sends_its_next_choices():
     assert d.settle().period_ms == 0                      # the first step after the restart is not timed
     d.launch()
     assert d.settle().period_ms > 0
-
-
-def test_outcome_cache_auto_follows_the_model():
-    """--cache auto (AdaptivePolicy.choose_cache): off until a request was measured and enough corrections were
-    judged; then on where the event model predicts at least CACHE_MARGIN over pipelined without the cache (a draft
-    whose corrections are nearly always among its next choices, a long round trip), off where it does not (a
-    draft whose corrections seldom are); the decision is kept for CACHE_EVERY requests."""
-    def policy(among: float) -> AdaptivePolicy:
-        e = AdaptivePolicy(alpha0=0.7, prior=1e6)
-        for m in range(1, 10):
-            e.observe_verify(m, 0.005)
-            e.observe_verify(m, 0.005 * (1 + 0.01 * m))
-        e.observe_draft(0.0012)
-        e.observe_rtt(0.004)
-        return e
-    e = policy(0.9)
-    on, why = e.choose_cache(4, 4, 2, 8)
-    assert not on and "no pipelined request" in why
-    e.observe_period(0.0015)
-    e.observe_link(0.002)
-    e.observe_alternatives(5, 4)
-    on, why = e.choose_cache(4, 4, 2, 8)
-    assert not on and "judged" in why
-    e.observe_alternatives(40, 38)
-    on, why = e.choose_cache(4, 4, 2, 8)
-    assert on and "model predicts" in why, why
-    e.observe_alternatives(10000, 0)                      # kept until CACHE_EVERY requests have passed
-    assert all(e.choose_cache(4, 4, 2, 8)[0] for _ in range(costmodel.CACHE_EVERY - 1))
-    on, why = e.choose_cache(4, 4, 2, 8)
-    assert not on and "model predicts" in why, why
-    noisy = policy(0.28)                                  # a cached step timed faster than a plain one (a shared
-    noisy.observe_period(0.0030)                          # device) is not taken for a faster draft
-    noisy.observe_period(0.0015, cached=True)
-    noisy.observe_link(0.0002)
-    noisy.observe_alternatives(100, 28)
-    assert not noisy.choose_cache(4, 4, 2, 8)[0]
 
 
 def test_the_event_model_charges_the_draft_host_and_the_step_in_flight():

@@ -1,21 +1,24 @@
-"""The branch caches' one spec parser: the outcome cache (pipelined draft) and the verdict cache (draft server) read
-'off', 'on' and FANOUT[xDEPTH[xTHIRD]] alike, and refuse bad specs naming the cache, the spec and the forms."""
+"""The branch cache's one spec parser (runtime.specs, read by runtime.verdictcache.VerdictSpec): 'off', 'on' and
+FANOUT[xDEPTH[xBUDGET]], and bad specs refused naming the cache, the spec and the forms."""
 import pytest
 
-from sdeth.runtime.streamdraft import CACHE_DEFAULT, CacheSpec
+from sdeth.runtime.specs import parse_branch_spec
 from sdeth.runtime.verdictcache import VERDICT_DEFAULT, VerdictSpec
 
 
-@pytest.mark.parametrize("spec_cls, default, third", [(CacheSpec, CACHE_DEFAULT, "ranks"),
-                                                      (VerdictSpec, VERDICT_DEFAULT, "budget")])
-def test_both_caches_read_a_spec_alike(spec_cls, default, third):
+def test_the_verdict_cache_reads_a_spec():
     for off in ("", "off", "0"):
-        assert spec_cls.parse(off) == spec_cls() and not spec_cls.parse(off).on
-    on = spec_cls.parse("on")
-    assert (on.fanout, on.depth, getattr(on, third)) == tuple(int(x) for x in default.split("x"))
-    assert spec_cls.parse("2x6").depth == 6 and spec_cls.parse("3").depth == 4
-    assert getattr(spec_cls.parse("4x4x3"), third) == 3
-    what = "outcome cache" if spec_cls is CacheSpec else "verdict cache"
+        assert VerdictSpec.parse(off) == VerdictSpec() and not VerdictSpec.parse(off).on
+    on = VerdictSpec.parse("on")
+    assert (on.fanout, on.depth, on.budget) == tuple(int(x) for x in VERDICT_DEFAULT.split("x"))
+    assert VerdictSpec.parse("2x6").depth == 6 and VerdictSpec.parse("3").depth == 4
+    assert VerdictSpec.parse("4x4x3").budget == 3 and VerdictSpec.parse("3").budget == 6    # budget: 2 x fanout
     for bad in ("x", "0x3", "2x0", "a", "1x2x3x4"):
-        with pytest.raises(ValueError, match=rf"{what} '{bad}': use 'off', 'on' \({default}\) or FANOUT"):
-            spec_cls.parse(bad)
+        with pytest.raises(ValueError, match=rf"verdict cache '{bad}': use 'off', 'on' \({VERDICT_DEFAULT}\) or FANOUT"):
+            VerdictSpec.parse(bad)
+
+
+def test_the_parser_fills_depth_and_the_third_part():
+    assert parse_branch_spec("off", "x", "1x1", "T") is None
+    assert parse_branch_spec("3", "x", "1x1", "T") == (3, 4, 1)
+    assert parse_branch_spec("on", "x", "2x5x7", "T") == (2, 5, 7)

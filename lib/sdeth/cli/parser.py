@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--impl", default=rc.impl, choices=["hf", "fast"], help="model code: transformers or sdeth's fast decoder")
     r.add_argument("--cache", default=rc.cache, help="pipelined: branches ahead from the draft server's verdict cache, "
                    "off | on | auto (on needs --impl fast; auto: asked wherever the draft server drafts them, each "
-                   "record says what it got and why); FANOUT[xDEPTH[xRANKS]] is read as on (the shape is the "
+                   "record says what it got and why); FANOUT[xDEPTH[xBUDGET]] is read as on (the shape is the "
                    "server's --verdict-cache)")
     r.add_argument("--max-len", type=int, default=rc.max_len, help="longest prompt + max_tokens accepted")
     r.add_argument("--json", help="write the results JSON here")

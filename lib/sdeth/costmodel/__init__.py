@@ -12,6 +12,6 @@ from .rules import (CORNER_MARGIN, CYCLE_ROUNDS, OVERDUE, PHASES, RULE_EVERY, Wa
                     best_rule_steps, rule_rate)
 from .cacheterms import CacheTerms, cache_terms, verdict_terms  # noqa: F401
 from .modeldraft import DraftStep  # noqa: F401
-from .policies import (CACHE_EVERY, CACHE_JUDGED_MIN, CACHE_MARGIN, CACHE_PERIOD_PRIOR, POLICIES,  # noqa: F401
-                       SETTINGS, AdaptivePolicy, FixedPolicy, OfferedPolicy, StepPolicy, SyncPolicy, _policy,
+from .policies import (POLICIES, SETTINGS,  # noqa: F401
+                        AdaptivePolicy, FixedPolicy, OfferedPolicy, StepPolicy, SyncPolicy, _policy,
                        pipelined_speedup, setting_of, simulate_pipelined, step_setting)

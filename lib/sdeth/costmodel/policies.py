@@ -1,10 +1,9 @@
 """The policies that choose each round's drafts (adaptive k; the pipelined step's named settings, the step policy
-among them) and the event model that plays them (simulate_pipelined). One room: the adaptive policy asks the event
-model whether to run the outcome cache, and the event model plays the policies."""
+among them) and the event model that plays them (simulate_pipelined). One room: the event model plays the
+policies, and the step policy asks the event model for its rule."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 from .cacheterms import CacheTerms
 from .modeldraft import _ModelDraft
@@ -15,24 +14,12 @@ from .rules import OVERDUE, RULE_EVERY, WaitRule, _q, best_rule
 # ---------------------------------------------------------------------------------------------
 # Adaptive k: running estimates of alpha and the component costs, and the choice made from them.
 
-# The outcome cache under `--cache auto` (AdaptivePolicy.choose_cache): on where the event model predicts at least
-# this gain over pipelined without it. Measured on two H200s, the model put the cache's gain 2-17% (mean 7%) above
-# what the runs showed (2026-12-01, two H200s; AGENT_LOG), so a smaller predicted gain is within its error.
-CACHE_MARGIN = 0.15
-CACHE_JUDGED_MIN = 20      # corrections judged against the draft's next choices before the model is asked
-CACHE_EVERY = 16           # requests between two decisions (each runs the event model twice, ~0.1 s)
-CACHE_PERIOD_PRIOR = 1.07  # the draft's step with the cache's rows over one without, until one is measured
-                           # (two H200s, 4x4x2: 1.7B 1.07, 0.6B 1.02)
-
-
 class AdaptivePolicy:
     """Running estimates, updated every round, that choose k (sync) or how many streamed draft
     tokens to wait for (pipelined). alpha is the per-token acceptance: accepted / (accepted +
     rejections), which is its maximum-likelihood estimate under the i.i.d. model (a round's tokens
     after the first rejection are never tested), with a weak prior and exponential forgetting.
-    Pipelined, it also keeps what the outcome cache's decision needs (choose_cache): the draft's wall
-    step with and without the cache, the link's own round trip, and how often a correction was among the
-    draft's next choices at the rejected position."""
+    Pipelined, it also keeps the draft's wall step (host included) and the link's own round trip."""
 
     def __init__(self, alpha0: float = 0.5, prior: float = 4.0, decay: float = 0.98):
         self.acc, self.rej, self.decay = alpha0 * prior, (1 - alpha0) * prior, decay
@@ -41,11 +28,8 @@ class AdaptivePolicy:
         self.verify_s: dict[int, float] = {}
         self._seen: set[int] = set()
         self.overhead = 0.0
-        self.period: float | None = None          # the draft's wall step (host included), cache off
-        self.period_cached: float | None = None   # ... with the outcome cache's rows
+        self.period: float | None = None          # the draft's wall step (host included)
         self.link: float | None = None            # the link's own round trip (two transits)
-        self.judged = self.among = 0.0            # corrections judged against the draft's next choices, and among them
-        self._cache: tuple[int, bool, str] | None = None   # (requests until the next decision, on, why)
 
     @staticmethod
     def _ema(old: float | None, new: float, w: float = 0.2) -> float:
@@ -69,20 +53,11 @@ class AdaptivePolicy:
     def observe_rtt(self, seconds: float) -> None:
         self.rtt = self._ema(self.rtt, max(seconds, 0.0))
 
-    def observe_period(self, seconds: float, cached: bool = False) -> None:
-        if cached:
-            self.period_cached = self._ema(self.period_cached, seconds)
-        else:
-            self.period = self._ema(self.period, seconds)
+    def observe_period(self, seconds: float) -> None:
+        self.period = self._ema(self.period, seconds)
 
     def observe_link(self, seconds: float) -> None:
         self.link = self._ema(self.link, max(seconds, 0.0))
-
-    def observe_alternatives(self, judged: int, among: int, decay: float = 0.9) -> None:
-        """A request's corrections judged against the draft's next choices at the rejected position, and how
-        many were among them (older requests count less)."""
-        self.judged = self.judged * decay + judged
-        self.among = self.among * decay + among
 
     @property
     def alpha(self) -> float:
@@ -100,37 +75,6 @@ class AdaptivePolicy:
             step = max(self.verify_s[w0] - slope * (w0 - 1), 1e-6)
         return Costs(step, self.draft_step, dict(self.verify_s), self.rtt or 0.0, self.overhead,
                      self.period or 0.0, self.link)
-
-    def choose_cache(self, fanout: int, depth: int, ranks: int, k_max: int) -> tuple[bool, str]:
-        """`--cache auto`: whether this request runs the outcome cache (fanout x depth x ranks), and why. On
-        where the event model, fed this policy's estimates, predicts at least CACHE_MARGIN over pipelined
-        without it: the hit input is the share of corrections that were among the draft's next `ranks`
-        choices (the draft sends them with its tokens), the cached step the one measured with the cache (never
-        below the plain one), else the plain one times CACHE_PERIOD_PRIOR. Decided again every CACHE_EVERY
-        requests."""
-        if self._cache is not None and self._cache[0] > 0:
-            self._cache = (self._cache[0] - 1, *self._cache[1:])
-            return self._cache[1], self._cache[2]
-        c = self.costs()
-        if c is None or not self.period:
-            return False, "off: no pipelined request measured yet"
-        if self.judged < CACHE_JUDGED_MIN:
-            return False, (f"off: {self.judged:.0f} corrections judged against the draft's next choices so far "
-                           f"(the model is asked from {CACHE_JUDGED_MIN})")
-        hit = self.among / self.judged
-        plain = simulate_pipelined(self.alpha, c, k_max, n_tokens=1000)["tokens_per_s"]
-        # the rows add work: a cached step measured faster than a plain one is noise (a device shared with the
-        # target times each differently), so it is never taken below the plain one
-        cc = replace(c, draft_period=max(self.period_cached, self.period) if self.period_cached
-                     else self.period * CACHE_PERIOD_PRIOR)
-        cached = simulate_pipelined(self.alpha, cc, k_max, n_tokens=1000,
-                                    cache=(max(fanout // ranks, 1), depth, hit, 1.0))["tokens_per_s"]
-        gain = cached / plain
-        on = gain >= 1 + CACHE_MARGIN
-        why = (f"{'on' if on else 'off'}: the model predicts {gain:.2f}x of pipelined without it (corrections among "
-               f"the draft's next {ranks} choices: {hit:.2f}; on from {1 + CACHE_MARGIN:.2f}x)")
-        self._cache = (CACHE_EVERY - 1, on, why)
-        return on, why
 
     def choose_k(self, k_max: int, k_default: int) -> int:
         """Sync rounds: the k with the best predicted tokens/s. Until two verify widths have been

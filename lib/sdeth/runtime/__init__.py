@@ -1,6 +1,6 @@
 """The decoding runtime: one engine over one model interface (`engine`, `fastmodel`), lossless
-acceptance (`verify`), the sync and pipelined loops (`loop`, `pipeline`), the pipelined draft and its
-outcome cache (`streamdraft`), the roles a draft plays in them (`roles`), and synthetic acceptance for
+acceptance (`verify`), the sync and pipelined loops (`loop`, `pipeline`), the pipelined draft
+(`streamdraft`), the roles a draft plays in them (`roles`), and synthetic acceptance for
 random-weight timing (`synthetic`); `make_engine` builds the engine a worker or an experiment runs, from
 one `EngineConfig` (`settings`: the runtime's settings as plain data, importable without torch). Knows nothing
 of wires, clusters or notebooks."""
@@ -13,9 +13,6 @@ from .settings import EngineConfig
 
 if TYPE_CHECKING:
     from .engine import Engine
-
-
-DRAFT_SCRATCH = 32     # a fast draft's cache slots for the outcome cache's branch rows (fanout x depth at most)
 
 
 def make_engine(model, name: str, role: str, config: EngineConfig | None = None, vocab: int | None = None,
@@ -39,7 +36,7 @@ def make_engine(model, name: str, role: str, config: EngineConfig | None = None,
         return emulated_target(cfg.target_emulate, vocab, cfg.synthetic_seed, cfg.capacity)
     fast = cfg.draft_fast if role == "draft" else cfg.target_fast
     kw = dict(impl=cfg.impl, compile_mode=cfg.compile_mode or None, capacity=cfg.capacity, vocab=vocab,
-              fast=fast or None, scratch=DRAFT_SCRATCH if role == "draft" and cfg.impl == "fast" else 0)
+              fast=fast or None)
     if cfg.synthetic_alpha is None and not cfg.synthetic_trace:
         return Engine(model, name, **kw)
     trace = (AcceptanceTrace.load(cfg.synthetic_trace, cfg.synthetic_alpha)

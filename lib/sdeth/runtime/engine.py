@@ -294,15 +294,6 @@ class Engine:
         self.forwards += 1
         return logits
 
-    def rows_inputs(self, ids, positions, slots, prefix, lo, hi) -> tuple:
-        """forward_rows' inputs (ids, positions, slots, visible) on the device from host lists of one row
-        each, in one copy through pinned memory (visible as rows_visible builds it)."""
-        t = torch.tensor([ids, positions, slots, prefix, lo, hi], dtype=torch.long)
-        if self.device.type == "cuda":
-            t = t.pin_memory().to(self.device, non_blocking=True)
-        ids, positions, slots, p, a, b = t
-        return ids, positions, slots, self.rows_visible(p, a, b)
-
     def rows_visible(self, prefix, lo, hi) -> torch.Tensor:
         """Row visibility for forward_rows, built on the device from three numbers per row (host lists, or
         tensors already there): the chain's slots below prefix[i], and the scratch slots lo[i]..hi[i] (the row's
@@ -315,24 +306,6 @@ class Engine:
     def scratch_base(self) -> int:
         """The first scratch slot (past the chain's cache)."""
         return self.net.capacity
-
-    def copy_slots(self, src: list[int], dst_pos: int) -> None:
-        """Move the cache entries at slots src to the chain's positions dst_pos.. (a branch adopted: its rows
-        become the chain, without recomputing them); the chain then holds dst_pos + len(src) tokens."""
-        if dst_pos + len(src) > self.max_len or dst_pos > self.pos:
-            raise CacheFull(f"{self.name}: cannot adopt {len(src)} rows at {dst_pos} (cache {self.pos}/{self.max_len})")
-        t = lambda v: torch.as_tensor(v, dtype=torch.long).to(self.device)  # noqa: E731
-        self.net.copy_slots(t(src), t(list(range(dst_pos, dst_pos + len(src)))))
-        self.pos = dst_pos + len(src)
-
-    def warm_rows(self, max_rows: int) -> None:
-        """Capture the row forwards of 1..max_rows rows now (the outcome cache's widths)."""
-        if not self.graphs_on or self.impl != "fast" or not self.scratch:
-            return
-        self.start(min(self.capacity, 4))
-        for m in range(1, min(max_rows, self.max_graph_width) + 1):
-            self.forward_rows([0] * m, [0] * m, [self.scratch_base()] * m, self.rows_visible([0] * m, [0] * m, [0] * m))
-        self.rollback(0)
 
     def _replay(self, key, inputs) -> torch.Tensor:
         if key not in self.graphs:

@@ -173,12 +173,6 @@ class FastDecoder:
     def rewind(self, pos: int) -> None:
         """Nothing to do: entries past `pos` are masked by position and overwritten by later writes."""
 
-    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Move cache entries from slots src to slots dst (a branch's rows, adopted into the chain)."""
-        for kc, vc in zip(self.k_cache, self.v_cache):
-            kc.index_copy_(1, dst, kc.index_select(1, src))
-            vc.index_copy_(1, dst, vc.index_select(1, src))
-
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor | None = None,
                 visible: torch.Tensor | None = None, block_fn=None) -> torch.Tensor:
         """ids [m], positions [m] -> next-token logits [m, V] (float32).

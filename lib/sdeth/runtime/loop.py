@@ -53,7 +53,7 @@ class RequestRecord:
     draft_period_ms: float | None = None  # pipelined: the draft's wall ms from one step's launch to the next while it
     draft_periods: int = 0                # stepped on (host work included), mean over this many steps
     alt_judged: int = 0             # pipelined: corrections at a position whose next draft choices were sent
-    alt_among: int = 0              # ... of those, the ones among them (the outcome cache's hit input)
+    alt_among: int = 0              # ... of those, the ones among them (the hit rate branches on them could get)
     restarts_ms: list[float] = field(default_factory=list)  # pipelined, remote: a correcting commit sent ->
                                     # the draft's first token of the new epoch received, each time
     restarts_stepped_ms: list[float] = field(default_factory=list)  # ... -> that token stepped at the draft (one
@@ -61,8 +61,8 @@ class RequestRecord:
     draft_gaps_ms: list[float] = field(default_factory=list)  # pipelined, draft server: two tokens of one run
                                     # stepped apart (the server's period; a pause where the window was full)
     stream_restarts: int = 0        # pipelined: the target's token differed from a streamed draft's (new epoch)
-    cache_hits: int = 0             # pipelined, outcome cache: of those, the ones a drafted branch served
-    branch_tokens: int = 0          # pipelined, outcome cache: branch tokens the draft streamed
+    cache_hits: int = 0             # pipelined, branches sent ahead: of those, the ones a drafted branch served
+    branch_tokens: int = 0          # pipelined, branches sent ahead: branch tokens the draft streamed
     rejections: int = 0             # rounds that ended in a rejection (alpha = accepted / (accepted + this))
     verify_widths: dict = field(default_factory=dict)   # "m" -> [forwards of m tokens, seconds] during rounds
 

@@ -30,7 +30,7 @@ when that pays. Lossless for the
 same reason as synchronous SD: every committed token is either the target's own sample or a draft
 token accepted against the q the draft used, in the context the target committed.
 
-The outcome cache (fanout > 0; runtime.streamdraft has how the draft drafts it): the draft also streams branches,
+Branches sent ahead (a draft server's verdict cache, runtime.verdictcache): the draft also streams branch tokens,
 Drafted(fork, corr): "if your token at fork is corr, my next tokens are these". A Commit that rejects the draft's
 token at fork with corr selects the branch on both sides by the same rule: the target takes the branch tokens it
 already holds, and those still on the wire, as the new epoch's drafts, so a hit costs neither the round trip nor
@@ -67,7 +67,7 @@ class StreamView:
         self.branches: dict[tuple[int, int], dict[int, tuple]] = {}   # (fork, corr) -> {pos: (token, q)}
         self.follow: tuple | None = None         # (old epoch, fork, corr): the branch the draft adopts
         self.restarts = 0                        # rejections of a streamed token (each starts an epoch)
-        self.hits = 0                            # of those, the ones a branch of the outcome cache served
+        self.hits = 0                            # of those, the ones a branch sent ahead served
         self._hit = False
         self.alts: dict[int, list] = {}          # pos -> the draft's next choices there (when it sends them)
         self.judged = 0                          # restarts at a position whose next choices the draft sent
@@ -114,7 +114,7 @@ class StreamView:
         self.drafts[pos] = (token, q)
 
     def on_drafted(self, epoch: int, pos: int, token: int, q, fork: int = -1, corr: int = -1, alts=None) -> None:
-        if fork >= 0:                            # a branch token (outcome cache)
+        if fork >= 0:                            # a branch token (sent ahead)
             if epoch == self.epoch:
                 self.branches.setdefault((fork, corr), {})[pos] = (token, q, alts)
                 return
@@ -164,7 +164,7 @@ class StreamStats:
     restarts_ms: list[float] = field(default_factory=list)     # a Commit's mismatch to the new epoch's 1st token
     restarts_stepped_ms: list[float] = field(default_factory=list)   # ... to that token stepped (one host's clock)
     gaps_ms: list[float] = field(default_factory=list)         # two tokens of one run stepped apart (pauses too)
-    branched: int = 0                                           # branch tokens drafted (outcome cache, or sent ahead)
+    branched: int = 0                                           # branch tokens drafted (sent ahead)
 
     @classmethod
     def of(cls, stream: DraftStream) -> "StreamStats":
@@ -277,8 +277,8 @@ def generate_pipelined(target: Engine, stream: DraftStream, prompt_ids: list[int
 
 
 def _record_stream(req: RequestRecord, target: Engine, feed: DraftFeed) -> None:
-    """The request's stream figures into its record (and the link's round trip and the draft's alternatives
-    into the policy, for the next request)."""
+    """The request's stream figures into its record (and the link's round trip into the policy, for the next
+    request)."""
     stream, view, est, stats = feed.stream, feed.stream.view, feed.est, StreamStats.of(feed.stream)
     req.verify_s = target.forward_s
     req.draft_s = stream.compute_s
@@ -286,7 +286,6 @@ def _record_stream(req: RequestRecord, target: Engine, feed: DraftFeed) -> None:
     req.rtt_est_ms = est.rtt * 1e3 if est.rtt is not None else None
     req.link_rtt_ms = stats.link_ms
     req.alt_judged, req.alt_among = view.judged, view.among
-    est.observe_alternatives(view.judged, view.among)
     if req.link_rtt_ms is not None:
         est.observe_link(req.link_rtt_ms / 1e3)
     periods = stats.periods_ms

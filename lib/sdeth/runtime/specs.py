@@ -1,5 +1,5 @@
-"""The one parser of the branch caches' specs (the pipelined draft's outcome cache, the draft server's verdict
-cache): "off" (or "" / "0"), "on" (the cache's default) or FANOUT[xDEPTH[xTHIRD]], each part >= 1."""
+"""The one parser of branch-cache specs (the draft server's verdict cache, runtime.verdictcache.VerdictSpec; a
+stored sweep's shape): "off" (or "" / "0"), "on" (the cache's default) or FANOUT[xDEPTH[xTHIRD]], each part >= 1."""
 from __future__ import annotations
 
 AHEAD = "ahead"     # the cache a pipelined request's record names when a draft server sent its verdict cache's branches

@@ -156,16 +156,6 @@ class SyntheticEngine(Engine):
         logits = super().forward(ids)
         return self._answer(logits, range(start + 1, start + 1 + logits.shape[0]))
 
-    def rows_inputs(self, ids, positions, slots, prefix, lo, hi) -> tuple:
-        self._row_positions = list(positions)      # the answer's positions, kept on the host (no read back)
-        return super().rows_inputs(ids, positions, slots, prefix, lo, hi)
-
-    def forward_rows(self, ids, positions, slots, visible, advance: int = 0) -> torch.Tensor:
-        """Rows (the outcome cache's branches): each row answers for the position after its own."""
-        logits = super().forward_rows(ids, positions, slots, visible, advance)
-        host, self._row_positions = getattr(self, "_row_positions", None), None
-        return self._answer(logits, [int(p) + 1 for p in (host if host is not None else torch.as_tensor(positions).tolist())])
-
     def _answer(self, logits: torch.Tensor, next_positions) -> torch.Tensor:
         """Logits that put all mass on the synthetic token of each row's next position."""
         rows, cols, vals = [], [], []

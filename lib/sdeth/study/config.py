@@ -4,7 +4,7 @@ whole, as JSON (`python -m sdeth worker --config JSON`).
 
 Each small language inside it is a typed value with its own parse and error:
     prompts          PromptSpec      sharegpt:N[:seed], humaneval:N[:seed], random:N:LEN[:seed]
-    cache            CacheSpec       off | on | FANOUT[xDEPTH[xRANKS]]          (runtime.streamdraft; or auto)
+    cache            VerdictSpec     off | on | FANOUT[xDEPTH[xBUDGET]]         (runtime.verdictcache; or auto)
     draft_emulate    Emulation       PROFILE:SHAPE[:bf16|fp8]                   (runtime.emulated)
     target_emulate   TargetTimes     PATH[:MODEL], measured target forward times (runtime.emulated)
     draft_fast, target_fast  FastOptions  scope=...,weights=...,head=...        (runtime.fastmodel)
@@ -99,7 +99,7 @@ class RunConfig:
     draft_chains: str = ""          # ... replaying the draft's continuations recorded here (`python -m sdeth chains`)
     cache: str = "auto"             # pipelined over the link: branches sent ahead by the draft server's verdict cache,
                                     # off | on | auto (asked for wherever the server drafts them); their shape is the
-                                    # server's --verdict-cache (a FANOUT[xDEPTH[xRANKS]] shape reads as on)
+                                    # server's --verdict-cache (a FANOUT[xDEPTH[xBUDGET]] shape reads as on)
     target_emulate: str = ""        # an emulated target: no model, synthetic answers at the forward times measured in
                                     # PATH[:MODEL] (a results JSON's target.points; runtime.emulated.TargetTimes)
 
@@ -179,8 +179,8 @@ class RunConfig:
 
     def _check_cache(self) -> None:
         if self.cache != "auto" and self.cache_spec.on and (self.impl != "fast" or self.draft_emulate):
-            raise ConfigError(f"cache={self.cache!r} drafts branches as rows of the fast decoder: use impl "
-                              "'fast' (and a draft that is not emulated), or cache 'off'")
+            raise ConfigError(f"cache={self.cache!r}: branches come from the batched draft server, which runs the fast "
+                              "decoder: use impl 'fast' (and a draft that is not emulated), or cache 'off'")
 
     # ------------------------------------------------------------------ the typed values inside
     @property
@@ -189,10 +189,10 @@ class RunConfig:
 
     @property
     def cache_spec(self):
-        """The outcome cache as written (a runtime.streamdraft.CacheSpec; 'auto' reads as the default)."""
-        from ..runtime.streamdraft import CacheSpec
+        """The branch cache as written (a runtime.verdictcache.VerdictSpec; 'auto' reads as the default)."""
+        from ..runtime.verdictcache import VerdictSpec
         try:
-            return CacheSpec.parse("on" if self.cache == "auto" else self.cache)
+            return VerdictSpec.parse("on" if self.cache == "auto" else self.cache)
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
@@ -232,14 +232,12 @@ class RunConfig:
             return ""
         return self.policy or ("policy" if self.adapts else "fixed")
 
-    def outcome_cache(self) -> str:
-        """The outcome cache this run uses (a streamdraft.parse_cache spec): 'auto' resolved."""
-        from ..runtime.streamdraft import CACHE_DEFAULT
-        if self.mode != "pipelined":
+    def branch_cache(self) -> str:
+        """What a pipelined request asks of the draft server's branches (Generate.cache): 'off', 'on' (a shape
+        reads as on: the server's --verdict-cache sets it) or 'auto'; 'off' for the other modes."""
+        if self.mode != "pipelined" or not self.cache_spec.on:
             return "off"
-        if self.cache == "auto":
-            return "auto"
-        return CACHE_DEFAULT if self.cache == "on" else self.cache
+        return "auto" if self.cache == "auto" else "on"
 
     def engine_config(self) -> EngineConfig:
         """What sdeth.runtime.make_engine builds both roles' engines from."""

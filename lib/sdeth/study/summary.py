@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from .. import costmodel, metrics
 from ..runtime.specs import AHEAD
-from ..runtime.streamdraft import parse_cache
 from .config import RunConfig
 
 
@@ -124,14 +123,12 @@ def target_only_model(reqs: list[dict], t: Seconds, ttft_s: float) -> dict:
             "predicted_tokens_per_s": sum(n_tokens) / total if total else None}
 
 
-def cache_model(reqs: list[dict], cfg: RunConfig) -> tuple[dict, dict | None]:
-    """A pipelined run's outcome cache: its figures, and the cost model's cache terms (None: off).
-
-    With cache 'auto' the target chose per request; the commonest choice is modelled. The hit input is the
-    rank distribution of corrections where acceptance replays a trace (then the hit rate is predicted), else
-    the share of corrections among the draft's next choices, else this run's own hit rate."""
+def cache_model(reqs: list[dict], cfg: RunConfig) -> dict:
+    """A pipelined run's branch cache figures: what was asked and used, the hit rate, the share of corrections
+    among the draft's next choices. With cache 'auto' the target chose per request; the commonest choice is
+    reported. A draft server's branches sent ahead are not modelled here (study.streambench.hitcurve does)."""
     out: dict = {}
-    spec = cfg.outcome_cache()
+    spec = cfg.branch_cache()
     used = [r.get("cache", "off" if spec == "auto" else spec) for r in reqs]
     choice = next((r["cache_choice"] for r in reversed(reqs) if r.get("cache_choice")), "")
     if spec == "auto":
@@ -142,21 +139,15 @@ def cache_model(reqs: list[dict], cfg: RunConfig) -> tuple[dict, dict | None]:
         out["corrections_among_next_choices"] = among / judged
     ahead = AHEAD in used                   # a draft server's branches: measured; modelled elsewhere
     if spec != "off" and used and set(used) == {"off"}:     # asked for, none drafted (the records say why)
-        return {**out, "cache": "off", "cache_choice": choice}, None
+        return {**out, "cache": "off", "cache_choice": choice}
     if spec == "off" and not ahead:
-        return out, None
+        return out
     restarts, hits = (sum(r.get(f, 0) for r in reqs) for f in ("stream_restarts", "cache_hits"))
     out.update(cache=spec, cache_hit_rate=hits / restarts if restarts else None)
     if ahead:
         out.update(cache=AHEAD, cache_model="not modelled here: a draft server's branches sent ahead take its spare "
                    "rows (study.streambench.hitcurve models them against the hit rate)")
-        return out, None
-    fanout, depth, ranks = parse_cache(spec)
-    shares = rank_shares(cfg.synthetic_trace) if cfg.synthetic_trace else None
-    if shares is None:
-        shares = [0.0, among / judged if judged else out["cache_hit_rate"] or 0.0]
-        ranks = 1
-    return out, costmodel.cache_terms(fanout, depth, ranks, shares, {})   # the rows' cost: in draft_step
+    return out
 
 
 def pipelined_model(reqs: list[dict], cfg: RunConfig, t: Seconds, alpha: float) -> tuple[costmodel.Costs, float, dict]:
@@ -173,11 +164,9 @@ def pipelined_model(reqs: list[dict], cfg: RunConfig, t: Seconds, alpha: float) 
     c.draft_period = draft_period(reqs, c.draft_step)
     if 1 not in widths:      # no plain step in the run: extrapolate a step from the two narrowest widths
         c.target_step = c.verify(1) if len(widths) > 1 else min(widths.values())
-    out, terms = cache_model(reqs, cfg)
+    out = cache_model(reqs, cfg)
     sim = costmodel.simulate_pipelined(alpha, c, cfg.k, n_tokens=4000, seed=cfg.seed, adaptive=cfg.adapts,
-                                       cache=terms, policy=cfg.step_policy)   # (the setting the run played)
-    if terms:
-        out["predicted_cache_hit_rate"] = sim["cache_hit_rate"]
+                                       policy=cfg.step_policy)   # (the setting the run played)
     out.update(plain_steps=sum(r.get("plain_steps", 0) for r in reqs), drafted_tokens=streamed, model_pipeline=sim)
     return c, sim["tokens_per_s"], out
 

@@ -62,9 +62,9 @@ def check_generate(m: Generate, vocab: int, max_len: int, k_max: int) -> Error |
            or (f"k {m.k}: use 1 to {k_max}" if not 1 <= m.k <= k_max else None))
     if why is None:
         try:
-            from ..runtime.streamdraft import parse_cache
+            from ..runtime.verdictcache import VerdictSpec
             if m.cache != "auto":
-                parse_cache(m.cache)
+                VerdictSpec.parse(m.cache)
         except ValueError as e:
             why = str(e)
     return Error("bad-message", f"Generate {m.req!r}: {why}") if why else None

@@ -4,7 +4,7 @@ draft step's wall time goes beyond its device time.
 A pipelined draft (runtime.streamdraft.StreamDrafter, one step in flight) launches a step, waits for its token,
 reads it, sends it, takes the target's commits, and launches the next: the device waits for the host between
 two steps. The event model charges the step as the draft lives it (`draft_period`), so this host work is part
-of every pipelined figure. Here the loop runs alone on one device, as the draft worker runs it, with every
+of every pipelined figure. Here the loop runs alone on one device, as a pipelined draft runs it, with every
 token accepted (the target's commit for each position arrives right after it is sent), and each phase is timed
 on the host clock:
 
@@ -16,8 +16,8 @@ on the host clock:
 - period_ms: one launch to the next (Step.period_ms); device_ms: the forward's device time (CUDA events);
   host_gap_ms = period_ms - device_ms.
 
-Variants: the cache off, the cache off watching the draft's next two choices (`--cache auto`), the outcome cache
-on (streamdraft.CACHE_DEFAULT), and the plain engine without the synthetic answer (what a real draft pays).
+Variants: the plain loop, the loop watching the draft's next two choices (as a stream that sends them with each
+token), and the plain engine without the synthetic answer (what a real draft pays).
 """
 from __future__ import annotations
 
@@ -28,15 +28,14 @@ import torch
 
 from ... import hardware
 
-VARIANTS = {"off": dict(), "watch": dict(watch=2), "cache": dict(cache="on"), "off, real logits": dict(real=True)}
+VARIANTS = {"off": dict(), "watch": dict(watch=2), "off, real logits": dict(real=True)}
 
 
-def _loop(engine, context: int, steps: int, skip: int, watch: int = 0, cache: str = "off") -> dict:
-    from ...runtime.streamdraft import StreamDrafter, parse_cache
+def _loop(engine, context: int, steps: int, skip: int, watch: int = 0) -> dict:
+    from ...runtime.streamdraft import StreamDrafter
     from ...runtime.verify import Sampling
     from ...wire import protocol
-    fanout, depth, ranks = parse_cache(cache)
-    d = StreamDrafter(engine, 0, 16, fanout, depth, ranks, watch)     # (window 16: a deep run, as measured)
+    d = StreamDrafter(engine, 0, 16, watch)     # (window 16: a deep run, as measured)
     prompt = torch.randint(0, 1000, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     d.start(prompt, context + steps + 64, 1, Sampling(), 0)
     rows = []
@@ -49,9 +48,9 @@ def _loop(engine, context: int, steps: int, skip: int, watch: int = 0, cache: st
         t2 = time.perf_counter()
         st = d.settle()
         t3 = time.perf_counter()
-        rows = [protocol.StreamRow("r", 0, m[0], m[1], m[2], alts=m[6] if len(m) > 6 else None, fork=m[4], corr=m[5])
+        sent = [protocol.StreamRow("r", 0, m[0], m[1], m[2], alts=m[6] if len(m) > 6 else None, fork=m[4], corr=m[5])
                 for m in d.messages(st)]
-        protocol.encode(protocol.Streamed(rows, 1, st.ms, time.time()))     # what a server sends a step
+        protocol.encode(protocol.Streamed(sent, 1, st.ms, time.time()))     # what a server sends a step
         t4 = time.perf_counter()
         d.commit(st.pos, st.token)               # the target took it: the run-ahead stays valid
         t5 = time.perf_counter()
@@ -66,7 +65,7 @@ def _loop(engine, context: int, steps: int, skip: int, watch: int = 0, cache: st
 def bench_draft_loop(models=("Qwen3-1.7B", "Qwen3-0.6B"), device: str = "cuda:0", context: int = 512,
                      capacity: int = 1024, compile_mode: str = "default", trace: str | None = None,
                      alpha: float | None = 0.71, steps: int = 400, variants=tuple(VARIANTS), progress=print) -> dict:
-    """Each model shape (random bf16 weights) as a draft engine like the draft worker's (fast decoder, CUDA
+    """Each model shape (random bf16 weights) as a draft engine of the fast decoder (CUDA
     graphs, synthetic or trace-driven answer), each variant's loop timed (medians over `steps`, the first 50
     not counted: graph captures)."""
     from ...models.presets import PAIRS, random_model

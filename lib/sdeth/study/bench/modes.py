@@ -29,7 +29,7 @@ MODES = {
     "adaptive": dict(mode="sd", placement="ethernet", adaptive=True),
     "pipelined": dict(mode="pipelined", placement="ethernet", adaptive=True, cache="off"),
     "cached": dict(mode="pipelined", placement="ethernet", adaptive=True),   # pipelined with branches ahead
-    "auto": dict(mode="pipelined", placement="ethernet", adaptive=True, cache="auto"),   # the target's model decides
+    "auto": dict(mode="pipelined", placement="ethernet", adaptive=True, cache="auto"),   # asked wherever the server branches
     # pipelined under another step policy (costmodel.POLICIES; "pipelined" plays the step policy): its corners,
     # sync (always wait for k) and offered (go with what is on offer), and one round's best rate
     **{f"pipelined-{p}": dict(mode="pipelined", placement="ethernet", adaptive=True, cache="off", policy=p)

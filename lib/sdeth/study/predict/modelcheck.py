@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ... import costmodel
 from ...paths import REPO
-from ...runtime.streamdraft import parse_cache
+from ...runtime.specs import AHEAD, parse_branch_spec
 from ..config import RunConfig
 from ..summary import draft_period, rank_shares, summarize
 
@@ -54,9 +54,10 @@ def _predict_point(p: dict, c: costmodel.Costs, k_max: int, trace: str | None, t
                    n: int) -> tuple[float, float | None]:
     """The model's speedup over target-only for requests of n tokens, each paying its TTFT (as measured
     speedups do), and its hit rate; the model plays the step policy the point recorded."""
-    terms = None
-    if p["mode"] == "cached":
-        fanout, depth, ranks = parse_cache(p.get("cache") or "on")
+    terms, shape = None, p.get("cache") or "on"
+    if p["mode"] == "cached" and shape not in ("off", AHEAD):    # (branches sent ahead: not modelled here)
+        # a stored point's branches as its sweep wrote them: FANOUTxDEPTHxRANKS, 'on' for 4x4x2
+        fanout, depth, ranks = parse_branch_spec(shape, "cache", "4x4x2", "RANKS")
         shares = rank_shares(trace) if trace else [0.0, p.get("cache_hit_rate") or 0.0]
         terms = costmodel.cache_terms(fanout, depth, ranks if trace else 1, shares, {})
     sim = costmodel.simulate_pipelined(p["alpha"], c, k_max, n_tokens=4000, cache=terms,

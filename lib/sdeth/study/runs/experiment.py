@@ -106,7 +106,7 @@ def run_requests(cfg: RunConfig, prompts, testbed=None, **testbed_kw) -> tuple[l
             for i, (pid, ids) in enumerate(prompts):
                 t_sent = time.time()
                 client.send(protocol.Generate(pid, ids, cfg.max_tokens, cfg.mode, cfg.k, cfg.adapts, seed=cfg.seed + i,
-                                              cache=cfg.outcome_cache(), policy=cfg.step_policy,
+                                              cache=cfg.branch_cache(), policy=cfg.step_policy,
                                               **protocol.sampling_fields(cfg)))
                 reply = _await_reply(client, tb, pid)
                 if isinstance(reply, protocol.Error):
