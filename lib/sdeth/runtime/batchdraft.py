@@ -46,6 +46,7 @@ class BatchDrafter:
         self.warm_s = WARM_S           # see draft(): how recently a sequence drafted to keep a low row
         self.moves = 0                 # sequences moved to a lower row (their cache copied) so far
         self.parts = Parts()           # a step's parts (draft.pack, .inputs, .launch, .wait, .settle), a fork's
+                                       # (plan.copy, plan.rows); the draft server adds its loop's to the same
 
     @property
     def device(self):

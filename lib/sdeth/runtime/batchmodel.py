@@ -151,7 +151,7 @@ class BatchDecoder:
             raise ValueError(f"copy of {n} slots between rows {src} -> {dst}: this cache has rows "
                              f"0..{self.rows - 1} of {self.capacity} slots")
         idx = torch.tensor([src, dst]).to(self.device)
-        self.kv[:, :, idx[1], :, :n] = self.kv[:, :, idx[0], :, :n]     # (the sources are read whole first: a swap works)
+        self.kv[:, :, idx[1], :, :n] = self.kv[:, :, idx[0], :, :n]    # (sources read whole first: a swap works)
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, row0: int = 0,

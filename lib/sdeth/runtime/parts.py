@@ -31,8 +31,8 @@ class Parts:
 
     def line(self) -> str:
         """One log line of per_step: the wall time a step, the parts that add up to it, then the parts within a
-        part (named part.sub), e.g. `1200 steps, ms a step: wall 2.310 = step 1.830 + between 0.300 + ...;
-        within: step.wait 1.650, step.launch 0.090, ...`."""
+        part (named part.sub), e.g. `1200 steps, ms a step: wall 2.910 = streams 2.470 + prefill 0.300 + ...;
+        within: streams.run 2.450, draft.wait 1.790, draft.launch 0.490, ...`."""
         ms = self.per_step()
         wall = ms.pop("wall")
         top = " + ".join(f"{k} {v:.3f}" for k, v in ms.items() if "." not in k)
@@ -42,4 +42,3 @@ class Parts:
     def reset(self) -> None:
         self.seconds.clear()
         self.steps, self.since = 0, time.perf_counter()
-

@@ -99,9 +99,9 @@ class DraftServerConfig:
                                    ("messages_per_s", self.messages_per_s)) if v < 1]
         neg = [(n, v) for n, v in (("die_after", self.die_after), ("report_s", self.report_s)) if v < 0]
         if bad or neg or not 1 <= self.rows <= 128 or self.ttl_s <= 0 or self.idle_s <= 0:
-            raise ValueError(f"draft server config {bad or neg or (self.rows, self.ttl_s, self.idle_s)}: rows 1 to 128, "
-                             f"capacity, per_pass and messages_per_s at least 1, ttl_s and idle_s above 0, die_after and "
-                             f"report_s 0 or more")
+            raise ValueError(f"draft server config {bad or neg or (self.rows, self.ttl_s, self.idle_s)}: rows 1 to "
+                             f"128, capacity, per_pass and messages_per_s at least 1, ttl_s and idle_s above 0, "
+                             f"die_after and report_s 0 or more")
         from ..runtime.verdictcache import VerdictSpec
         spec = VerdictSpec.parse(self.verdict_cache)     # (its error names the flag's forms)
         if spec.on and spec.depth > self.limits.k:

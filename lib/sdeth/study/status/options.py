@@ -312,11 +312,11 @@ def link_call(root: Path) -> tuple[str, dict] | None:
     return newest_call(root, lambda d: d.get("link", {}).get("points"))
 
 
-def link_figures(root: Path, name: str, policy: str = "policy") -> list[Figure]:
+def link_figures(root: Path, name: str, call: tuple | None, policy: str = "policy") -> list[Figure]:
     """What Ethernet costs for a row's shape: remote SD under the step policy at each injected round trip of the
-    newest link call (measured, with its interval; the event model beside it). Its own call and harness: shown in
-    the details row, never compared with the row's options."""
-    got = _row_call(link_call(root), name, " through a delay relay")
+    newest link call (link_call's; measured, with its interval; the event model beside it). Its own call and
+    harness: shown in the details row, never compared with the row's options."""
+    got = _row_call(call, name, " through a delay relay")
     if not got:
         return []
     rel, doc, model, hw = got
@@ -340,10 +340,11 @@ def branch_call(root: Path) -> tuple[str, dict] | None:
                                            and "speedup" in p for p in (d.get("ssd") or {}).get("points", [])))
 
 
-def branch_figures(root: Path, name: str) -> list[Figure]:
-    """Branches sent ahead for a row's shape (B = 1, N = 1 of the newest such call): over the target alone with
-    branches and without, at each hit-rate input (synthetic or the embedded pair's trace). Its own call and harness: details only, never compared with the row's options."""
-    got = _row_call(branch_call(root), name, " on loopback")
+def branch_figures(root: Path, name: str, call: tuple | None) -> list[Figure]:
+    """Branches sent ahead for a row's shape (B = 1, N = 1 of the newest such call, branch_call's): over the target
+    alone with branches and without, at each hit-rate input (synthetic or the embedded pair's trace). Its own call
+    and harness: details only, never compared with the row's options."""
+    got = _row_call(call, name, " on loopback")
     if not got:
         return []
     rel, doc, model, hw = got
@@ -365,8 +366,9 @@ def targets(root: Path) -> list[Target]:
     root = Path(root)
     out = [t for t in (target_8b(root), target_big(root, "32B", "Qwen3-32B", "bf16"),
                        target_big(root, "72B-class", "Qwen2.5-72B", "fp8")) if t]
+    link, branches = link_call(root), branch_call(root)     # (each scans reports/gpu: once for every row)
     for t in out:
         t.modelled = crossover(root, t.name)
-        t.link = link_figures(root, t.name)
-        t.branches = branch_figures(root, t.name)
+        t.link = link_figures(root, t.name, link)
+        t.branches = branch_figures(root, t.name, branches)
     return out

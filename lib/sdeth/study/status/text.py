@@ -117,7 +117,8 @@ def _details(t: Target) -> list[Cell]:
     rows += [Cell(t.name, "details", "details", None, t.link, "what Ethernet costs: a device call's link curve "
                   "(its own call and harness, not compared with this row's options)")] if t.link else []
     rows += [Cell(t.name, "details", "details", None, t.branches, "branches sent ahead: a device call's verdict-cache "
-                  "part, B = 1, N = 1 (its own call and harness, not compared with this row's options)")] if t.branches else []
+                  "part, B = 1, N = 1 (its own call and harness, not compared with this row's options)")
+             ] if t.branches else []
     return rows + ([Cell(t.name, "details", "details", None, t.modelled, "what would change the answer: the models "
                          "fed this row's components" + (f"; {' and '.join(never)} never beat colocated SD below alpha "
                                                         "0.99" if never else ""))] if t.modelled else [])
