@@ -70,6 +70,8 @@ def draft_server_arguments(ap) -> None:
     g.add_argument("--read-while-stepping", action="store_true", help="run each draft step on a thread of its own "
                    "and read the socket meanwhile (off by default: on a CPU it cost 0.3-0.4 ms a step and let a flood "
                    "of Open/End raise a neighbour's p99 2-3.6x; meant for a GPU, where the device steps alone)")
+    g.add_argument("--launch-ahead", default=d.launch_ahead, choices=("auto", "on", "off"), help="streams: launch "
+                   "each draft step just before the one in flight ends, fed its tokens on the device (auto: on a GPU)")
     g.add_argument("--verdict-cache", default=d.verdict_cache, help="streams: draft the likely verdicts' continuations on free "
                    "rows: off, on (4x4x8) or FANOUT[xDEPTH[xBUDGET]] (runtime.verdictcache)")
     g.add_argument("--report-every", type=float, default=d.report_s, help="log where the serving loop's time goes "
@@ -89,7 +91,7 @@ def draft_server_config(a, cfg, spin_s: float):
         idle_s=a.idle if a.idle is not None else ONE_ROW_IDLE_S if a.role == "draft" else DraftServerConfig.idle_s,
         prefill_budget=a.prefill_budget, compile_mode=a.compile, fast=cfg.draft_fast if a.fast is None else a.fast,
         warm=not a.no_warm, spin_s=spin_s, messages_per_s=a.messages_per_s, per_pass=a.per_pass,
-        read_while_stepping=a.read_while_stepping,
+        read_while_stepping=a.read_while_stepping, launch_ahead=a.launch_ahead,
         verdict_cache=a.verdict_cache, die_after=a.die_after, report_s=a.report_every, limits=limits).check()
 
 

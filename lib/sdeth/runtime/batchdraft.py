@@ -26,7 +26,8 @@ import time
 import torch
 
 from .batchmodel import BatchDecoder, width
-from .batchseq import CATCH_UP, Desync, Full, Overflow, RowDrafted, Sequence
+from .batchseq import CATCH_UP, Desync, Full, Launched, Overflow, RowDrafted, Sequence
+from .batchstreams import StreamRows
 from .engine import HostCopy
 from .loop import draft_token, q_support
 from .parts import Parts
@@ -35,7 +36,7 @@ from .verify import Sampling
 WARM_S = 1.0            # a sequence that drafted within this many seconds is warm: it keeps a low cache row (see draft)
 
 
-class BatchDrafter:
+class BatchDrafter(StreamRows):
     def __init__(self, decoder: BatchDecoder, vocab: int, chunk: int = 256):
         self.dec, self.vocab, self.chunk = decoder, vocab, chunk
         self.free_rows = list(range(decoder.rows))
@@ -108,49 +109,6 @@ class BatchDrafter:
                        seed=seed)
         self.seqs[key] = seq
         return seq
-
-    def open_stream(self, key: tuple, gen: int, prompt_ids: list[int], s: Sampling, seed: int, q_top: int,
-                    window: int) -> Sequence:
-        """A pipelined sequence: drafted a token a step (stream_step), up to `window` tokens past the last
-        position its client settled; the client's commits follow runtime.pipeline's rules (runtime.streamdraft.StreamDrafter.commit)."""
-        seq = self.open(key, gen, prompt_ids, s, seed, q_top)
-        seq.stream, seq.window, seq.base = True, window, len(prompt_ids)
-        return seq
-
-    def commit(self, seq: Sequence, pos: int, token: int) -> bool:
-        """The client's token at stream position pos (earlier positions settled as drafted, or as earlier commits
-        said): a token that differs from the draft's restarts the stream there (True: a new epoch, drafts past
-        pos dropped); pos just past the chain extends it. Desync past that."""
-        if pos > len(seq.chain) or pos < 0:
-            raise Desync(f"commit at stream position {pos}, but the draft's chain ends at {len(seq.chain) - 1}")
-        restart = pos < len(seq.chain) and seq.chain[pos] != token
-        if pos == len(seq.chain):
-            seq.chain.append(token)
-            seq.pending.append(token)
-            seq.n += 1
-        elif restart:
-            p = seq.base + pos
-            keep = seq.pending[:p - seq.fed] if p > seq.fed else []
-            seq.fed = min(seq.fed, p)
-            seq.pending, seq.n = keep + [token], p + 1
-            seq.chain = seq.chain[:pos] + [token]
-            seq.epoch += 1
-        seq.acked = max(seq.acked, pos + 1)
-        seq.alts = {p: a for p, a in seq.alts.items() if p > pos}
-        seq.read_at, seq.read_pos = time.time(), pos
-        return restart
-
-    def stream_step(self, seqs: list[Sequence]) -> list[RowDrafted]:
-        """One batched step over streams with room: each drafts its next token (its position: len(chain) before
-        the step), which becomes part of its chain. A stream whose target ran ahead (commits past its chain, up
-        to CATCH_UP tokens) is caught up in the same step: its tokens are fed in the step's first forward."""
-        out = self.draft([(seq, 1) for seq in seqs])
-        for seq, d in zip(seqs, out):
-            if d.alts:
-                seq.alts[len(seq.chain)] = d.alts[0]
-            seq.chain.append(d.tokens[0])
-            seq.pending, seq.n, seq.prev = [d.tokens[0]], seq.n + 1, []
-        return out
 
     def free(self, key: tuple) -> Sequence | None:
         seq = self.seqs.pop(key, None)
@@ -248,19 +206,28 @@ class BatchDrafter:
         Overflow (nothing drafted) names the rows whose own n + k passes the capacity."""
         if not batch:
             return []
-        over = [(s, k) for s, k in batch if s.n + k > self.dec.capacity]
+        return self.finish(self.launch(batch))
+
+    def launch(self, batch: list[tuple[Sequence, int]], feed: dict | None = None) -> Launched:
+        """draft()'s device work, queued (nothing here waits for the device). feed: {id(sequence): the step in
+        flight's row of it} for streams whose next input is that step's token, still on the device (it is taken
+        there: launch_streams)."""
+        feed = feed or {}
+        state = [self._state(s, feed) for s, _ in batch]
+        over = [(s, k) for (s, k), (_, _, n) in zip(batch, state) if n + k > self.dec.capacity]
         if over:
             raise Overflow(over, self.dec.capacity)
         clk = time.perf_counter()             # (the step's parts: runtime.parts)
-        self._pack(batch)
+        self._pack(batch, feed)
         clk = self.parts.add("draft.pack", clk)
         R = max(s.row for s, _ in batch) + 1
         K = max(k for _, k in batch)
-        W = width(max(len(s.pending) for s, _ in batch))
-        ids, pos, slots, base, stop = self._inputs(batch, R, W)
+        W = width(max(len(p) for p, _, _ in state))
+        ids, pos, slots, base, stop = self._inputs(batch, state, R, W, feed)
         clk = self.parts.add("draft.inputs", clk)
-        top = max(s.n for s, _ in batch)
+        top = max(n for _, _, n in state)
         logits = self.dec.step(ids, pos, slots, top)
+        mark = self.dec.clock.last()
         active = slots[:, -1] < self.dec.capacity
         toks, qs, alts = [], [], []
         for i in range(K):
@@ -276,15 +243,27 @@ class BatchDrafter:
                                        max(min(s.n + i, s.n + k - 1) for s, k in batch) + 1)
         tk = torch.stack(toks, 1)
         copy = HostCopy(torch.cat([tk[:, :, None], torch.stack(alts, 1)], 2) if alts else tk)
-        clk = self.parts.add("draft.launch", clk)
-        host = copy.value()
-        clk = self.parts.add("draft.wait", clk)
+        self.parts.add("draft.launch", clk)
         self.last_batch = len(batch)
-        out = [self._settle(seq, k, host[seq.row], qs) for seq, k in batch]
+        return Launched(batch, toks, qs, copy, mark, t_launch=time.perf_counter())
+
+    def finish(self, L: Launched) -> list[RowDrafted]:
+        """A launched step read to the host (waiting for it alone) and settled: each sequence's proposal."""
+        clk = time.perf_counter()
+        host = L.copy.value()
+        clk = self.parts.add("draft.wait", clk)
+        out = [self._settle(seq, k, host[seq.row], L.qs) for seq, k in L.batch]
         self.parts.add("draft.settle", clk)
         return out
 
-    def _pack(self, batch: list[tuple[Sequence, int]]) -> None:
+    @staticmethod
+    def _state(seq: Sequence, feed: dict) -> tuple[list[int], int, int]:
+        """(the tokens a step feeds, where they begin, the context after them) of a batch row: a row fed from the
+        step in flight feeds its one token (a placeholder here) at that step's n."""
+        fr = feed.get(id(seq))
+        return ([0], fr.n, fr.n + 1) if fr is not None else (seq.pending, seq.fed, seq.n)
+
+    def _pack(self, batch: list[tuple[Sequence, int]], feed: dict) -> None:
         """Before a step: every row of the batch below the count of warm sequences (those that drafted within
         warm_s, and the batch's own), so that the step, which computes cache rows 0..max(row), computes no more
         rows than are warm: a sequence whose client went quiet costs no one's step, whatever row it holds. A
@@ -292,20 +271,22 @@ class BatchDrafter:
         free row below it; in steady traffic nothing moves."""
         now, stepping = time.perf_counter(), {id(s) for s, _ in batch}
         held = self._occupants()
-        warm = {id(s) for s in held.values() if id(s) in stepping or now - max(s.stepped, s.opened) < self.warm_s}
+        warm = {id(s) for s in held.values() if id(s) in stepping or now - max(s.stepped, s.opened) < self.warm_s
+                or getattr(s, "flight", None) is not None}
         top = len(warm)
         movers = [s for s, _ in batch if s.row >= top]
         if not movers:
             return
         lows = [r for r in range(top) if r not in held or id(held[r]) not in warm]
         for seq, row in zip(movers, lows):
-            self._trade(seq, row, held.get(row))
+            self._trade(seq, row, held.get(row), feed)
 
-    def _trade(self, seq: Sequence, row: int, other: Sequence | None) -> None:
+    def _trade(self, seq: Sequence, row: int, other: Sequence | None, feed: dict) -> None:
         """seq takes `row` (and its cache prefix); other, the cold sequence or branch there (None: a free row),
         takes seq's old row."""
         old = seq.row
-        n = min(max(seq.fed + seq.ahead, other.fed + other.ahead if other else 0) + 1, self.dec.capacity)
+        fed = max(seq.fed, feed[id(seq)].n if id(seq) in feed else 0)     # (the step in flight feeds up to its n)
+        n = min(max(fed + seq.ahead, other.fed + other.ahead if other else 0) + 1, self.dec.capacity)
         if other is None:
             self.dec.copy_prefix([old], [row], n)
             self.free_rows.remove(row)
@@ -323,23 +304,30 @@ class BatchDrafter:
             held.update({b.row.row: b.row for b in self.cache.branches()})
         return held
 
-    def _inputs(self, batch, R: int, W: int):
+    def _inputs(self, batch, state, R: int, W: int, feed: dict):
         """The first step's ids, positions and slots [R, W] (rows not in the batch write to the scratch
         slot), each row's first drafted position [R] and the end of its own drafts (n + k) [R], on the device
-        in one copy."""
+        in one copy; a row fed from the step in flight takes that step's token there (its row: `src`)."""
         cap = self.dec.capacity
         ids, pos, slots = [[0] * W] * R, [[0] * W] * R, [[cap] * W] * R     # (rows are replaced, never mutated)
-        base, stop = [[0] * W] * R, [[1] * W] * R
-        for seq, k in batch:
-            pad = W - len(seq.pending)          # a row with fewer tokens repeats its first at its own position
-            ids[seq.row] = seq.pending[:1] * pad + seq.pending
-            pos[seq.row] = slots[seq.row] = [seq.fed] * pad + list(range(seq.fed, seq.n))
-            base[seq.row], stop[seq.row] = [seq.n] * W, [seq.n + k] * W
-        t = torch.tensor([ids, pos, slots, base, stop], dtype=torch.long)     # one tensor from lists: the host work
-        if self.device.type == "cuda":                                       # of a step grows with its rows
+        base, stop, src = [[0] * W] * R, [[1] * W] * R, [[-1] * W] * R
+        for (seq, k), (pending, fed, n) in zip(batch, state):
+            pad = W - len(pending)              # a row with fewer tokens repeats its first at its own position
+            ids[seq.row] = pending[:1] * pad + pending
+            pos[seq.row] = slots[seq.row] = [fed] * pad + list(range(fed, n))
+            base[seq.row], stop[seq.row] = [n] * W, [n + k] * W
+            if id(seq) in feed:
+                src[seq.row] = [feed[id(seq)].row] * W
+        rows = [ids, pos, slots, base, stop] + ([src] if feed else [])
+        t = torch.tensor(rows, dtype=torch.long)       # one tensor from lists: the host work of a step grows with
+        if self.device.type == "cuda":                 # its rows
             t = t.pin_memory()
         t = t.to(self.device, non_blocking=True)
-        return t[0], t[1], t[2], t[3][:, 0], t[4][:, 0]
+        ids = t[0]
+        if feed:                                       # (the token of the step in flight, read on the device)
+            prev = next(iter(feed.values())).launched.toks[0]
+            ids = torch.where(t[5] >= 0, prev[t[5].clamp(0, prev.shape[0] - 1)], ids)
+        return ids, t[1], t[2], t[3][:, 0], t[4][:, 0]
 
     def _choose(self, logits, batch, i: int):
         """Step i's token per row: argmax for greedy rows, a draw from q for sampled ones (their q kept)."""
@@ -354,16 +342,21 @@ class BatchDrafter:
         return t, qs
 
     def _settle(self, seq: Sequence, k: int, row_tokens: list, qs: list[dict]) -> RowDrafted:
+        out = self._drafted(seq.row, k, row_tokens, qs, seq.q_top)
+        seq.fed, seq.pending = seq.n, []
+        seq.prev, seq.ahead = out.tokens, min(k, len(row_tokens) - 1)     # (row_tokens: the step's K tokens)
+        seq.drafted += 1
+        seq.stepped = time.perf_counter()
+        return out
+
+    def _drafted(self, row: int, k: int, row_tokens: list, qs: list[dict], q_top: int) -> RowDrafted:
+        """One row's proposal from the host copy of its step's tokens (and its q: qs[i][row] for a sampled row)."""
         choices = None
         if row_tokens and isinstance(row_tokens[0], list):    # [token, first choices...] per step
             choices = [[a for a in r[1:] if a != r[0]][:self.alts] for r in row_tokens[:k]]
             row_tokens = [r[0] for r in row_tokens]
-        seq.fed, seq.pending = seq.n, []
-        seq.prev, seq.ahead = row_tokens[:k], min(k, len(row_tokens) - 1)
-        seq.drafted += 1
-        seq.stepped = time.perf_counter()
-        out = RowDrafted(seq.prev, alts=choices)
-        if seq.row in qs[0]:
-            top = q_support(torch.stack([qs[i][seq.row] for i in range(k)]), seq.q_top)
+        out = RowDrafted(row_tokens[:k], alts=choices)
+        if row in qs[0]:
+            top = q_support(torch.stack([qs[i][row] for i in range(k)]), q_top)
             out.q_idx, out.q_val = top.indices.tolist(), top.values.tolist()
         return out

@@ -60,16 +60,61 @@ class Sequence:
     watch: int = 0                 # stream: the draft's next choices sent with each token (Open.watch)
     send_branches: bool = False    # stream: its verdict-cache branches sent as they are drafted (Open.branches)
     alts: dict = field(default_factory=dict)           # stream: position -> the draft's next choices there
+    lineage: int = 0               # stream: bumped by whatever a step launched ahead could not foresee (a commit
+                                   # that restarts or extends the chain, a token dropped): see Flight
+    flight: "FlightRow | None" = None                  # stream: its row of the newest step launched, not yet read
 
     @property
     def ready(self) -> bool:
         """Whether a draft step can take it (its prompt is fed)."""
-        return 1 <= len(self.pending) <= CATCH_UP
+        return 1 <= len(self.pending) <= CATCH_UP or self.ahead_row() is not None
 
     @property
     def room(self) -> bool:
         """A stream that may draft its next token (within its window past what the client settled)."""
+        fr = self.ahead_row()
+        if fr is not None:                 # (its next token is the one in flight: position fr.pos + 1)
+            return fr.pos + 1 - self.acked < self.window
         return self.stream and self.ready and len(self.chain) - self.acked < self.window
+
+    def ahead_row(self) -> "FlightRow | None":
+        """Its row of the step in flight while nothing has happened since that step's launch that it could not
+        foresee: the next step may then feed that step's token on the device (see Flight)."""
+        fr = self.flight
+        return fr if fr is not None and fr.lineage == self.lineage else None
+
+    @property
+    def next_n(self) -> int:
+        """Its context length once the step in flight (if any) is read: what the next step drafts after."""
+        fr = self.ahead_row()
+        return fr.n + 1 if fr is not None else self.n
+
+
+@dataclass
+class FlightRow:
+    """A stream's row of a step launched ahead of its read (BatchDrafter.launch_streams): the cache row it
+    stepped in, the chain position it drafts, the context length before it (its token goes at slot n), and the
+    stream's lineage then: the token is kept only if the lineage is unchanged when the step is read."""
+    launched: "Launched"
+    row: int
+    pos: int
+    n: int
+    lineage: int
+
+
+@dataclass
+class Launched:
+    """A draft step on the device: its batch [(sequence, k)], its tokens there ([R] per drafted position; the
+    first feeds a step launched after it), the sampled rows' q per position, the copy of its tokens to the host
+    and its forwards' timing mark. finish() reads it; a stream step's rows (FlightRow) are kept in `rows`."""
+    batch: list
+    toks: list
+    qs: list
+    copy: object
+    mark: object
+    rows: list = field(default_factory=list)
+    t_launch: float = 0.0          # when the launch returned (time.perf_counter)
+    t_due: float = 0.0             # when the next step is to be launched behind it (the server's estimate)
 
 
 @dataclass

@@ -113,6 +113,14 @@ class ForwardClock:
         """A mark for the newest forward, for elapsed(): its event pair on CUDA, its duration elsewhere."""
         return self.pending[-1] if self.cuda else self._last_s
 
+    def settle_through(self, mark) -> None:
+        """The forwards up to mark's (waited for: elapsed(mark)) summed into seconds and no longer held, so that a
+        caller that reads marks and never `seconds` (steps launched ahead) keeps no events past them."""
+        if self.cuda:
+            i = next((j for j, m in enumerate(self.pending) if m is mark), -1) + 1
+            self.settled += sum(a.elapsed_time(b) for a, b in self.pending[:i]) / 1e3
+            del self.pending[:i]
+
     def elapsed(self, mark) -> float:
         """Seconds of one forward from its mark (on CUDA this waits for that forward)."""
         if not self.cuda:

@@ -60,7 +60,8 @@ from ..runtime.batchdraft import BatchDrafter
 from . import protocol
 from .clients import GONE_S
 from .server_config import DraftServerConfig, ServerLimits
-from .server_core import AHEAD_ROWS, DECODE, DraftServer, refusal  # noqa: F401
+from .server_core import DECODE, DraftServer, refusal  # noqa: F401
+from .server_streams import AHEAD_ROWS  # noqa: F401
 
 __all__ = ["DraftServer", "DraftServerConfig", "ServerLimits", "GONE_S", "build_server", "engine_server",
            "pair_server", "serve_draft_server"]

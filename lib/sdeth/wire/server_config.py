@@ -79,6 +79,9 @@ class DraftServerConfig:
                                        # socket (served once the step ends). Off: on a CPU it cost 0.3-0.4 ms a step
                                        # and let an Open/End flood raise a neighbour's p99 2-3.6x (the decoding
                                        # shares the interpreter with the step); meant for a GPU, not yet measured there
+    launch_ahead: str = "auto"     # streams: each step launched just before the one in flight ends, fed that step's
+                                   # tokens on the device (runtime.batchstreams): on, off, or auto (on a GPU; a CPU
+                                   # steps inline). Not with the verdict cache, whose branches step as before
     verdict_cache: str = "off"     # streams: branches for the likely verdicts on free rows (runtime.verdictcache:
                                    # off, on or FANOUT[xDEPTH[xBUDGET]])
     die_after: int = 0             # fault injection (tests): exit abruptly once this many drafts went out (proposals
@@ -91,6 +94,7 @@ class DraftServerConfig:
         """The config with its defaults settled for the device ('cuda' or 'cpu') and its limits resolved."""
         cuda = device_type == "cuda"
         return replace(self, prefill_chunk=self.prefill_chunk or (2048 if cuda else 256),
+                       launch_ahead=("on" if cuda else "off") if self.launch_ahead == "auto" else self.launch_ahead,
                        compile_mode=("default" if cuda else "none") if self.compile_mode == "auto"
                        else self.compile_mode, limits=self.limits.resolved(self.rows, self.capacity))
 
@@ -98,6 +102,8 @@ class DraftServerConfig:
         bad = [(n, v) for n, v in (("rows", self.rows), ("capacity", self.capacity), ("per_pass", self.per_pass),
                                    ("messages_per_s", self.messages_per_s)) if v < 1]
         neg = [(n, v) for n, v in (("die_after", self.die_after), ("report_s", self.report_s)) if v < 0]
+        if self.launch_ahead not in ("auto", "on", "off"):
+            raise ValueError(f"draft server config launch_ahead={self.launch_ahead!r}: use auto (on a GPU), on or off")
         if bad or neg or not 1 <= self.rows <= 128 or self.ttl_s <= 0 or self.idle_s <= 0:
             raise ValueError(f"draft server config {bad or neg or (self.rows, self.ttl_s, self.idle_s)}: rows 1 to "
                              f"128, capacity, per_pass and messages_per_s at least 1, ttl_s and idle_s above 0, "

@@ -18,18 +18,18 @@ from .overlap import Overlap
 from .scheduler import Scheduler
 from .server_config import DraftServerConfig
 from .serving import serve_requests
+from .server_streams import StreamSteps
+from .stepahead import StepAhead
 from .transport import Log, PeerLimits, key_of, reply
 
 DECODE = protocol.Decoder("a draft server", protocol.SERVER_TAKES)
-AHEAD_ROWS = 64          # rows of one Streamed message past which a step's branch tokens are not sent ahead (a hit's
-                         # answer to its Commits carries its branch's drafts whole)
 
 
 def refusal(seq: str, gen: int, code: str, message: str) -> protocol.RowDraft:
     return protocol.RowDraft(seq, gen, [], error=code, message=message)
 
 
-class DraftServer:
+class DraftServer(StreamSteps):
     """A BatchDrafter behind the wire: a handler per message, a step per idle call; its clients in a ClientTable,
     what steps next decided by a Scheduler. Built by build_server."""
 
@@ -53,6 +53,8 @@ class DraftServer:
         self.verdicts = VerdictCache(drafter, spec) if spec.on else None    # verdict speculation (streams)
         self.welcome.rows = self.verdicts is not None                     # (told: it can send branches ahead)
         self.scheduler = Scheduler(drafter, self.verdicts, cfg, self.log)
+        # stream steps launched ahead (wire.stepahead); not with the verdict cache, whose branches step as before
+        self.ahead = StepAhead() if cfg.launch_ahead == "on" and self.verdicts is None else None
         self.handlers = {protocol.Ping: self.handle_ping, protocol.Hello: self.handle_hello,
                          protocol.Open: self.handle_open, protocol.Rounds: self.handle_rounds,
                          protocol.Commits: self.handle_commits, protocol.End: self.handle_end}
@@ -245,22 +247,6 @@ class DraftServer:
         return [protocol.Streamed(foreseen, 0, 0.0, time.time(), len(self.drafter.streams()), 0,
                                   missed)]
 
-    @staticmethod
-    def _stream_row(seq, pos: int, d) -> protocol.StreamRow:
-        """A stream's drafted token at pos as a StreamRow (the first after a commit read carries its stamps)."""
-        r = protocol.StreamRow(seq.key[1], seq.gen, seq.epoch, pos, d.tokens[0], d.q_idx[0] if d.q_idx else None,
-                               d.q_val[0] if d.q_val else None, seq.read_pos, seq.read_at if seq.read_pos >= 0 else 0.0,
-                               d.alts[0][:seq.watch] if seq.watch and d.alts else None)
-        seq.read_pos = -1                   # (the timeline: the first draft after each commit read)
-        return r
-
-    @staticmethod
-    def _branch_row(seq, b, pos: int, d) -> protocol.StreamRow:
-        """A branch's drafted token at pos, sent ahead: valid if the target's token at b.pos is b.token."""
-        return protocol.StreamRow(seq.key[1], seq.gen, seq.epoch, pos, d.tokens[0], d.q_idx[0] if d.q_idx else None,
-                                  d.q_val[0] if d.q_val else None,
-                                  alts=d.alts[0][:seq.watch] if seq.watch and d.alts else None, fork=b.pos, corr=b.token)
-
     def handle_end(self, c: ClientState, msg: protocol.End, t1: float) -> list:
         self._drop_waiting(c, msg.req)
         self.drafter.free((c.ident, msg.req))
@@ -273,7 +259,10 @@ class DraftServer:
 
     def idle(self, sock) -> bool:
         """Between messages: the TTL sweep, one draft step over the waiting rows (and one over the streams), the
-        refusals a step made, one chunk of prefill. True while work remains (refusals the prefill made included)."""
+        refusals a step made, one chunk of prefill. True while work remains (refusals the prefill made included).
+        With steps launched ahead, nothing until the step in flight is due (the loop serves messages meanwhile)."""
+        if self.ahead is not None and not self.ahead.due():
+            return True
         P = self.parts                  # (each part closed as the next begins: they add up to the loop's time)
         if not P.steps:                 # (no step since the last report: the wait for work is no step's)
             P.reset()
@@ -294,7 +283,7 @@ class DraftServer:
         fed, failed, why = self.scheduler.prefill()
         if why:
             self._fail([failed] if failed else [], "internal", "prefill", why)
-        more = bool(fed) or self.scheduler.more(self.clients)
+        more = bool(fed) or self.scheduler.more(self.clients) or self.ahead is not None and self.ahead.flight is not None
         self._idle_end = P.add("prefill", t)
         if self.cfg.report_s and P.steps and self._idle_end - P.since >= self.cfg.report_s:
             self.log.line(f"the loop's parts: {P.line()}")
@@ -331,35 +320,6 @@ class DraftServer:
             if c is not None:
                 self._drop_waiting(c, seq.key[1])
                 self._refuse(c, seq.key[1], seq.gen, code, field_, f"sequence {seq.key[1]!r}: {why}; open it again")
-
-    def stream_step(self) -> list[tuple[bytes, protocol.Streamed]]:
-        """One batched step over the scheduler's streams and branches: one token each, one Streamed per client."""
-        t = time.perf_counter()
-        rows, extra = self.scheduler.streams()
-        t = self.parts.add("streams.schedule", t)
-        if not rows and not extra:
-            return []
-        c0 = self.drafter.dec.clock.seconds
-        positions = {id(seq): len(seq.chain) for seq in rows}
-        out = self._contained([(seq, 1) for seq in rows + extra],
-                              lambda b: self.overlap.run(self.drafter.stream_step, [s for s, _ in b]))
-        draft_ms = (self.drafter.dec.clock.seconds - c0) * 1e3
-        t = self.parts.add("streams.run", t)
-        self.steps += 1
-        self.parts.steps += 1
-        self.batches.append(len(rows) + len(extra))
-        ahead = self.verdicts.took(out) if self.verdicts is not None else []
-        stepped, held = time.time(), len(self.drafter.streams())
-        msgs: dict[bytes, list] = {}
-        for seq in rows:
-            if (d := out.get(id(seq))) is not None:
-                msgs.setdefault(seq.key[0], []).append(self._stream_row(seq, positions[id(seq)], d))
-        for seq, b, pos, d in ahead:        # (branches of streams that asked for them, nearest fork first, bounded)
-            if seq.send_branches and len(msgs.setdefault(seq.key[0], [])) < AHEAD_ROWS:
-                msgs[seq.key[0]].append(self._branch_row(seq, b, pos, d))
-        self.parts.add("streams.replies", t)
-        return [(ident, protocol.Streamed(m, len(rows), draft_ms, stepped, held, len(extra)))
-                for ident, m in msgs.items()]
 
     def step(self) -> list[tuple[bytes, protocol.Drafts]]:
         """One batched draft step over the scheduler's rows: one Drafts per client."""

@@ -202,7 +202,8 @@ def grid_of(a) -> Grid:
 def part_flags(ap: argparse.ArgumentParser) -> None:
     """The flags of the parts that run alone or after the main ones: ssd, link, colocated in the same harness."""
     ap.add_argument("--verdict-cache", default=None, help="the ssd part: the servers' verdict caches, comma-separated "
-                    "(e.g. off,on or off,4x4x8; default: the part is left out)")
+                    "(e.g. off,on or off,4x4x8; a setting's +ahead: the branches sent ahead; its +inline: the server steps inline, "
+                    "not launched ahead, e.g. off+inline; default: the part is left out)")
     ap.add_argument("--only-ssd", action="store_true", help="run the ssd part alone (with --colocated-emulated "
                     "first, if given; with --only-link, the link part after it)")
     ap.add_argument("--ssd-targets", default=None, help="ssd: emulated targets (default Qwen3-8B,Qwen3-32B,Qwen2.5-72B)")

@@ -17,10 +17,11 @@ REPORT_S = 4.0           # the bench's draft servers log their loop's parts this
 def serve_random(name: str, device: str, addr: str, ready, seconds: float, rows: int = SERVER_ROWS,
                  capacity: int = CONTEXT + SLACK, spin_s: float = 0.002, compile_mode: str | None = None,
                  verdict_cache: str = DraftServerConfig.verdict_cache,
-                 read_while_stepping: bool = DraftServerConfig.read_while_stepping, report_s: float = REPORT_S) -> None:
+                 read_while_stepping: bool = DraftServerConfig.read_while_stepping, report_s: float = REPORT_S,
+                 launch_ahead: str = DraftServerConfig.launch_ahead) -> None:
     """A draft server process: the named draft shape (random bf16 weights) on `device`, its graphs captured and
     a prompt's prefill run once before `ready` is told; serves `addr` for `seconds` (verdict_cache: the server's
-    DraftServerConfig.verdict_cache; read_while_stepping: its read_while_stepping; report_s: how often it logs
+    DraftServerConfig.verdict_cache; read_while_stepping, launch_ahead: its own; report_s: how often it logs
     where its loop's time went, ms a step per part)."""
     from ...runtime.randomweights import fused_random
     from ...wire.draft_server import ServerLimits, build_server
@@ -33,6 +34,7 @@ def serve_random(name: str, device: str, addr: str, ready, seconds: float, rows:
         server = build_server(fast, welcome(name, fast.vocab, rows), DraftServerConfig(
             rows, capacity, ttl_s=120, prefill_chunk=PREFILL_CHUNK, compile_mode=compile_mode or "none", warm=False,
             spin_s=spin_s, verdict_cache=verdict_cache, read_while_stepping=read_while_stepping, report_s=report_s,
+            launch_ahead=launch_ahead,
             limits=ServerLimits(sequences_per_client=rows, reserve=0, clients=4096, clients_per_peer=4096)))
         dec = server.drafter.dec
         dec.warm(spans=(dec.span_for(CONTEXT),))

@@ -28,6 +28,7 @@ import time
 
 from ...costmodel import Costs, simulate_pipelined, verdict_terms
 from ...runtime.verdictcache import VerdictSpec
+from ...wire.server_config import DraftServerConfig
 from ..bench.targets import DRAFT_ALPHA
 from .common import PIPELINED_K, PIPELINED_WINDOW, mean
 from .ranks import TOP, Ranks
@@ -62,9 +63,18 @@ AHEAD = "+ahead"          # a cache setting's suffix: the targets ask for the br
                           # no answer; its server runs the spec before it
 
 
+INLINE = "+inline"        # a setting's suffix: its server steps inline (DraftServerConfig.launch_ahead off), for the
+                          # same call's comparison with its steps launched ahead (the default on a GPU)
+
+
 def server_spec(cache: str) -> str:
-    """The server's verdict-cache spec of a setting ('4x4x8+ahead' -> '4x4x8')."""
-    return cache.removesuffix(AHEAD)
+    """The server's verdict-cache spec of a setting ('4x4x8+ahead' -> '4x4x8', 'off+inline' -> 'off')."""
+    return cache.removesuffix(INLINE).removesuffix(AHEAD)
+
+
+def launch_ahead_of(cache: str) -> str:
+    """The server's DraftServerConfig.launch_ahead for a setting (off with INLINE, else its default)."""
+    return "off" if cache.endswith(INLINE) else DraftServerConfig.launch_ahead
 
 
 def ssd_label(model: str, ranks: Ranks, cache: str) -> str:
@@ -89,7 +99,7 @@ def ssd_record(p: dict, recs: list, cache: str, ranks: Ranks, tv: dict, k: int) 
                                                    ((key, rej[key]) for key in hit_at) if n},
                           "rejections_by_position": rej, "branch_rows_per_step": mean(rows),
                           "answer_wait_ms": mean([x for r in recs for x in r["answer_ms"]]),
-                          "ahead": cache.endswith(AHEAD),      # branches sent ahead: a hit waits for no answer;
+                          "ahead": server_spec(cache) + AHEAD in cache,      # branches sent ahead: a hit waits for no answer;
                           "hit_next_offered": mean([x for r in recs for x in r["hit_offered"]])}   # its next step
     p["model_cached"] = model_cached(p, cache, ranks, tv, k)
     return p
@@ -126,7 +136,7 @@ def start_servers(name: str, device: str, caches, g, t_end: float) -> dict:
         addr, ready = f"tcp://127.0.0.1:{free_port()}", ctx.Queue()
         proc = ctx.Process(target=serve_random, args=(name, device, addr, ready, max(t_end - time.time(), 60)),
                            kwargs={"compile_mode": g.models_compile, "rows": g.ssd_rows,
-                                   "verdict_cache": server_spec(cache)},
+                                   "verdict_cache": server_spec(cache), "launch_ahead": launch_ahead_of(cache)},
                            daemon=True, name=f"draft-server-{cache}")
         proc.start()
         out[cache] = (proc, addr, ready)
@@ -156,8 +166,8 @@ def ssd_points(res: dict, name: str, servers: dict, pool, g, t_end: float, progr
                         continue
                     cmd = dict(mode="pipelined", addr=addr, B=b, k=k, tv_ms={m: tv[(b, m)] for m in range(k + 1)},
                                alpha=alpha, seed=seed, vocab=info["vocab"], window=PIPELINED_WINDOW, prompt=g.prompt,
-                               context=g.context, ranks=ranks_spec, watch=TOP, foreseen=cache != "off",
-                               ahead=cache.endswith(AHEAD), policy="offered")     # the verdict cache's model (ssd_model) plays this rule
+                               context=g.context, ranks=ranks_spec, watch=TOP, foreseen=server_spec(cache) != "off",
+                               ahead=AHEAD in cache, policy="offered")     # the verdict cache's model (ssd_model) plays this rule
                     try:
                         ready, recs, start = pool.point(n, cmd, g.ssd_s)
                         p = pipelined_record(b, n, k, alpha, ready, recs, start, tv=tv, label=label)

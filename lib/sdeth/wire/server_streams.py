@@ -1,0 +1,105 @@
+"""The draft server's stream steps (a mixin of wire.server_core.DraftServer, whose __init__ sets the state it uses):
+one batched step over the scheduler's streams and verdict-cache branches, one token each, inline or launched ahead
+(wire.stepahead), and the StreamRows its tokens go out in."""
+from __future__ import annotations
+
+import time
+
+from ..runtime.batchdraft import Overflow
+from . import protocol
+
+AHEAD_ROWS = 64          # rows of one Streamed message past which a step's branch tokens are not sent ahead (a hit's
+                         # answer to its Commits carries its branch's drafts whole)
+
+
+class StreamSteps:
+    """DraftServer's stream steps (see the module docstring)."""
+
+    def stream_step(self) -> list[tuple[bytes, protocol.Streamed]]:
+        """One batched step over the scheduler's streams and branches: one token each, one Streamed per client."""
+        t = time.perf_counter()
+        rows, extra = self.scheduler.streams()
+        t = self.parts.add("streams.schedule", t)
+        if self.ahead is not None:
+            return self._stream_ahead(rows, t)
+        if not rows and not extra:
+            return []
+        c0 = self.drafter.dec.clock.seconds
+        positions = {id(seq): len(seq.chain) for seq in rows}
+        out = self._contained([(seq, 1) for seq in rows + extra],
+                              lambda b: self.overlap.run(self.drafter.stream_step, [s for s, _ in b]))
+        draft_ms = (self.drafter.dec.clock.seconds - c0) * 1e3
+        t = self.parts.add("streams.run", t)
+        self.steps += 1
+        self.parts.steps += 1
+        self.batches.append(len(rows) + len(extra))
+        ahead = self.verdicts.took(out) if self.verdicts is not None else []
+        stepped, held = time.time(), len(self.drafter.streams())
+        msgs: dict[bytes, list] = {}
+        for seq in rows:
+            if (d := out.get(id(seq))) is not None:
+                msgs.setdefault(seq.key[0], []).append(self._stream_row(seq, positions[id(seq)], d))
+        for seq, b, pos, d in ahead:        # (branches of streams that asked for them, nearest fork first, bounded)
+            if seq.send_branches and len(msgs.setdefault(seq.key[0], [])) < AHEAD_ROWS:
+                msgs[seq.key[0]].append(self._branch_row(seq, b, pos, d))
+        self.parts.add("streams.replies", t)
+        return [(ident, protocol.Streamed(m, len(rows), draft_ms, stepped, held, len(extra)))
+                for ident, m in msgs.items()]
+
+    def _stream_ahead(self, rows: list, t: float) -> list[tuple[bytes, protocol.Streamed]]:
+        """The next stream step launched behind the one in flight (wire.stepahead), then the one in flight read:
+        its kept tokens, one Streamed per client."""
+        A, prev = self.ahead, self.ahead.flight
+        nxt = self._launch(rows, prev) if rows else None
+        t = self.parts.add("streams.run", t)
+        if nxt is not None:
+            self.steps += 1
+            self.parts.steps += 1
+            self.batches.append(len(rows))
+        if prev is None:
+            A.took(nxt, None, 0.0)
+            return []
+        try:
+            kept = self.drafter.settle_streams(prev)
+            prev_ms = self.drafter.dec.clock.elapsed(prev.mark) * 1e3
+            self.drafter.dec.clock.settle_through(prev.mark)
+        except Exception as e:
+            self._fail([s for s, _ in prev.batch if self.drafter.holds(s)], "internal", "step", f"{type(e).__name__}: {e}")
+            kept, prev_ms = [], 0.0
+        A.took(nxt, time.perf_counter(), prev_ms)
+        t = self.parts.add("streams.wait", t)
+        stepped, held, msgs = time.time(), len(self.drafter.streams()), {}
+        for seq, pos, d in kept:
+            msgs.setdefault(seq.key[0], []).append(self._stream_row(seq, pos, d))
+        self.parts.add("streams.replies", t)
+        return [(ident, protocol.Streamed(m, len(prev.batch), prev_ms, stepped, held, 0)) for ident, m in msgs.items()]
+
+    def _launch(self, rows: list, prev):
+        """launch_streams(rows, prev) with its errors contained as _contained's; None when no row is left."""
+        try:
+            return self.drafter.launch_streams(rows, prev)
+        except Overflow as e:
+            bad = {id(s) for s, _ in e.seqs}
+            self._fail([s for s, _ in e.seqs], "limit", "context", str(e))
+            rest = [s for s in rows if id(s) not in bad]
+            return self._launch(rest, prev) if rest else None
+        except Exception as e:
+            self._fail(rows, "internal", "step", f"{type(e).__name__}: {e}")
+            return None
+
+    @staticmethod
+    def _stream_row(seq, pos: int, d) -> protocol.StreamRow:
+        """A stream's drafted token at pos as a StreamRow (the first after a commit read carries its stamps)."""
+        r = protocol.StreamRow(seq.key[1], seq.gen, seq.epoch, pos, d.tokens[0], d.q_idx[0] if d.q_idx else None,
+                               d.q_val[0] if d.q_val else None, seq.read_pos, seq.read_at if seq.read_pos >= 0 else 0.0,
+                               d.alts[0][:seq.watch] if seq.watch and d.alts else None)
+        seq.read_pos = -1                   # (the timeline: the first draft after each commit read)
+        return r
+
+    @staticmethod
+    def _branch_row(seq, b, pos: int, d) -> protocol.StreamRow:
+        """A branch's drafted token at pos, sent ahead: valid if the target's token at b.pos is b.token."""
+        return protocol.StreamRow(seq.key[1], seq.gen, seq.epoch, pos, d.tokens[0], d.q_idx[0] if d.q_idx else None,
+                                  d.q_val[0] if d.q_val else None,
+                                  alts=d.alts[0][:seq.watch] if seq.watch and d.alts else None, fork=b.pos, corr=b.token)
+

@@ -1,0 +1,109 @@
+"""Stream steps launched ahead of their read (runtime.batchstreams, wire.stepahead): a step queued behind the one in
+flight and fed its tokens on the device keeps only tokens the draft would have drafted, whatever commits come
+between a launch and its read; through the server, pipelined clients get the target's output with drafts accepted."""
+import random
+
+import pytest
+import torch
+
+from doubles import tiny_qwen3
+from sdeth.runtime.batchdraft import BatchDrafter
+from sdeth.runtime.batchmodel import BatchDecoder
+from sdeth.runtime.engine import Engine
+from sdeth.runtime.fastmodel import FastDecoder
+from sdeth.runtime.loop import generate_target_only
+from sdeth.runtime.verify import Sampling
+from sdeth.wire.draft_client import DraftServerClient
+from test_draft_server import HELLO, VOCAB, _in_threads, serving, tiny_pair, tiny_server
+
+def _greedy(model, ctx: list[int]) -> tuple[int, float]:
+    """The draft's greedy token after ctx, and the margin to its runner-up."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ctx], device=model.device)).logits[0, -1]
+    top = logits.topk(2)
+    return int(top.indices[0]), float(top.values[0] - top.values[1])
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+@pytest.mark.parametrize("seed,device", [(0, "cpu"), (1, "cpu"), (2, "cpu"), pytest.param(3, "cuda", marks=CUDA)])
+def test_a_step_launched_ahead_keeps_only_what_the_draft_drafts_whatever_commits_come_between(seed, device):
+    """Three streams under a random script of launches (each behind the step in flight, fed its tokens on the
+    device), reads, commits that agree, restart, or extend the chain past the step in flight, prefills and an End:
+    every token a read keeps is the draft's greedy token after the stream's context at its position, the chains
+    follow the commits, and no step is left in flight. On a GPU the launches are queued for real (graphs)."""
+    model = tiny_qwen3(0).to(device)
+    bd = BatchDrafter(BatchDecoder(FastDecoder(model, 8), rows=4, capacity=200), VOCAB, chunk=4)
+    rnd = random.Random(seed)
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [3, 1, 4], [2, 7, 1, 8, 2, 8]]
+    seqs, drafted = [], []
+    for i, p in enumerate(prompts):
+        seqs.append(bd.open_stream(("c", str(i)), 0, p, Sampling(), 0, 0, window=6))
+        bd.commit(seqs[-1], 0, 42 + i)
+        drafted.append(set())
+    prev, kept_total, restarts = None, 0, 0
+    for op in range(120):
+        if op == 80:                                   # a stream ended while its step may be in flight
+            bd.free(seqs[2].key)
+        r = rnd.random()
+        live = [s for s in seqs if bd.holds(s)]
+        if r < 0.6:
+            while bd.prefill():
+                pass
+            rows = [s for s in live if s.room and s.ready and s.next_n + 1 < 190]
+            nxt = bd.launch_streams(rows, prev) if rows else None
+            if prev is not None:
+                for seq, pos, d in bd.settle_streams(prev):
+                    drafted[seqs.index(seq)].add(pos)
+                    kept_total += 1
+            prev = nxt
+        else:
+            seq = rnd.choice(live)
+            i = seqs.index(seq)
+            if seq.acked < len(seq.chain) and rnd.random() < 0.85:    # the next position the target verified
+                pos, agree = seq.acked, rnd.random() < 0.75
+            else:                                                      # the target ran past the chain
+                pos, agree = len(seq.chain), False
+            tok = seq.chain[pos] if agree else rnd.randrange(VOCAB)
+            restarts += bd.commit(seq, pos, tok)
+            drafted[i] = {p for p in drafted[i] if p < pos or p == pos and agree}
+        for s, d in zip(seqs, drafted):
+            base = prompts[seqs.index(s)]
+            for p in sorted(x for x in d if x < len(s.chain)):
+                want, margin = _greedy(model, base + s.chain[:p])
+                if margin > 1e-3:
+                    assert s.chain[p] == want, (seed, op, p, s.chain)
+    if prev is not None:
+        bd.settle_streams(prev)
+
+    assert kept_total > 30 and restarts > 3
+    assert all(s.flight is None for s in seqs if bd.holds(s))
+    assert sorted(bd.free_rows + [s.row for s in bd.seqs.values()]) == list(range(4))
+
+@pytest.mark.parametrize("launch_ahead", ["on", "off"])
+def test_pipelined_clients_through_a_server_launching_ahead_get_the_target_output(launch_ahead):
+    """Four pipelined clients through one server with its stream steps launched ahead (forced on a CPU, where a
+    launch computes at once and each step's tokens go out with the next launch): every output is the target's
+    own and drafts are accepted; the server launched ahead (or not, with it off)."""
+    from sdeth.runtime.pipeline import generate_pipelined
+    from sdeth.wire.draft_client import ServerStream
+    target, draft = tiny_pair()
+    server = tiny_server(draft, launch_ahead=launch_ahead)
+    addr = serving(server)
+
+    def client(i):
+        c, eng, out = DraftServerClient(addr, HELLO), Engine(target, f"t{i}"), []
+        for j in range(2):
+            prompt = [(i * 7 + j * 3 + q) % VOCAB for q in range(5 + j)]
+            st = ServerStream(c, window=8)
+            r = generate_pipelined(eng, st, prompt, 32, 4, Sampling(), None)
+            st.end()
+            out.append((r, generate_target_only(eng, prompt, 32, Sampling(), None), st.streamed))
+        c.close()
+        return out
+    runs = [r for rs in _in_threads(4, client) for r in rs]
+    assert all(r.output_ids == ref.output_ids for r, ref, _ in runs)
+    assert all(streamed > 0 for _, _, streamed in runs)
+    assert sum(r.accepted_tokens for r, _, _ in runs) > 0
+    assert (server.ahead is not None and server.ahead.launched > 0) == (launch_ahead == "on")
+    assert not server.drafter.seqs
