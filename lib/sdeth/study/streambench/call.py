@@ -173,6 +173,9 @@ def grid_of(a) -> Grid:
     if bad or not g.policies:
         raise SystemExit(f"--policy {a.policy!r}: each of {bad or 'none given'} is no step policy; give a "
                          f"comma-separated list of {', '.join(POLICIES)}, e.g. policy,sync,offered")
+    bad = [x for x in (a.ssd_policy or "").split(",") if x and x not in POLICIES]
+    if bad:
+        raise SystemExit(f"--ssd-policy {a.ssd_policy!r}: {bad} is no step policy; give some of {', '.join(POLICIES)}")
     g.min_steps, g.max_s, g.read_while_stepping = a.min_steps, a.max_s, a.read_while_stepping
     if g.only_ssd and not a.verdict_cache:
         raise SystemExit("--only-ssd runs the verdict cache's part: give --verdict-cache, e.g. off,on")
@@ -192,6 +195,7 @@ def grid_of(a) -> Grid:
                               ("remote_ks", a.remote_ks, ints), ("colocated_ks", a.colocated_ks, ints),
                               ("verdict_caches", a.verdict_cache, names), ("ssd_targets", a.ssd_targets, names),
                               ("ssd_points", a.ssd_points, pairs), ("ssd_ranks", a.ssd_ranks, names),
+                              ("ssd_policies", a.ssd_policy, names),
                               ("link_rtts", a.link_rtts, floats), ("link_targets", a.link_targets, names),
                               ("link_points", a.link_points, pairs), ("colocated_real", a.colocated_real, names)):
         if text is not None:
@@ -207,6 +211,8 @@ def part_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--only-ssd", action="store_true", help="run the ssd part alone (with --colocated-emulated "
                     "first, if given; with --only-link, the link part after it)")
     ap.add_argument("--ssd-targets", default=None, help="ssd: emulated targets (default Qwen3-8B,Qwen3-32B,Qwen2.5-72B)")
+    ap.add_argument("--ssd-policy", default=None, help="ssd: the targets' step policies, comma-separated, each point "
+                    "under each (default offered; e.g. offered,policy)")
     ap.add_argument("--ssd-points", default=None, help="ssd: (B, N) as B:N,... (default 1:1,1:4,2:1,2:4,4:1,4:4,8:1,8:4)")
     ap.add_argument("--ssd-ranks", default=None, help="ssd: acceptance ranks, comma-separated (default "
                     "trace,synthetic:0.9; coins: no ranks)")

@@ -73,6 +73,7 @@ class Grid:
     ssd_ranks: tuple = ("trace", "synthetic:0.9")                  # streambench.ranks specs
     ssd_s: float = 1.5                 # seconds of each ssd point
     ssd_rows: int = SERVER_ROWS        # the ssd servers' cache rows (B*N of them: a full server)
+    ssd_policies: tuple = ("offered",)  # the ssd targets' step policies (costmodel.POLICIES), each point under each
     link_rtts: tuple = ()              # the link part's injected round trips (ms); () leaves it out
     only_link: bool = False            # run the link part alone (with colocated_emulated first, if given)
     only_colocated: bool = False       # run colocated_emulated and colocated_real alone

@@ -197,11 +197,11 @@ def goal_lines(runs: dict) -> list[str]:
     out = []
     for name, run in runs.items():
         pts = _points(run)
-        key = lambda p: (p["target"], p["verdict_cache"]["ranks"], p["B"], p["N"])   # noqa: E731
+        key = lambda p: (p["target"], p["verdict_cache"]["ranks"], p["B"], p["N"], p.get("step_policy"))  # noqa: E731
         off = {key(p): p for p in pts if p["verdict_cache"]["spec"] == "off"}
         ahead = [p for p in pts if p["verdict_cache"]["spec"].endswith(AHEAD)]
         for ranks, target, b, n, what, least in AHEAD_GOALS:
-            for p in (p for p in ahead if key(p) == (target, ranks, b, n)):
+            for p in (p for p in ahead if key(p)[:4] == (target, ranks, b, n)):
                 base = off.get(key(p))
                 fig = p.get("speedup") if what == "speedup" else (
                     round(base["tpot_ms"]["mean"] / p["tpot_ms"]["mean"], 3) if base else None)

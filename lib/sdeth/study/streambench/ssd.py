@@ -118,7 +118,7 @@ def model_cached(p: dict, cache: str, ranks: Ranks, tv: dict, k: int) -> dict | 
     shares = ranks.shares()[:TOP]          # (TOP: outside the draft's first TOP choices, never foreseen)
     terms = (verdict_terms(alpha, spec.fanout, spec.depth, spec.budget, shares, 1.0, PIPELINED_WINDOW)
              if spec.on else None)
-    sim = simulate_pipelined(alpha, c, k, n_tokens=6000, policy="offered", cache=terms)
+    sim = simulate_pipelined(alpha, c, k, n_tokens=6000, policy=p.get("step_policy", "offered"), cache=terms)
     out = {"tokens_per_round": round(sim["tokens_per_round"], 3), "speedup": round(sim["tokens_per_s"] * c.target_step, 3),
            "cache_hit_rate": sim["cache_hit_rate"] and round(sim["cache_hit_rate"], 3),
            "terms": terms._asdict() if terms else None}
@@ -145,8 +145,7 @@ def start_servers(name: str, device: str, caches, g, t_end: float) -> dict:
 
 def ssd_points(res: dict, name: str, servers: dict, pool, g, t_end: float, progress, save) -> None:
     """Every (B, N), target and ranks of the grid against each server in turn (the B=1 points first)."""
-    k, alpha = PIPELINED_K, DRAFT_ALPHA.get(name, SSD_ALPHA)
-    pts = res["ssd"]["points"]
+    pts, k, alpha = res["ssd"]["points"], PIPELINED_K, DRAFT_ALPHA.get(name, SSD_ALPHA)
     tvs = {}
     for model in g.ssd_targets:
         try:
@@ -158,29 +157,40 @@ def ssd_points(res: dict, name: str, servers: dict, pool, g, t_end: float, progr
         for model, tv in tvs.items():
             for ranks_spec in g.ssd_ranks:
                 seed += 1
-                for cache, (_, addr, info) in servers.items():
-                    ranks = Ranks(ranks_spec, alpha, seed)
-                    label = ssd_label(model, ranks, cache)
-                    if time.time() + g.ssd_s + 10 > t_end:
-                        pts.append({"label": label, "target": model, "B": b, "N": n, "skipped": "out of time"})
-                        continue
-                    cmd = dict(mode="pipelined", addr=addr, B=b, k=k, tv_ms={m: tv[(b, m)] for m in range(k + 1)},
-                               alpha=alpha, seed=seed, vocab=info["vocab"], window=PIPELINED_WINDOW, prompt=g.prompt,
-                               context=g.context, ranks=ranks_spec, watch=TOP, foreseen=server_spec(cache) != "off",
-                               ahead=AHEAD in cache, policy="offered")     # the verdict cache's model (ssd_model) plays this rule
-                    try:
-                        ready, recs, start = pool.point(n, cmd, g.ssd_s)
-                        p = pipelined_record(b, n, k, alpha, ready, recs, start, tv=tv, label=label)
-                        p = ssd_record({**p, "target": model}, recs, cache, ranks, tv, k)
-                    except TimeoutError as e:
-                        p = {"label": label, "target": model, "B": b, "N": n, "error": str(e)}
-                    pts.append(p)
-                    progress(ssd_row(p))
+                for cache, policy in ((c, q) for q in g.ssd_policies for c in servers):
+                    ssd_point(pts, servers[cache][1:], cache, policy, (b, n), (model, tv), (ranks_spec, seed, alpha),
+                              g, pool, t_end)
+                    progress(ssd_row(pts[-1]))
                     save()
 
 
+def ssd_point(pts: list, server: tuple, cache: str, policy: str, bn: tuple, target: tuple, draws: tuple, g, pool,
+              t_end: float) -> None:
+    """One point into pts: N emulated targets of B streams each against one server (addr, ready info) under one
+    policy; draws: (ranks spec, seed, alpha)."""
+    (addr, info), (b, n), (model, tv), (ranks_spec, seed, alpha) = server, bn, target, draws
+    k = PIPELINED_K
+    ranks = Ranks(ranks_spec, alpha, seed)
+    label = ssd_label(model, ranks, cache) + ("" if policy == "offered" else f"; step policy {policy}")
+    if time.time() + g.ssd_s + 10 > t_end:
+        pts.append({"label": label, "target": model, "B": b, "N": n, "skipped": "out of time"})
+        return
+    cmd = dict(mode="pipelined", addr=addr, B=b, k=k, tv_ms={m: tv[(b, m)] for m in range(k + 1)},
+               alpha=alpha, seed=seed, vocab=info["vocab"], window=PIPELINED_WINDOW, prompt=g.prompt,
+               context=g.context, ranks=ranks_spec, watch=TOP, foreseen=server_spec(cache) != "off",
+               ahead=AHEAD in cache, policy=policy)     # (the verdict cache's model, ssd_model, plays offered)
+    try:
+        ready, recs, start = pool.point(n, cmd, g.ssd_s)
+        p = pipelined_record(b, n, k, alpha, ready, recs, start, tv=tv, label=label, policy=policy)
+        p = ssd_record({**p, "target": model}, recs, cache, ranks, tv, k)
+    except TimeoutError as e:
+        p = {"label": label, "target": model, "B": b, "N": n, "error": str(e)}
+    pts.append(p)
+
+
 def ssd_row(p: dict) -> str:
-    head = f"ssd {p.get('target')} B={p['B']} N={p['N']} {p.get('verdict_cache', {}).get('spec', '')}"
+    head = (f"ssd {p.get('target')} B={p['B']} N={p['N']} {p.get('verdict_cache', {}).get('spec', '')} "
+            f"{p.get('step_policy', '')}").rstrip()
     if "tpot_ms" not in p:
         return f"{head}: {p.get('error') or p.get('skipped')}"
     v, m = p["verdict_cache"], p.get("model_cached") or {}
@@ -227,13 +237,13 @@ def ssd_table(runs: dict):
     rows = []
     for name, run in runs.items():
         pts = [p for p in run["ssd"]["points"] if "tpot_ms" in p]
-        off = {(p["target"], p["verdict_cache"]["ranks"], p["B"], p["N"]): p for p in pts
-               if p["verdict_cache"]["spec"] == "off"}
+        key = lambda p: (p["target"], p["verdict_cache"]["ranks"], p["B"], p["N"], p.get("step_policy"))  # noqa: E731
+        off = {key(p): p for p in pts if p["verdict_cache"]["spec"] == "off"}
         for p in pts:
             v, m = p["verdict_cache"], p.get("model_cached") or {}
-            base = off.get((p["target"], v["ranks"], p["B"], p["N"]))
+            base = off.get(key(p))
             rows.append({"call": name, "target": p["target"], "ranks": v["ranks"], "B": p["B"], "N": p["N"],
-                         "cache": v["spec"], "TPOT mean ms": p["tpot_ms"]["mean"], "tok/s/GPU": p["tokens_per_s_per_gpu"],
+                         "cache": v["spec"], "step policy": p.get("step_policy", "offered"), "TPOT mean ms": p["tpot_ms"]["mean"], "tok/s/GPU": p["tokens_per_s_per_gpu"],
                          "tokens/step": p["tokens_per_step"], "model tokens/step": m.get("tokens_per_round"),
                          "measured / model": m.get("tokens_measured_over_model"),
                          "hit rate": v["hit_rate"], "model hit rate": m.get("cache_hit_rate"),
