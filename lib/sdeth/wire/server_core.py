@@ -260,8 +260,11 @@ class DraftServer(StreamSteps):
     def idle(self, sock) -> bool:
         """Between messages: the TTL sweep, one draft step over the waiting rows (and one over the streams), the
         refusals a step made, one chunk of prefill. True while work remains (refusals the prefill made included).
-        With steps launched ahead, nothing until the step in flight is due (the loop serves messages meanwhile)."""
-        if self.ahead is not None and not self.ahead.due():
+        With steps launched ahead, nothing until the step in flight is due (the loop serves messages meanwhile), or
+        only its read while a prefill holds the next launch (wire.stepahead)."""
+        if self.ahead is not None and (what := self.ahead.next()) != "launch":
+            for ident, m in self._stream_ahead([], time.perf_counter()) if what == "read" else []:
+                self._send(sock, ident, m)
             return True
         P = self.parts                  # (each part closed as the next begins: they add up to the loop's time)
         if not P.steps:                 # (no step since the last report: the wait for work is no step's)
@@ -281,6 +284,8 @@ class DraftServer(StreamSteps):
         self.scheduler.plan()            # (after the step's tokens went out: the live streams wait for nothing)
         t = P.add("plan", t)
         fed, failed, why = self.scheduler.prefill()
+        if fed and self.ahead is not None:
+            self.ahead.queued_behind(self.drafter.device)
         if why:
             self._fail([failed] if failed else [], "internal", "prefill", why)
         more = bool(fed) or self.scheduler.more(self.clients) or self.ahead is not None and self.ahead.flight is not None

@@ -7,7 +7,10 @@ one H100 before). A commit that comes in the last `lead` before the step in flig
 
 When to launch: the step in flight is due `lead` before its estimated end: its start (its launch, or the end of the
 step before it, whichever is later) plus the device's step (a moving average of the steps read), less the host time
-from the decision to the launch (a moving average, plus LEAD_SLACK_S). A step already done is due at once."""
+from the decision to the launch (a moving average, plus LEAD_SLACK_S). A step already done is due at once. A prefill
+queued behind the step in flight (a prompt's forwards, for as long as they take) holds the next launch until it ends,
+so that the commits that come meanwhile are in that step; the step in flight is read (its tokens sent) as soon as it
+is done all the same."""
 from __future__ import annotations
 
 import time
@@ -25,14 +28,26 @@ class StepAhead:
         self.host_s = 0.0              # the host's time from a due decision to the launch (moving average)
         self.t_decided = 0.0           # when the newest due decision was taken
         self.launched = self.early = 0  # steps launched ahead; ... of them launched before the one in flight ended
+        self.behind = None             # a CUDA event after a prefill queued behind the step in flight
 
-    def due(self) -> bool:
-        """Whether the next step is to be launched now (no step in flight, it is done, or it ends within lead)."""
+    def next(self) -> str:
+        """What the loop does now: 'launch' the next step (nothing in flight, it is done, or it ends within lead,
+        and no prefill is queued behind it), 'read' the step in flight only (done, a prefill behind it), or 'wait'."""
         f = self.flight
-        due = f is None or f.copy.done() or (f.t_due > 0 and time.perf_counter() >= f.t_due)
-        if due:
+        if self.behind is not None and not self.behind.query():
+            return "read" if f is not None and f.copy.done() else "wait"
+        self.behind = None
+        if f is None or f.copy.done() or (f.t_due > 0 and time.perf_counter() >= f.t_due):
             self.t_decided = time.perf_counter()
-        return due
+            return "launch"
+        return "wait"
+
+    def queued_behind(self, device) -> None:
+        """A prefill was queued on device behind the step in flight: the next launch waits for its end."""
+        if device.type == "cuda":
+            import torch
+            self.behind = torch.cuda.Event()
+            self.behind.record()
 
     def took(self, nxt, prev_end: float | None, prev_ms: float) -> None:
         """nxt (a Launched, or None) is in flight; the step before it ended by prev_end (None: there was none)
