@@ -107,3 +107,26 @@ def test_pipelined_clients_through_a_server_launching_ahead_get_the_target_outpu
     assert sum(r.accepted_tokens for r, _, _ in runs) > 0
     assert (server.ahead is not None and server.ahead.launched > 0) == (launch_ahead == "on")
     assert not server.drafter.seqs
+
+
+def test_the_floor_goals_read_the_launched_ahead_points_beside_inline():
+    """ahead.goal_lines: the period at B=1 against the device step, the restart in periods, each speed goal from the
+    launched-ahead points (the server's default), the inline figure beside it; a goal missed says so."""
+    from sdeth.study.streambench import ahead
+
+    def point(spec, speedup, period, p99):
+        return {"tpot_ms": {"mean": 1.0}, "target": "Qwen3-8B", "B": 1, "N": 1, "step_policy": "policy",
+                "verdict_cache": {"spec": spec}, "speedup": speedup, "speedup_interval": [speedup - 0.05, speedup + 0.05],
+                "server_period_ms_p50": period, "draft_ms_p50": 2.0, "server_batch": {"mean": 1.0},
+                "restart_periods": {"p50_less_transit": 1.3, "p99": p99}}
+    runs = {"c": {"ssd": {"caches": ["off", "off+inline"], "points": [point("off", 1.45, 2.1, 2.5),
+                                                                     point("off+inline", 1.2, 2.6, 2.0)]}}}
+    lines = ahead.goal_lines(runs)
+    assert "+0.10-0.10 ms (goal <= +0.2: met at 1 of 1 points)" in lines[0]
+    assert "met at 1 of 1 points" in lines[1]
+    assert "1.45" in lines[2] and "1.2 inline [policy]" in lines[2] and "(goal >= 1.4: met)" in lines[2]
+    runs["c"]["ssd"]["points"][0].update(server_period_ms_p50=2.5, speedup=1.3)
+    lines = ahead.goal_lines(runs)
+    assert "met at 0 of 1 points" in lines[0] and "(goal >= 1.4: missed)" in lines[2]
+    table = ahead.ahead_table(runs)
+    assert list(table["steps"]) == ["inline", "launched ahead"]
