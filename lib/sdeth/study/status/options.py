@@ -335,14 +335,18 @@ def link_figures(root: Path, name: str, call: tuple | None, policy: str = "polic
 
 
 def branch_call(root: Path) -> tuple[str, dict] | None:
-    """The newest device call with branches sent ahead (`bench streams --verdict-cache off,...+ahead`)."""
-    return newest_call(root, lambda d: any(str((p.get("verdict_cache") or {}).get("spec", "")).endswith("+ahead")
-                                           and "speedup" in p for p in (d.get("ssd") or {}).get("points", [])))
+    """The newest device call with branches sent ahead (`bench streams --verdict-cache off,...+ahead`) at both
+    hit-rate inputs (synthetic and the embedded pair's trace)."""
+    def has(d: dict) -> bool:
+        pts = [p for p in (d.get("ssd") or {}).get("points", []) if "speedup" in p
+               and str((p.get("verdict_cache") or {}).get("spec", "")).endswith("+ahead")]
+        return {p["verdict_cache"].get("ranks") == "trace" for p in pts} == {True, False}
+    return newest_call(root, has)
 
 
 def branch_figures(root: Path, name: str, call: tuple | None) -> list[Figure]:
-    """Branches sent ahead for a row's shape (B = 1, N = 1 of the newest such call, branch_call's): over the target
-    alone with branches and without, at each hit-rate input (synthetic or the embedded pair's trace). Its own call
+    """Branches sent ahead for a row's shape (B = 1, N = 1 of the newest such call, branch_call's; the targets going
+    with what is on offer, as the branches' own model plays): over the target alone with branches and without, at each hit-rate input (synthetic or the embedded pair's trace). Its own call
     and harness: details only, never compared with the row's options."""
     got = _row_call(call, name, " on loopback")
     if not got:
@@ -350,7 +354,8 @@ def branch_figures(root: Path, name: str, call: tuple | None) -> list[Figure]:
     rel, doc, model, hw = got
     out = []
     for p in (p for p in doc["ssd"]["points"] if p.get("target") == model and (p["B"], p["N"]) == (1, 1)
-              and "speedup" in p):
+              and "speedup" in p and p.get("step_policy", "offered") == "offered"
+              and not str((p.get("verdict_cache") or {}).get("spec", "")).endswith("+inline")):
         v = p.get("verdict_cache") or {}
         kind = "trace-driven" if v.get("ranks") == "trace" else "synthetic"
         what = "with branches sent ahead" if str(v.get("spec", "")).endswith("+ahead") else "plain (no branches)"
