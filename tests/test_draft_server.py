@@ -378,13 +378,11 @@ def test_a_stream_row_drafts_what_the_stream_drafter_does():
             assert s.epoch == r.epoch
 
 
-def test_four_pipelined_clients_through_one_draft_each_get_the_target_output():
-    """Pipelined streams from four clients drafted in shared steps; every output the target's own."""
+def pipelined_clients(addr: str, target) -> list:
+    """Four clients in threads, each two pipelined requests through the server at addr: (result, target-only
+    result, tokens streamed) per request."""
     from sdeth.runtime.pipeline import generate_pipelined
     from sdeth.wire.draft_client import ServerStream
-    target, draft = tiny_pair()
-    server = tiny_server(draft)
-    addr = serving(server)
 
     def client(i):
         c, eng, out = DraftServerClient(addr, HELLO), Engine(target, f"t{i}"), []
@@ -396,7 +394,14 @@ def test_four_pipelined_clients_through_one_draft_each_get_the_target_output():
             out.append((r, generate_target_only(eng, prompt, 32, Sampling(), None), st.streamed))
         c.close()
         return out
-    runs = [r for rs in _in_threads(4, client) for r in rs]
+    return [r for rs in _in_threads(4, client) for r in rs]
+
+
+def test_four_pipelined_clients_through_one_draft_each_get_the_target_output():
+    """Pipelined streams from four clients drafted in shared steps; every output the target's own."""
+    target, draft = tiny_pair()
+    server = tiny_server(draft)
+    runs = pipelined_clients(serving(server), target)
     assert all(r.output_ids == ref.output_ids for r, ref, _ in runs)
     assert all(r.tokens_without_draft == 0 and streamed > 0 for r, _, streamed in runs)
     assert sum(r.accepted_tokens for r, _, _ in runs) > 0 and max(server.batches) > 1

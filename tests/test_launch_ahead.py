@@ -9,12 +9,9 @@ import torch
 from doubles import tiny_qwen3
 from sdeth.runtime.batchdraft import BatchDrafter
 from sdeth.runtime.batchmodel import BatchDecoder
-from sdeth.runtime.engine import Engine
 from sdeth.runtime.fastmodel import FastDecoder
-from sdeth.runtime.loop import generate_target_only
 from sdeth.runtime.verify import Sampling
-from sdeth.wire.draft_client import DraftServerClient
-from test_draft_server import HELLO, VOCAB, _in_threads, serving, tiny_pair, tiny_server
+from test_draft_server import VOCAB, pipelined_clients, serving, tiny_pair, tiny_server
 
 def _greedy(model, ctx: list[int]) -> tuple[int, float]:
     """The draft's greedy token after ctx, and the margin to its runner-up."""
@@ -85,23 +82,9 @@ def test_pipelined_clients_through_a_server_launching_ahead_get_the_target_outpu
     """Four pipelined clients through one server with its stream steps launched ahead (forced on a CPU, where a
     launch computes at once and each step's tokens go out with the next launch): every output is the target's
     own and drafts are accepted; the server launched ahead (or not, with it off)."""
-    from sdeth.runtime.pipeline import generate_pipelined
-    from sdeth.wire.draft_client import ServerStream
     target, draft = tiny_pair()
     server = tiny_server(draft, launch_ahead=launch_ahead)
-    addr = serving(server)
-
-    def client(i):
-        c, eng, out = DraftServerClient(addr, HELLO), Engine(target, f"t{i}"), []
-        for j in range(2):
-            prompt = [(i * 7 + j * 3 + q) % VOCAB for q in range(5 + j)]
-            st = ServerStream(c, window=8)
-            r = generate_pipelined(eng, st, prompt, 32, 4, Sampling(), None)
-            st.end()
-            out.append((r, generate_target_only(eng, prompt, 32, Sampling(), None), st.streamed))
-        c.close()
-        return out
-    runs = [r for rs in _in_threads(4, client) for r in rs]
+    runs = pipelined_clients(serving(server), target)
     assert all(r.output_ids == ref.output_ids for r, ref, _ in runs)
     assert all(streamed > 0 for _, _, streamed in runs)
     assert sum(r.accepted_tokens for r, _, _ in runs) > 0
