@@ -13,12 +13,14 @@ from sdeth.runtime.fastmodel import FastDecoder
 from sdeth.runtime.verify import Sampling
 from test_draft_server import VOCAB, pipelined_clients, serving, tiny_pair, tiny_server
 
+
 def _greedy(model, ctx: list[int]) -> tuple[int, float]:
     """The draft's greedy token after ctx, and the margin to its runner-up."""
     with torch.no_grad():
         logits = model(torch.tensor([ctx], device=model.device)).logits[0, -1]
     top = logits.topk(2)
     return int(top.indices[0]), float(top.values[0] - top.values[1])
+
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
@@ -77,6 +79,7 @@ def test_a_step_launched_ahead_keeps_only_what_the_draft_drafts_whatever_commits
     assert all(s.flight is None for s in seqs if bd.holds(s))
     assert sorted(bd.free_rows + [s.row for s in bd.seqs.values()]) == list(range(4))
 
+
 @pytest.mark.parametrize("launch_ahead", ["on", "off"])
 def test_pipelined_clients_through_a_server_launching_ahead_get_the_target_output(launch_ahead):
     """Four pipelined clients through one server with its stream steps launched ahead (forced on a CPU, where a
@@ -99,11 +102,12 @@ def test_the_floor_goals_read_the_launched_ahead_points_beside_inline():
 
     def point(spec, speedup, period, p99):
         return {"tpot_ms": {"mean": 1.0}, "target": "Qwen3-8B", "B": 1, "N": 1, "step_policy": "policy",
-                "verdict_cache": {"spec": spec}, "speedup": speedup, "speedup_interval": [speedup - 0.05, speedup + 0.05],
+                "verdict_cache": {"spec": spec}, "speedup": speedup,
+                "speedup_interval": [speedup - 0.05, speedup + 0.05],
                 "server_period_ms_p50": period, "draft_ms_p50": 2.0, "server_batch": {"mean": 1.0},
                 "restart_periods": {"p50_less_transit": 1.3, "p99": p99}}
-    runs = {"c": {"ssd": {"caches": ["off", "off+inline"], "points": [point("off", 1.45, 2.1, 2.5),
-                                                                     point("off+inline", 1.2, 2.6, 2.0)]}}}
+    pts = [point("off", 1.45, 2.1, 2.5), point("off+inline", 1.2, 2.6, 2.0)]
+    runs = {"c": {"ssd": {"caches": ["off", "off+inline"], "points": pts}}}
     lines = ahead.goal_lines(runs)
     assert "+0.10-0.10 ms (goal <= +0.2: met at 1 of 1 points)" in lines[0]
     assert "met at 1 of 1 points" in lines[1]

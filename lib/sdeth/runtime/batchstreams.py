@@ -23,7 +23,8 @@ class StreamRows:
     def open_stream(self, key: tuple, gen: int, prompt_ids: list[int], s: Sampling, seed: int, q_top: int,
                     window: int) -> Sequence:
         """A pipelined sequence: drafted a token a step (stream_step), up to `window` tokens past the last
-        position its client settled; the client's commits follow runtime.pipeline's rules (runtime.streamdraft.StreamDrafter.commit)."""
+        position its client settled; the client's commits follow runtime.pipeline's rules
+        (runtime.streamdraft.StreamDrafter.commit)."""
         seq = self.open(key, gen, prompt_ids, s, seed, q_top)
         seq.stream, seq.window, seq.base = True, window, len(prompt_ids)
         return seq
@@ -111,4 +112,3 @@ class StreamRows:
             out.append((seq, fr.pos, d))
         self.parts.add("draft.settle", clk)
         return out
-

@@ -64,7 +64,8 @@ class StreamSteps:
             prev_ms = self.drafter.dec.clock.elapsed(prev.mark) * 1e3
             self.drafter.dec.clock.settle_through(prev.mark)
         except Exception as e:
-            self._fail([s for s, _ in prev.batch if self.drafter.holds(s)], "internal", "step", f"{type(e).__name__}: {e}")
+            held = [s for s, _ in prev.batch if self.drafter.holds(s)]
+            self._fail(held, "internal", "step", f"{type(e).__name__}: {e}")
             kept, prev_ms = [], 0.0
         A.took(nxt, time.perf_counter(), prev_ms)
         t = self.parts.add("streams.wait", t)
@@ -101,5 +102,5 @@ class StreamSteps:
         """A branch's drafted token at pos, sent ahead: valid if the target's token at b.pos is b.token."""
         return protocol.StreamRow(seq.key[1], seq.gen, seq.epoch, pos, d.tokens[0], d.q_idx[0] if d.q_idx else None,
                                   d.q_val[0] if d.q_val else None,
-                                  alts=d.alts[0][:seq.watch] if seq.watch and d.alts else None, fork=b.pos, corr=b.token)
-
+                                  alts=d.alts[0][:seq.watch] if seq.watch and d.alts else None, fork=b.pos,
+                                  corr=b.token)

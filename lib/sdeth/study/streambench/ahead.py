@@ -65,8 +65,9 @@ def goal_lines(runs: dict) -> list[str]:
         over = [p["server_period_ms_p50"] - p["draft_ms_p50"] for p in ahead
                 if p["B"] == 1 and p.get("server_period_ms_p50") and p.get("draft_ms_p50")]
         if over:
-            out.append(f"{name}: period at B=1 over the device step +{_span(over)} ms (goal <= +{PERIOD_OVER_DEVICE_MS}: "
-                       f"met at {sum(x <= PERIOD_OVER_DEVICE_MS for x in over)} of {len(over)} points)")
+            met = sum(x <= PERIOD_OVER_DEVICE_MS for x in over)
+            out.append(f"{name}: period at B=1 over the device step +{_span(over)} ms (goal <= "
+                       f"+{PERIOD_OVER_DEVICE_MS}: met at {met} of {len(over)} points)")
         rs = [p["restart_periods"] for p in ahead if p["B"] <= 4 and p["N"] <= 4 and p.get("restart_periods")]
         if rs:
             met = sum(r["p50_less_transit"] <= RESTART_P50_PERIODS and r["p99"] <= RESTART_P99_PERIODS for r in rs)
@@ -76,7 +77,8 @@ def goal_lines(runs: dict) -> list[str]:
         for target, b, n, least in SPEED_GOALS:
             p, q = _best(pts, target, b, n, "ahead"), _best(pts, target, b, n, "inline")
             if p is not None:
+                inline = f", {q['speedup']} inline [{q.get('step_policy')}]" if q else ""
                 out.append(f"{name}: {target} B={b} N={n}: {p['speedup']} {p.get('speedup_interval')} launched ahead "
-                           f"[{p.get('step_policy')}]" + (f", {q['speedup']} inline [{q.get('step_policy')}]" if q else "")
-                           + f" (goal >= {least}: {'met' if p['speedup'] >= least else 'missed'})")
+                           f"[{p.get('step_policy')}]{inline} (goal >= {least}: "
+                           f"{'met' if p['speedup'] >= least else 'missed'})")
     return out

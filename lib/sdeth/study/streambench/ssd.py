@@ -99,7 +99,7 @@ def ssd_record(p: dict, recs: list, cache: str, ranks: Ranks, tv: dict, k: int) 
                                                    ((key, rej[key]) for key in hit_at) if n},
                           "rejections_by_position": rej, "branch_rows_per_step": mean(rows),
                           "answer_wait_ms": mean([x for r in recs for x in r["answer_ms"]]),
-                          "ahead": server_spec(cache) + AHEAD in cache,      # branches sent ahead: a hit waits for no answer;
+                          "ahead": AHEAD in cache,             # branches sent ahead: a hit waits for no answer;
                           "hit_next_offered": mean([x for r in recs for x in r["hit_offered"]])}   # its next step
     p["model_cached"] = model_cached(p, cache, ranks, tv, k)
     return p
@@ -243,7 +243,8 @@ def ssd_table(runs: dict):
             v, m = p["verdict_cache"], p.get("model_cached") or {}
             base = off.get(key(p))
             rows.append({"call": name, "target": p["target"], "ranks": v["ranks"], "B": p["B"], "N": p["N"],
-                         "cache": v["spec"], "step policy": p.get("step_policy", "offered"), "TPOT mean ms": p["tpot_ms"]["mean"], "tok/s/GPU": p["tokens_per_s_per_gpu"],
+                         "cache": v["spec"], "step policy": p.get("step_policy", "offered"),
+                         "TPOT mean ms": p["tpot_ms"]["mean"], "tok/s/GPU": p["tokens_per_s_per_gpu"],
                          "tokens/step": p["tokens_per_step"], "model tokens/step": m.get("tokens_per_round"),
                          "measured / model": m.get("tokens_measured_over_model"),
                          "hit rate": v["hit_rate"], "model hit rate": m.get("cache_hit_rate"),
