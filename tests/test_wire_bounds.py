@@ -233,7 +233,8 @@ def test_a_draft_the_heartbeat_marked_down_is_not_waited_for():
     """The pipelined loop's short waits and polls stop at once when the heartbeat has marked the draft down, and the
     request keeps the reason; while it is up, a short wait just finds nothing."""
     from sdeth.runtime.loop import DraftUnavailable
-    from sdeth.wire.draft_client import DraftServerClient, ServerStream
+    from sdeth.wire.draft_client import DraftServerClient
+    from sdeth.wire.draft_handles import ServerStream
 
     class Quiet:
         addr, timeout_s = "tcp://draft:5601", 5.0
