@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import msgspec
+import zmq
 
 from ..runtime.loop import DraftUnavailable
 from ..runtime.verify import Sampling
@@ -51,18 +52,31 @@ class RoundCosts:
 
 
 class DraftServerClient:
-    def __init__(self, addr: str, hello: protocol.Hello, timeout_s: float = 5.0, spin_s: float = 0.0, keys=None):
-        self.client = Client(addr, timeout_s, spin_s, decode=DECODE, gone_fast=True, keys=keys)
+    """One connection to the draft server at addr. wait (the default): the handshake is awaited here
+    (ConnectionRefusedError for an Error, TimeoutError for silence), sends block, and a fresh socket says Hello
+    again at once. wait=False (vLLM's proposer, which must never block a step): the Hello goes out and its answer
+    comes later as any message does (take); every send is a post (never blocks); a fresh socket says Hello only
+    when asked (hello_again); the Hello is sent as given (no client id of its own: the caller starts afresh
+    after a reconnection). decode: the messages it takes (the errors name who took them)."""
+
+    def __init__(self, addr: str, hello: protocol.Hello, timeout_s: float = 5.0, spin_s: float = 0.0, keys=None,
+                 wait: bool = True, decode: protocol.Decoder = DECODE):
+        self.client = Client(addr, timeout_s, spin_s, decode=decode, gone_fast=True, keys=keys)
+        self.addr, self.waits, self.hello = addr, wait, hello
+        self.health = None         # wire.health.DraftHealth or None: a draft it marks down is not waited for
+        self.peer: protocol.Welcome | None = None    # the handshake's Welcome (wait=False: the caller takes it)
+        self.last = RoundCosts()
+        self.n = 0
+        if not wait:
+            self.send(hello)
+            return
         # a client id of its own: a reconnection (after a timeout, a fresh socket) takes its sequences back
-        self.hello, self.addr = msgspec.structs.replace(hello, client=hello.client or uuid.uuid4().hex), addr
+        self.hello = msgspec.structs.replace(hello, client=hello.client or uuid.uuid4().hex)
         # a fresh socket (after a timeout, or its connection closed) says Hello at once: the server hands it the old
         # connection's sequences while it holds them (GONE_S after the old one closed); the Welcome is no reply
         # awaited, and is passed over
         self.client.on_reopen = lambda: self.client.send(self.hello)
-        self.health = None         # wire.health.DraftHealth or None: a draft it marks down is not waited for
         self._handshake()
-        self.last = RoundCosts()
-        self.n = 0
 
     def _handshake(self) -> None:
         reply = self.client.call(self.hello)
@@ -97,8 +111,48 @@ class DraftServerClient:
             raise DraftUnavailable(str(e)) from None
 
     def _send_open(self, t: ServerTrack, context: list[int]) -> None:
-        self.client.send(protocol.Open(t.seq, t.gen, list(context), q_top=t.q_top, seed=t.seed,
-                                       **protocol.sampling_fields(t.s)))
+        self.send_open(t.seq, t.gen, context, t.s, q_top=t.q_top, seed=t.seed)
+
+    def send(self, msg) -> None:
+        """One message out: as the transport sends it, or (built with wait=False) posted."""
+        if self.waits:
+            self.client.send(msg)
+        else:
+            self.post(msg)
+
+    def post(self, msg) -> None:
+        """Send without blocking: a full send queue means the server is not taking messages (PeerGone)."""
+        try:
+            self.client.send(msg, zmq.NOBLOCK)
+        except zmq.Again:
+            raise PeerGone(f"{self.addr} takes no messages (send queue full)") from None
+
+    def send_open(self, seq: str, gen: int, context, s: Sampling | None = None, **kw) -> None:
+        """Open seq's generation gen on context (its ids); s: its sampling (None: Open's defaults); kw: Open's other
+        fields (q_top, seed, stream, window, branches)."""
+        sampling = protocol.sampling_fields(s) if s is not None else {}
+        self.send(protocol.Open(seq, gen, list(context), **kw, **sampling))
+
+    def send_rows(self, kind, rows: list, per: int | None = None) -> None:
+        """rows in messages of kind (protocol.Rounds, protocol.Commits): at most per rows each (none for no rows),
+        or all of them in one (per None)."""
+        for i in [0] if per is None else range(0, len(rows), per):
+            self.send(kind(rows if per is None else rows[i:i + per]))
+
+    def take(self, timeout_s: float):
+        """The next message within timeout_s (0: only what has arrived), or None; one that is no message of the
+        protocol comes as the Error it would be answered with, never raised; PeerGone when the connection closes
+        meanwhile."""
+        try:
+            return self.client.recv(timeout_s)
+        except protocol.ProtocolError as e:
+            return protocol.Error(e.code, str(e))
+
+    def hello_again(self) -> None:
+        """A fresh socket (what the old one still receives is never taken) and a Hello on it."""
+        self.client.reopen()
+        if not self.waits:                 # (a waiting client's fresh socket says it itself)
+            self.send(self.hello)
 
     def rounds(self, items: list[tuple[ServerTrack, int, list[int], int]]) -> list[protocol.RowDraft]:
         """One round for each (track, accepted of its last proposal, the target's tokens, k): their proposals
@@ -131,7 +185,7 @@ class DraftServerClient:
         """Send one Rounds; take Drafts until every row is answered (in the rows' order)."""
         t0 = time.perf_counter()
         self.client.forget_gone()
-        self.client.send(protocol.Rounds(rows))
+        self.send_rows(protocol.Rounds, rows)
         want, got = {(r.seq, r.gen) for r in rows}, {}
         t_end = t0 + self.client.timeout_s
         while want - got.keys():
@@ -173,7 +227,7 @@ class DraftServerClient:
     def end_seq(self, seq: str) -> None:
         """End a sequence (or stream) and take its Ended, waiting at most a second."""
         try:
-            self.client.send(protocol.End(seq))
+            self.send(protocol.End(seq))
             deadline = time.perf_counter() + 1.0
             while (left := deadline - time.perf_counter()) > 0:
                 m = self.client.recv(left)

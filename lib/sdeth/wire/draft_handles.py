@@ -139,14 +139,13 @@ class ServerStream(DraftHandle):
         s = s or self.sampling
         seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
         self.server.client.forget_gone()         # (a drop between requests, reconnected since, concerns none of this)
-        self.server.client.send(protocol.Open(self.seq, self.gen, list(prompt_ids), q_top=self.q_top, seed=seed,
-                                         stream=True, window=self.window, branches=self.branches,
-                                         **protocol.sampling_fields(s)))
+        self.server.send_open(self.seq, self.gen, prompt_ids, s, q_top=self.q_top, seed=seed, stream=True,
+                              window=self.window, branches=self.branches)
         self.commit(0, first)
 
     def commit(self, pos: int, token: int) -> None:
         self.view.on_commit(pos, token)
-        self.server.client.send(protocol.Commits([protocol.CommitRow(self.seq, self.gen, pos, token)]))
+        self.server.send_rows(protocol.Commits, [protocol.CommitRow(self.seq, self.gen, pos, token)])
 
     def _take(self, m) -> None:
         if isinstance(m, protocol.Error):
