@@ -1,6 +1,6 @@
-"""The target side's client of a draft server (wire.draft_server): `DraftServerClient`, one connection and many
-sequences (a target's batch), under the sync loop's and the pipelined loop's handles (wire.draft_handles) and the
-benchmarks' emulated targets.
+"""The target side's one client of a draft server (wire.draft_server): `DraftServerClient`, one connection and
+many sequences (a target's batch), under the sync loop's and the pipelined loop's handles (wire.draft_handles), the
+benchmarks' emulated targets and vLLM's remote draft proposer (wire.vllm_link).
 
 The client keeps each sequence's settled context (`ServerTrack.context`), so that a `desync` answer costs one
 re-open (the next generation, the whole context) and never a wrong draft.
