@@ -15,7 +15,8 @@ from sdeth.runtime.fastmodel import FastDecoder
 from sdeth.runtime.loop import Drafter, generate_sd, generate_target_only
 from sdeth.runtime.verify import Sampling
 from sdeth.wire import protocol as W
-from sdeth.wire.draft_client import DraftServerClient, ServerDraft
+from sdeth.wire.draft_client import DraftServerClient
+from sdeth.wire.draft_handles import ServerDraft
 from sdeth.wire.draft_server import DraftServer, DraftServerConfig, ServerLimits, build_server
 
 VOCAB = 300
@@ -382,7 +383,7 @@ def pipelined_clients(addr: str, target) -> list:
     """Four clients in threads, each two pipelined requests through the server at addr: (result, target-only
     result, tokens streamed) per request."""
     from sdeth.runtime.pipeline import generate_pipelined
-    from sdeth.wire.draft_client import ServerStream
+    from sdeth.wire.draft_handles import ServerStream
 
     def client(i):
         c, eng, out = DraftServerClient(addr, HELLO), Engine(target, f"t{i}"), []
@@ -548,7 +549,7 @@ def test_a_commits_that_comes_during_a_step_is_read_then_and_restarts_the_stream
 def test_a_handle_measures_the_links_round_trip_when_it_connects():
     """connect() times bare Ping/Pongs once: the record's bare_rtt_ms and a stream's link (the step policy's
     observe_link), as the draft of one sequence measured them."""
-    from sdeth.wire.draft_client import ServerStream
+    from sdeth.wire.draft_handles import ServerStream
     addr = serving(tiny_server(tiny_qwen3(0)), 20)
     h = ServerStream.connect(addr, HELLO, Sampling())
     try:

@@ -14,7 +14,8 @@ from sdeth.runtime.pipeline import generate_pipelined
 from sdeth.runtime.synthetic import AcceptanceTrace, SyntheticEngine
 from sdeth.runtime.verify import Sampling
 from sdeth.wire import protocol as W
-from sdeth.wire.draft_client import DraftServerClient, ServerDraft, ServerStream
+from sdeth.wire.draft_client import DraftServerClient
+from sdeth.wire.draft_handles import ServerDraft, ServerStream
 from sdeth.wire.draft_server import DraftServerConfig, engine_server
 
 VOCAB = 300

@@ -14,7 +14,8 @@ from sdeth.wire import protocol as W
 from sdeth.study.runs.experiment import RunConfig
 from sdeth.place.testbed import Testbed, free_port, leftovers
 from sdeth.wire.transport import Client
-from sdeth.wire.draft_client import DraftServerClient, ServerDraft
+from sdeth.wire.draft_client import DraftServerClient
+from sdeth.wire.draft_handles import ServerDraft
 from sdeth.wire.draft_server import DraftServerConfig, serve_draft_server
 from sdeth.runtime.loop import DraftUnavailable
 from sdeth.runtime.verify import Sampling

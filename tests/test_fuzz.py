@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from sdeth.models import tokenizer_hash
 from sdeth.place.testbed import free_port
 from sdeth.wire import protocol as W
-from sdeth.wire.draft_client import DraftServerClient, ServerDraft
+from sdeth.wire.draft_client import DraftServerClient
+from sdeth.wire.draft_handles import ServerDraft
 from sdeth.wire.draft_server import DraftServerConfig, serve_draft_server
 from sdeth.wire.target_worker import serve_target
 from sdeth.wire.transport import Client

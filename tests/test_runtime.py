@@ -73,7 +73,7 @@ def test_draft_classes_fulfil_their_roles():
     from doubles import LocalStream
     from sdeth.runtime.loop import Drafter
     from sdeth.runtime.roles import DraftSource, DraftStream
-    from sdeth.wire.draft_client import ServerDraft, ServerStream
+    from sdeth.wire.draft_handles import ServerDraft, ServerStream
     from sdeth.wire.target_worker import _NoDraft
     for cls in (Drafter, ServerDraft, _NoDraft):
         assert all(hasattr(cls, m) for m in ("start", "propose", "compute_s")), cls

@@ -10,7 +10,8 @@ from sdeth.costmodel import Costs, simulate_pipelined
 from sdeth.runtime.pipeline import generate_pipelined
 from sdeth.runtime.verify import Sampling
 from sdeth.wire import protocol as W
-from sdeth.wire.draft_client import DraftServerClient, ServerStream
+from sdeth.wire.draft_client import DraftServerClient
+from sdeth.wire.draft_handles import ServerStream
 from sdeth.wire.draft_server import DraftServer
 
 CLIENTS, B, K = 4, 2, 4

@@ -17,7 +17,8 @@ from sdeth.runtime.loop import DraftUnavailable, generate_sd, generate_target_on
 from sdeth.runtime.verify import Sampling
 from sdeth.wire import protocol as W
 from sdeth.wire.auth import Keys, KeysError, make_keys, secure_client
-from sdeth.wire.draft_client import DraftServerClient, ServerDraft
+from sdeth.wire.draft_client import DraftServerClient
+from sdeth.wire.draft_handles import ServerDraft
 from sdeth.wire.draft_server import ServerLimits
 from test_draft_server import HELLO, tiny_pair, tiny_server
 

@@ -19,7 +19,8 @@ from sdeth.runtime.loop import generate_target_only
 from sdeth.runtime.verdictcache import VerdictCache, VerdictSpec, fanouts
 from sdeth.runtime.verify import Sampling
 from sdeth.wire import protocol as W
-from sdeth.wire.draft_client import DraftServerClient, ServerStream
+from sdeth.wire.draft_client import DraftServerClient
+from sdeth.wire.draft_handles import ServerStream
 from test_draft_server import HELLO, VOCAB, _in_threads, serving, tiny_pair, tiny_server
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]

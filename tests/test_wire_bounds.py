@@ -233,7 +233,8 @@ def test_a_draft_the_heartbeat_marked_down_is_not_waited_for():
     """The pipelined loop's short waits and polls stop at once when the heartbeat has marked the draft down, and the
     request keeps the reason; while it is up, a short wait just finds nothing."""
     from sdeth.runtime.loop import DraftUnavailable
-    from sdeth.wire.draft_client import DraftServerClient, ServerStream
+    from sdeth.wire.draft_client import DraftServerClient
+    from sdeth.wire.draft_handles import ServerStream
 
     class Quiet:
         addr, timeout_s = "tcp://draft:5601", 5.0
@@ -255,3 +256,41 @@ def test_a_draft_the_heartbeat_marked_down_is_not_waited_for():
         with pytest.raises(DraftUnavailable, match="heartbeat marked the draft server at tcp://draft:5601 down"):
             look()
     assert time.perf_counter() - t0 < 0.5 and "3 heartbeats unanswered" in s.lost
+
+
+def test_a_client_built_not_to_wait_takes_the_welcome_as_a_message_and_never_blocks_a_send():
+    """wait=False (vLLM's proposer): the Hello goes out as given and its Welcome comes later as any message does;
+    a frame that is no message comes as its Error; Opens and rows go out in messages of at most `per` rows;
+    hello_again says Hello on a fresh socket; a full send queue is PeerGone at once, never a wait."""
+    from sdeth.wire.draft_client import DraftServerClient
+    hello = W.Hello(W.PROTOCOL_VERSION, "target", "m", 100, "sha", "float32")
+    welcome = W.Welcome(W.PROTOCOL_VERSION, "m", 100, "sha", "float32")
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 5000)
+    sock.bind(addr)
+    try:
+        c = DraftServerClient(addr, hello, wait=False)
+        assert c.peer is None and c.take(0) is None                    # nothing awaited
+        ident, data = sock.recv_multipart()
+        assert DRAFT_DECODE(data) == hello                             # no client id of its own
+        sock.send_multipart([ident, W.encode(welcome)])
+        sock.send_multipart([ident, b"\x00 no message"])
+        assert c.take(2) == welcome and c.take(2).code == "bad-message"
+        c.send_open("s", 0, [1, 2], stream=True, window=4)
+        c.send_rows(W.Commits, [W.CommitRow("s", 0, i, 5) for i in range(5)], per=2)
+        got = [DRAFT_DECODE(sock.recv_multipart()[1]) for _ in range(4)]
+        assert got[0] == W.Open("s", 0, [1, 2], stream=True, window=4)
+        assert [len(m.rows) for m in got[1:]] == [2, 2, 1]
+        c.hello_again()
+        again, data = sock.recv_multipart()
+        assert again != ident and DRAFT_DECODE(data) == hello
+        c.close()
+    finally:
+        sock.close()
+    c = DraftServerClient(f"tcp://127.0.0.1:{free_port()}", hello, wait=False)   # no one there: the queue fills
+    with pytest.raises(PeerGone, match="send queue full"):
+        for _ in range(100_000):
+            c.send(W.Ping(0.0))
+    c.close()

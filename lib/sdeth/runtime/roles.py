@@ -2,8 +2,8 @@
 another transport) is one class against one of these, and both loops take it unchanged.
 
     DraftSource  the sync loop's draft (loop.generate_sd): loop.Drafter in-process,
-                 wire.draft_client.ServerDraft over the link
-    DraftStream  the pipelined loop's draft (pipeline.generate_pipelined): wire.draft_client.ServerStream over
+                 wire.draft_handles.ServerDraft over the link
+    DraftStream  the pipelined loop's draft (pipeline.generate_pipelined): wire.draft_handles.ServerStream over
                  the link; tests/doubles.LocalStream simulates the link in-process
     DraftBackend the device a draft model runs on, under both (engine.Engine on a CPU or GPU,
                  emulated.EmulatedEngine for a device profile): start, forward, rollback, pos, forward_s

@@ -1,19 +1,19 @@
-"""Clients of a draft server (wire.draft_server): `DraftServerClient` (one connection, many sequences: a
-target's batch) and `ServerDraft` (one sequence of it as the sync loop's draft source).
+"""The target side's one client of a draft server (wire.draft_server): `DraftServerClient`, one connection and
+many sequences (a target's batch), under the sync loop's and the pipelined loop's handles (wire.draft_handles), the
+benchmarks' emulated targets and vLLM's remote draft proposer (wire.vllm_link).
 
 The client keeps each sequence's settled context (`ServerTrack.context`), so that a `desync` answer costs one
 re-open (the next generation, the whole context) and never a wrong draft.
 """
 from __future__ import annotations
 
-import itertools
 import os
 import time
 import uuid
 from dataclasses import dataclass, field
 
 import msgspec
-import torch
+import zmq
 
 from ..runtime.loop import DraftUnavailable
 from ..runtime.verify import Sampling
@@ -24,17 +24,6 @@ from .transport import Client, PeerGone
 DECODE = protocol.Decoder("a draft server's client", protocol.SERVER_SENDS)
 AGAIN = ("desync", "reclaimed")    # a row refused for these is opened again (next generation) and asked again
 HEALTH_SLICE_S = 0.1     # a reply is awaited in slices this long, the heartbeat's view read between them
-HANDLES = itertools.count()   # a handle's name (its sequences' ids are name-count: short, as they cross every round)
-
-
-def q_from_pairs(idx, val, vocab: int, device, rows: int | None = None):
-    """A sampled draft's q from its wire pairs: [rows, V] (or [V] for rows=None) on the target's device, V the
-    pair's shared tokenizer size (the logits are cut to it on both sides); None for a greedy draft (idx None)."""
-    if idx is None:
-        return None
-    shape = (vocab,) if rows is None else (rows, vocab)
-    return torch.zeros(shape, device=device).scatter_(-1, torch.tensor(idx, device=device),
-                                                      torch.tensor(val, device=device))
 
 
 @dataclass(eq=False)
@@ -63,18 +52,31 @@ class RoundCosts:
 
 
 class DraftServerClient:
-    def __init__(self, addr: str, hello: protocol.Hello, timeout_s: float = 5.0, spin_s: float = 0.0, keys=None):
-        self.client = Client(addr, timeout_s, spin_s, decode=DECODE, gone_fast=True, keys=keys)
+    """One connection to the draft server at addr. wait (the default): the handshake is awaited here
+    (ConnectionRefusedError for an Error, TimeoutError for silence), sends block, and a fresh socket says Hello
+    again at once. wait=False (vLLM's proposer, which must never block a step): the Hello goes out and its answer
+    comes later as any message does (take); every send is a post (never blocks); a fresh socket says Hello only
+    when asked (hello_again); the Hello is sent as given (no client id of its own: the caller starts afresh
+    after a reconnection). decode: the messages it takes (the errors name who took them)."""
+
+    def __init__(self, addr: str, hello: protocol.Hello, timeout_s: float = 5.0, spin_s: float = 0.0, keys=None,
+                 wait: bool = True, decode: protocol.Decoder = DECODE):
+        self.client = Client(addr, timeout_s, spin_s, decode=decode, gone_fast=True, keys=keys)
+        self.addr, self.waits, self.hello = addr, wait, hello
+        self.health = None         # wire.health.DraftHealth or None: a draft it marks down is not waited for
+        self.peer: protocol.Welcome | None = None    # the handshake's Welcome (wait=False: the caller takes it)
+        self.last = RoundCosts()
+        self.n = 0
+        if not wait:
+            self.send(hello)
+            return
         # a client id of its own: a reconnection (after a timeout, a fresh socket) takes its sequences back
-        self.hello, self.addr = msgspec.structs.replace(hello, client=hello.client or uuid.uuid4().hex), addr
+        self.hello = msgspec.structs.replace(hello, client=hello.client or uuid.uuid4().hex)
         # a fresh socket (after a timeout, or its connection closed) says Hello at once: the server hands it the old
         # connection's sequences while it holds them (GONE_S after the old one closed); the Welcome is no reply
         # awaited, and is passed over
         self.client.on_reopen = lambda: self.client.send(self.hello)
-        self.health = None         # wire.health.DraftHealth or None: a draft it marks down is not waited for
         self._handshake()
-        self.last = RoundCosts()
-        self.n = 0
 
     def _handshake(self) -> None:
         reply = self.client.call(self.hello)
@@ -109,8 +111,48 @@ class DraftServerClient:
             raise DraftUnavailable(str(e)) from None
 
     def _send_open(self, t: ServerTrack, context: list[int]) -> None:
-        self.client.send(protocol.Open(t.seq, t.gen, list(context), q_top=t.q_top, seed=t.seed,
-                                       **protocol.sampling_fields(t.s)))
+        self.send_open(t.seq, t.gen, context, t.s, q_top=t.q_top, seed=t.seed)
+
+    def send(self, msg) -> None:
+        """One message out: as the transport sends it, or (built with wait=False) posted."""
+        if self.waits:
+            self.client.send(msg)
+        else:
+            self.post(msg)
+
+    def post(self, msg) -> None:
+        """Send without blocking: a full send queue means the server is not taking messages (PeerGone)."""
+        try:
+            self.client.send(msg, zmq.NOBLOCK)
+        except zmq.Again:
+            raise PeerGone(f"{self.addr} takes no messages (send queue full)") from None
+
+    def send_open(self, seq: str, gen: int, context, s: Sampling | None = None, **kw) -> None:
+        """Open seq's generation gen on context (its ids); s: its sampling (None: Open's defaults); kw: Open's other
+        fields (q_top, seed, stream, window, branches)."""
+        sampling = protocol.sampling_fields(s) if s is not None else {}
+        self.send(protocol.Open(seq, gen, list(context), **kw, **sampling))
+
+    def send_rows(self, kind, rows: list, per: int | None = None) -> None:
+        """rows in messages of kind (protocol.Rounds, protocol.Commits): at most per rows each (none for no rows),
+        or all of them in one (per None)."""
+        for i in [0] if per is None else range(0, len(rows), per):
+            self.send(kind(rows if per is None else rows[i:i + per]))
+
+    def take(self, timeout_s: float):
+        """The next message within timeout_s (0: only what has arrived), or None; one that is no message of the
+        protocol comes as the Error it would be answered with, never raised; PeerGone when the connection closes
+        meanwhile."""
+        try:
+            return self.client.recv(timeout_s)
+        except protocol.ProtocolError as e:
+            return protocol.Error(e.code, str(e))
+
+    def hello_again(self) -> None:
+        """A fresh socket (what the old one still receives is never taken) and a Hello on it."""
+        self.client.reopen()
+        if not self.waits:                 # (a waiting client's fresh socket says it itself)
+            self.send(self.hello)
 
     def rounds(self, items: list[tuple[ServerTrack, int, list[int], int]]) -> list[protocol.RowDraft]:
         """One round for each (track, accepted of its last proposal, the target's tokens, k): their proposals
@@ -143,7 +185,7 @@ class DraftServerClient:
         """Send one Rounds; take Drafts until every row is answered (in the rows' order)."""
         t0 = time.perf_counter()
         self.client.forget_gone()
-        self.client.send(protocol.Rounds(rows))
+        self.send_rows(protocol.Rounds, rows)
         want, got = {(r.seq, r.gen) for r in rows}, {}
         t_end = t0 + self.client.timeout_s
         while want - got.keys():
@@ -185,7 +227,7 @@ class DraftServerClient:
     def end_seq(self, seq: str) -> None:
         """End a sequence (or stream) and take its Ended, waiting at most a second."""
         try:
-            self.client.send(protocol.End(seq))
+            self.send(protocol.End(seq))
             deadline = time.perf_counter() + 1.0
             while (left := deadline - time.perf_counter()) > 0:
                 m = self.client.recv(left)
@@ -208,190 +250,3 @@ def ping_ms(addr: str, hello: protocol.Hello, n: int = 10, timeout_s: float = 2.
     if rtt is None:
         raise TimeoutError(f"draft server at {addr}: no Pong in {timeout_s:g} s")
     return rtt
-
-
-class DraftHandle:
-    """What a sequence's handle on a draft server (ServerDraft, ServerStream) shares: its client's connection and
-    the server's Welcome, and why the draft was lost in the current request (lost; lost_answered: the server said
-    so itself, so it is alive). `connect` makes the target worker's handle, on a client of its own."""
-    lost, lost_answered = "", False
-    compute_s: float = 0.0        # the draft's model time since start(), as the server reports it
-    streamed: int = 0             # a stream: the tokens it streamed in this request
-    bare_rtt_ms: float | None = None   # the link's round trip, Ping/Pong at connect (the record's bare_rtt_ms) ...
-    link_ms: float | None = None       # ... and a stream's link (two transits: the step policy's observe_link)
-
-    @classmethod
-    def connect(cls, addr: str, hello: protocol.Hello, s: Sampling, timeout_s: float = 5.0, spin_s: float = 0.0,
-                health=None, keys=None, **kw):
-        """A handle on the draft server at addr, on a client of its own (health: the heartbeat, which stops waits
-        early when it marks the draft down); DraftUnavailable when none answers. kw: the handle's own."""
-        try:
-            c = DraftServerClient(addr, hello, timeout_s, spin_s, keys)
-        except (TimeoutError, PeerGone) as e:
-            raise DraftUnavailable(f"draft server at {addr}: {e}") from None
-        c.health = health
-        h = cls(c, s, **kw)
-        h.bare_rtt_ms = h.link_ms = bare_rtt_ms(c.client)
-        return h
-
-    @property
-    def client(self):
-        return self.server.client
-
-    @property
-    def peer(self) -> protocol.Welcome:
-        return self.server.peer
-
-    def lose(self, e: DraftUnavailable, answered: bool) -> DraftUnavailable:
-        """Keep the first reason the draft was lost in this request."""
-        if not self.lost:
-            self.lost, self.lost_answered = str(e), answered
-        return e
-
-
-class ServerDraft(DraftHandle):
-    """One sequence on a draft server as the sync loop's draft source (runtime.roles.DraftSource)."""
-    starts_async = True
-
-    def __init__(self, client: DraftServerClient, s: Sampling = Sampling(), q_top: int = 64, device="cpu",
-                 name: str = ""):
-        self.server, self.sampling, self.q_top, self.device = client, s, q_top, torch.device(device)
-        self.name, self.count, self.track = name or f"d{next(HANDLES)}", 0, None
-        self.compute_s = self.held_s = 0.0      # the draft's model time, and the time the server held the rounds
-
-    def start(self, prompt_ids, size, s=None, seed=None):
-        if self.track is not None:
-            self.end()
-        self.lost, self.lost_answered = "", False
-        self.count += 1
-        self.compute_s = self.held_s = 0.0
-        self.track = self.server.open(f"{self.name}-{self.count}", prompt_ids, s or self.sampling, seed, self.q_top)
-        self.first = True
-
-    def propose(self, n_prev: int, nxt: int, k: int):
-        try:
-            r = self.server.rounds([(self.track, n_prev, [nxt], k)])[0]
-        except DraftUnavailable as e:
-            raise self.lose(e, "draft server error" in str(e))
-        if r.error:
-            raise self.lose(DraftUnavailable(f"draft server refused the round ({r.error}): {r.message}"), True)
-        self.compute_s += self.server.last.draft_ms / 1e3
-        self.held_s += self.server.last.held_ms / 1e3
-        return list(r.tokens), q_from_pairs(r.q_idx, r.q_val, self.server.peer.vocab_size, self.device, len(r.tokens))
-
-    def end(self):
-        if self.track is not None:
-            self.server.end(self.track)
-            self.track = None
-
-
-class ServerStream(DraftHandle):
-    """One pipelined sequence on a draft server as the pipelined loop's draft stream (runtime.roles.DraftStream):
-    Open(stream) and the first token's commit at start, a Commits message per commit, Streamed rows into the
-    view (runtime.pipeline.StreamView has the rules). With est (the pipelined loop's policy; generate_pipelined
-    sets it) it feeds what the step's policy needs: the server's step, its period (launch to launch, between two
-    tokens of one run) and a restart's latency (the commit that restarted the run to its first token, less a step).
-    branches: ask for the server's verdict-cache branches ahead (Open.branches): the view holds them, and a
-    rejection they foresaw finds its drafts already here (StreamView's rules)."""
-
-    def __init__(self, client: DraftServerClient, s: Sampling = Sampling(), q_top: int = 64,
-                 window: int = protocol.STREAM_WINDOW, device="cpu", name: str = "", branches: bool = False):
-        from ..runtime.pipeline import StreamView
-        self.server, self.sampling, self.q_top, self.window = client, s, q_top, window
-        self.device = torch.device(device)
-        self.branches = branches
-        self.name, self.count, self.view = name or f"p{next(HANDLES)}", 0, StreamView()
-        self.seq, self.gen, self.compute_s, self.streamed, self.branched = "", 0, 0.0, 0, 0
-        self.est = None
-        self._last = (-1, -1, 0.0)               # (epoch, pos, stepped_at) of the last token of this stream
-        self.gaps_ms: list[float] = []           # this request's gaps between two tokens of one run, stepped at the
-                                                 # server: its period, and a pause where the window was full
-        self.restarts_ms: list[float] = []       # ... and restarts: the Commits that restarted the run, sent, to the
-                                                 # new run's first token, here (runtime.pipeline.StreamStats)
-        self.restarts_stepped_ms: list[float] = []   # ... to that token stepped at the server (its wall clock against
-                                                     # this host's: one host, or clocks in step)
-
-    def start(self, prompt_ids, size, first, s=None, seed=None):
-        self.lost, self.lost_answered = "", False
-        self.count += 1
-        self.seq, self.compute_s, self.streamed, self.branched = f"{self.name}-s{self.count}", 0.0, 0, 0
-        self.gaps_ms, self.restarts_ms, self.restarts_stepped_ms = [], [], []
-        self.view.reset()
-        s = s or self.sampling
-        seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
-        self.server.client.forget_gone()         # (a drop between requests, reconnected since, concerns none of this)
-        self.server.client.send(protocol.Open(self.seq, self.gen, list(prompt_ids), q_top=self.q_top, seed=seed,
-                                         stream=True, window=self.window, branches=self.branches,
-                                         **protocol.sampling_fields(s)))
-        self.commit(0, first)
-
-    def commit(self, pos: int, token: int) -> None:
-        self.view.on_commit(pos, token)
-        self.server.client.send(protocol.Commits([protocol.CommitRow(self.seq, self.gen, pos, token)]))
-
-    def _take(self, m) -> None:
-        if isinstance(m, protocol.Error):
-            raise self.lose(DraftUnavailable(f"draft server error ({m.code}): {m.message}"), True)
-        if isinstance(m, protocol.Drafts):
-            bad = [r for r in m.rows if r.seq == self.seq and r.error]
-            if bad:
-                raise self.lose(DraftUnavailable(f"draft server refused the stream ({bad[0].error}): "
-                                                 f"{bad[0].message}"), True)
-        if not isinstance(m, protocol.Streamed):
-            return
-        for r in m.rows:
-            if r.seq != self.seq:
-                continue
-            self.compute_s += m.draft_ms / 1e3 / max(len(m.rows), 1)
-            if r.fork < 0:                        # (a branch sent ahead says nothing of the stream's own timing)
-                self.streamed += 1
-                self._observe(r, m)
-            else:
-                self.branched += 1
-            q = q_from_pairs(r.q_idx, r.q_val, self.server.peer.vocab_size, self.device)
-            self.view.on_drafted(r.epoch, r.pos, r.token, q, r.fork, r.corr)
-
-    def _observe(self, r, m) -> None:
-        """The step's policy's inputs from one streamed token (see the class)."""
-        est, (epoch, pos, at) = self.est, self._last
-        self._last = (r.epoch, r.pos, m.stepped_at)
-        if not m.batch:
-            return
-        period = m.stepped_at - at if r.epoch == epoch and r.pos == pos + 1 and m.stepped_at > at else None
-        restart = (time.perf_counter() - self.view.t_epoch          # (epoch 0 waits for the prefill)
-                   if 0 < r.epoch == self.view.epoch and self.view.received == 0 else None)
-        if period is not None:
-            self.gaps_ms.append(period * 1e3)
-        if restart is not None:
-            self.restarts_ms.append(restart * 1e3)
-            self.restarts_stepped_ms.append((m.stepped_at - (time.time() - restart)) * 1e3)   # (sent, in wall time)
-        if est is None:
-            return
-        est.observe_draft(m.draft_ms / 1e3)
-        if period is not None:
-            est.observe_period(period)
-        if restart is not None:
-            est.observe_rtt(restart - m.draft_ms / 1e3)
-
-    def _recv(self, timeout_s: float):
-        try:
-            return self.server.recv(timeout_s)
-        except DraftUnavailable as e:      # (the connection closed, or the heartbeat marked the draft down)
-            raise self.lose(e, False)
-
-    def poll(self) -> None:
-        while (m := self._recv(0)) is not None:
-            self._take(m)
-
-    def wait(self, timeout_s: float) -> bool:
-        m = self._recv(timeout_s)
-        if m is None:
-            return False
-        self._take(m)
-        self.poll()
-        return True
-
-    def end(self) -> None:
-        if self.seq:
-            self.server.end_seq(self.seq)
-            self.seq = ""

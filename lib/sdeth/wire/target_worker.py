@@ -1,7 +1,7 @@
 """The target worker: decodes requests from a controller, with SD against a remote draft server when one
 answers, alone otherwise. `python -m sdeth worker --role target --bind ... --draft-addr ...`.
 
-Each Generate is served in three steps: connect (a handle on the draft server, wire.draft_client's, re-made after
+Each Generate is served in three steps: connect (a handle on the draft server, wire.draft_handles', re-made after
 a loss, none while the heartbeat says the draft is away), decode (the request's mode), record (the request's
 figures, its bytes on the link, and why it lost its draft if it did).
 """
@@ -20,7 +20,7 @@ from ..runtime import make_engine
 from ..runtime.verify import Sampling
 from . import protocol
 from .health import DraftHealth
-from .draft_client import ServerDraft, ServerStream
+from .draft_handles import ServerDraft, ServerStream
 from .server_config import MAX_K
 from .serving import serve_requests
 from .transport import Log, reply

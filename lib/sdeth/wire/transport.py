@@ -171,9 +171,10 @@ class Client:
         if self.on_reopen is not None:
             self.on_reopen()
 
-    def send(self, msg) -> None:
+    def send(self, msg, flags: int = 0) -> None:
+        """flags: zmq's (zmq.NOBLOCK: zmq.Again rather than a wait while the send queue is full)."""
         data = protocol.encode(msg)
-        self.sock.send(data)
+        self.sock.send(data, flags)
         self.sent += len(data)
 
     def recv(self, timeout_s: float):

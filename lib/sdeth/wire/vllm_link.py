@@ -1,38 +1,37 @@
 """The remote draft proposer's link to its draft server, a mixin of wire.vllm_proposer.RemoteDraftProposer (whose
-__init__ sets the state it uses): the Hello on a fresh socket and the Welcome that bounds the proposer, sends that
-never block, the messages taken while a step waits and what each does (Drafts, Streamed, Ended, Error), Pings to a
-silent server, a lost one given up, a full one asked again less and less often (wire.vllm_proposer's docstring has
-the rules)."""
+__init__ sets the state it uses), over the draft server's one client (wire.draft_client.DraftServerClient, built
+with wait=False: its sends never block, a Hello's Welcome comes as a message): when to say Hello on a fresh socket
+and the Welcome that bounds the proposer, the messages taken while a step waits and what each does (Drafts,
+Streamed, Ended, Error), Pings to a silent server, a lost one given up, a full one asked again less and less often
+(wire.vllm_proposer's docstring has the rules)."""
 from __future__ import annotations
 
 import time
 
-import zmq
-
 from . import protocol
-from .transport import Client, PeerGone
+from .draft_client import DraftServerClient
 from .vllm_rows import Bounds, Plan, ProposerError
 from .vllm_settings import BACKOFF_MAX_S, DECODE, LOST_S, PING_S, RETRY_S, hello_for
 
 
 class ProposerLink:
-    """RemoteDraftProposer's messages to and from its draft server (the module docstring has what they do)."""
+    """RemoteDraftProposer's messages to and from its draft server, on its client `conn` (the module docstring has
+    what they do)."""
 
     def _hello(self) -> None:
         """A fresh socket (what the old one still receives is never taken) and a Hello on it."""
         if self.hello is None:
             self.hello = hello_for(self.config)
-        if self.conn is None:
-            self.conn = Client(self.addr, decode=DECODE, gone_fast=True, keys=self.keys)
-        else:
-            self.conn.reopen()
         self.peer, self.refusal, self.t_hello = None, "", time.perf_counter()
         self.t_heard, self.t_retry = self.t_hello, self.t_hello + RETRY_S
         self.stats.hellos += 1
         self.tracker.reset()
         if self.streams is not None:
             self.streams.reset()
-        self._send(self.hello)
+        if self.conn is None:
+            self.conn = DraftServerClient(self.addr, self.hello, keys=self.keys, wait=False, decode=DECODE)
+        else:
+            self.conn.hello_again()
 
     def _ready(self, now: float) -> bool:
         """Take what has arrived (late Drafts, a Welcome); Hello again when the server has not answered one
@@ -47,7 +46,7 @@ class ProposerLink:
             if silent > LOST_S:
                 self._lost(f"rounds outstanding and nothing heard for {silent:.0f} s")
             elif silent > PING_S and now - self.t_ping > PING_S:
-                self._send(protocol.Ping(time.time()))
+                self.conn.send(protocol.Ping(time.time()))
                 self.t_ping = now
         return self.peer is not None
 
@@ -61,18 +60,11 @@ class ProposerLink:
             self.streams.reset()
         self.waiting = {}
 
-    def _send(self, msg) -> None:
-        """Never blocks: a full send queue means the server is not taking messages (PeerGone)."""
-        try:
-            self.conn.sock.send(protocol.encode(msg), zmq.NOBLOCK)
-        except zmq.Again:
-            raise PeerGone(f"{self.addr} takes no messages (send queue full)") from None
-
     def _send_plan(self, plan: Plan, now: float) -> None:
         for t in plan.ends:
-            self._send(protocol.End(t.seq))
+            self.conn.send(protocol.End(t.seq))
         for t, ctx in plan.opens:
-            self._send(protocol.Open(t.seq, 0, ctx.tolist()))
+            self.conn.send_open(t.seq, 0, ctx.tolist())
         rows = []
         for r in plan.rounds:
             if r.track.offered:                         # the verdict on what vLLM was offered of its last proposal
@@ -82,21 +74,13 @@ class ProposerLink:
             rows.append(protocol.Row(r.track.seq, 0, r.have, r.accepted, r.tokens, r.k))
             self.waiting[r.track.seq] = (r.row, r.k)
             r.track.sent_at = now
-        step = self.bounds.rows_per_message
-        for i in range(0, len(rows), step):
-            self._send(protocol.Rounds(rows[i:i + step]))
+        self.conn.send_rows(protocol.Rounds, rows, self.bounds.rows_per_message)
         self.stats.opened += len(plan.opens)
         self.stats.ended += len(plan.ends)
         self.stats.rounds += len(rows)
 
-    def _recv(self, timeout_s: float):
-        try:
-            return self.conn.recv(timeout_s)
-        except protocol.ProtocolError as e:
-            return protocol.Error(e.code, str(e))
-
     def _drain(self) -> None:
-        while self.conn is not None and (m := self._recv(0)) is not None:
+        while self.conn is not None and (m := self.conn.take(0)) is not None:
             self._take(m)
 
     def _await(self, deadline: float) -> float:
@@ -109,7 +93,7 @@ class ProposerLink:
         waited, counted in stats.wait_s."""
         t0 = time.perf_counter()
         while more() and (left := deadline - time.perf_counter()) > 0:
-            m = self._recv(left)
+            m = self.conn.take(left)
             if m is None:
                 break
             self._take(m)

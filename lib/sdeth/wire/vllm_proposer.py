@@ -53,7 +53,8 @@ step's decision (drafts waited for beyond those on offer, the longest wait) and 
 log.
 
 This module holds the proposer and its per-step decision; wire.vllm_settings its settings and records,
-wire.vllm_link its messages to and from the draft server (a mixin of the proposer).
+wire.vllm_link its messages to and from the draft server (a mixin of the proposer), on the draft server's one client
+(wire.draft_client.DraftServerClient, as the target's loops and benchmarks use it).
 """
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ import zmq
 from ..costmodel import OVERDUE, RULE_EVERY, StepPolicy, WaitRule, best_rule_steps
 from . import protocol, vllm_cpu_expand
 from .auth import Keys
-from .transport import Client, Log, PeerGone
+from .transport import Log, PeerGone
 from .vllm_link import ProposerLink
 from .vllm_rows import (IDLE_STEPS, MAX_ROW_TOKENS, MAX_ROWS, MAX_TRACKS, Bounds, Plan,  # noqa: F401
                         ProposerError, Round, RowTracker, Track, common_prefix, fits)
@@ -126,7 +127,7 @@ class RemoteDraftProposer(ProposerLink):
         if fixed := vllm_cpu_expand.apply():          # vllm-cpu 0.32's T > 0 verification (that module's docstring)
             self.log.line(fixed)
         self.stats = ProposerStats()
-        self.conn: Client | None = None
+        self.conn = None                               # its DraftServerClient (vllm_link), from the first Hello
         self.peer: protocol.Welcome | None = None      # the server's Welcome (None: not answered yet)
         self.refusal = ""                              # its Error to the last Hello
         self.t_hello = self.t_heard = self.t_ping = self.t_retry = 0.0   # t_retry: the next Hello not before it
@@ -145,7 +146,7 @@ class RemoteDraftProposer(ProposerLink):
         try:
             while self.peer is None and not self.refusal and not self.backoff_s and \
                     (left := t_end - time.perf_counter()) > 0:
-                self._take(self._recv(left))
+                self._take(self.conn.take(left))
         except (PeerGone, zmq.ZMQError):
             pass
         if self.refusal:
@@ -258,12 +259,10 @@ class RemoteDraftProposer(ProposerLink):
         """Stream mode: Ends, Opens and the step's commits out; each row's drafts from what has arrived, or, where
         _decide says so, from what arrives within its wait."""
         for s in plan.ends:
-            self._send(protocol.End(s.seq))
+            self.conn.send(protocol.End(s.seq))
         for s, ctx in plan.opens:
-            self._send(protocol.Open(s.seq, s.gen, ctx.tolist(), stream=True, window=self.window))
-        step = self.bounds.rows_per_message
-        for i in range(0, len(plan.commits), step):
-            self._send(protocol.Commits(plan.commits[i:i + step]))
+            self.conn.send_open(s.seq, s.gen, ctx.tolist(), stream=True, window=self.window)
+        self.conn.send_rows(protocol.Commits, plan.commits, self.bounds.rows_per_message)
         self.stats.opened += len(plan.opens)
         self.stats.ended += len(plan.ends)
         self.stats.commits += len(plan.commits)

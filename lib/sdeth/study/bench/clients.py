@@ -19,7 +19,8 @@ from ...runtime import make_engine
 from ...runtime.loop import generate_sd, generate_target_only
 from ...runtime.verify import Sampling
 from ...wire import protocol
-from ...wire.draft_client import DraftServerClient, ServerDraft
+from ...wire.draft_client import DraftServerClient
+from ...wire.draft_handles import ServerDraft
 from ...wire.draft_server import DraftServer, DraftServerConfig, pair_server
 from ...wire.transport import Log
 from ..config import RunConfig, encode_prompts

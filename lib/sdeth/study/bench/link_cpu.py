@@ -38,7 +38,8 @@ from ...runtime.loop import Drafter, generate_sd, generate_target_only
 from ...runtime.pipeline import generate_pipelined
 from ...runtime.verify import Sampling
 from ...wire import protocol
-from ...wire.draft_client import DraftServerClient, ServerDraft, ServerStream, ping_ms
+from ...wire.draft_client import DraftServerClient, ping_ms
+from ...wire.draft_handles import ServerDraft, ServerStream
 from ...wire.draft_server import DraftServerConfig, pair_server
 from ..config import RunConfig, encode_prompts
 

@@ -36,7 +36,8 @@ from ...costmodel import step_setting
 from ...runtime.pipeline import generate_pipelined
 from ...runtime.verify import Sampling
 from ...wire import protocol
-from ...wire.draft_client import DraftServerClient, ServerStream, ping_ms
+from ...wire.draft_client import DraftServerClient, ping_ms
+from ...wire.draft_handles import ServerStream
 from ...wire.draft_server import DraftServerConfig, pair_server
 from ..config import RunConfig, encode_prompts
 
