@@ -1,4 +1,4 @@
-"""The verdict cache without a GPU: the CPU run's JSON (bench.ssd_cpu, reports/ssd_cpu.json) read back with its labels,
+"""The verdict cache without a GPU: the CPU run's JSON (streambench.ssd_cpu, reports/ssd_cpu.json) read back with its labels,
 the H200 model over the measured components (streambench.ssd_model), the model's check against a CPU run's own
 components, and the status part that quotes both."""
 import json
@@ -15,7 +15,7 @@ DOC = REPO / SSD_CPU
 
 def _doc():
     if not DOC.exists():
-        pytest.skip(f"{SSD_CPU} not written yet (python -m sdeth.study.bench.ssd_cpu)")
+        pytest.skip(f"{SSD_CPU} not written yet (python -m sdeth.study.streambench.ssd_cpu)")
     return json.loads(DOC.read_text())
 
 
@@ -124,7 +124,7 @@ def test_a_small_cpu_run_of_the_embedded_pair_is_lossless_and_counted(pair):
     """One prompt, 10 tokens, cache off and on through the real server: identical to target-only both ways, the
     cache's counts add up, and the run's components (target forwards, draft compute per step, round trip) are there
     for the model check."""
-    from sdeth.study.bench.ssd_cpu import SsdCpuConfig, measure
+    from sdeth.study.streambench.ssd_cpu import SsdCpuConfig, measure
     cpu = measure(pair, SsdCpuConfig("sharegpt:1", 10, specs=("off", "2x2x4"), streams=(1,)), progress=lambda _: None)
     off, on = cpu["points"]
     assert off["greedy_identical"] and on["greedy_identical"] and "verdict_cache" not in off

@@ -19,7 +19,7 @@ def main(argv=None) -> int:
         link_cpu.main(argv[2:])
         return 0
     if argv[:2] == ["bench", "ssd-cpu"]:     # the verdict cache on the CPU, modelled for the H200 (own parser)
-        from ..study.bench import ssd_cpu
+        from ..study.streambench import ssd_cpu
         ssd_cpu.main(argv[2:])
         return 0
     if argv[:2] in (["bench", "targets"], ["bench", "wire"], ["bench", "streams"], ["bench", "vllm"]):   # own parsers

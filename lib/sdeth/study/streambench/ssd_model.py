@@ -1,6 +1,6 @@
 """The verdict cache's goals modelled for the H200 (no device run): the event model (costmodel.simulate_pipelined
 with costmodel.verdict_terms) over the H200 components the study measured, and the same model checked against a
-CPU run's own components (bench.ssd_cpu).
+CPU run's own components (streambench.ssd_cpu).
 
 Inputs, each named in the output: the 1.7B draft server's step, period and commit transit at each goal's (B, N)
 (`bench streams` calls in study.results.SERVER_STREAMS: remote_pipelined for the 8B, big_targets for the 32B),
@@ -213,7 +213,7 @@ def model_check(cpu: dict) -> dict:
 
 
 def ssd_cpu_results() -> dict | None:
-    """reports/ssd_cpu.json (bench.ssd_cpu), or None before its first run."""
+    """reports/ssd_cpu.json (streambench.ssd_cpu), or None before its first run."""
     import json
     from ...paths import REPO
     f = REPO / SSD_CPU

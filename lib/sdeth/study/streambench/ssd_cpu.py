@@ -17,7 +17,7 @@ three hit inputs: the embedded trace's rank shares, the hit rate measured here o
 The pipelined loop's step policy (costmodel.POLICIES) is a dimension too: `--policies policy,sync,offered
 --specs off` sets the step policy beside its two corners; `--draft-core N` pins the draft server's thread to core N
 and the target loops to the others.
-    (the same: python -m sdeth.study.bench.ssd_cpu ...)
+    (the same: python -m sdeth.study.streambench.ssd_cpu ...)
 """
 from __future__ import annotations
 
@@ -238,7 +238,7 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
     from ...models import load_pair
     from ...paths import REPO
-    from ..streambench.ssd_model import model_check, modelled
+    from .ssd_model import model_check, modelled
     policies = tuple(a.policies.split(","))
     for p in policies:
         step_setting(p)                      # a bad name fails before the models load
