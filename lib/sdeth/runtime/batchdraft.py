@@ -272,7 +272,7 @@ class BatchDrafter(StreamRows):
         now, stepping = time.perf_counter(), {id(s) for s, _ in batch}
         held = self._occupants()
         warm = {id(s) for s in held.values() if id(s) in stepping or now - max(s.stepped, s.opened) < self.warm_s
-                or getattr(s, "flight", None) is not None}
+                or s.flight is not None}
         top = len(warm)
         movers = [s for s, _ in batch if s.row >= top]
         if not movers:

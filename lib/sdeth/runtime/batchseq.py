@@ -67,7 +67,7 @@ class Sequence:
     @property
     def ready(self) -> bool:
         """Whether a draft step can take it (its prompt is fed)."""
-        return 1 <= len(self.pending) <= CATCH_UP or self.ahead_row() is not None
+        return 1 <= len(self.pending) <= CATCH_UP
 
     @property
     def room(self) -> bool:

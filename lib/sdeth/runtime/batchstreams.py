@@ -60,11 +60,17 @@ class StreamRows:
         to CATCH_UP tokens) is caught up in the same step: its tokens are fed in the step's first forward."""
         out = self.draft([(seq, 1) for seq in seqs])
         for seq, d in zip(seqs, out):
-            if d.alts:
-                seq.alts[len(seq.chain)] = d.alts[0]
-            seq.chain.append(d.tokens[0])
-            seq.pending, seq.n, seq.prev = [d.tokens[0]], seq.n + 1, []
+            self._extend(seq, d)
         return out
+
+    @staticmethod
+    def _extend(seq: Sequence, d: RowDrafted) -> None:
+        """A drafted token becomes the chain's next position (its first choices kept there) and the next step's
+        input."""
+        if d.alts:
+            seq.alts[len(seq.chain)] = d.alts[0]
+        seq.chain.append(d.tokens[0])
+        seq.pending, seq.n, seq.prev = [d.tokens[0]], seq.n + 1, []
 
     def launch_streams(self, seqs: list[Sequence], prev: Launched | None = None) -> Launched:
         """stream_step launched ahead of its read: one token for each stream, queued behind `prev` (the step in
@@ -104,11 +110,8 @@ class StreamRows:
                 seq.lineage += 1
                 continue
             d = self._drafted(fr.row, 1, host[fr.row], L.qs, seq.q_top)
-            seq.fed, seq.pending, seq.n = fr.n, [d.tokens[0]], fr.n + 1
-            if d.alts:
-                seq.alts[fr.pos] = d.alts[0]
-            seq.chain.append(d.tokens[0])
-            seq.prev, seq.ahead, seq.drafted, seq.stepped = [], 0, seq.drafted + 1, now
+            seq.fed, seq.ahead, seq.drafted, seq.stepped = fr.n, 0, seq.drafted + 1, now   # (the step fed up to n)
+            self._extend(seq, d)
             out.append((seq, fr.pos, d))
         self.parts.add("draft.settle", clk)
         return out

@@ -296,19 +296,25 @@ class DraftServer(StreamSteps):
         return more
 
     def _contained(self, batch: list, draft) -> dict:
-        """draft(batch) with its errors contained, {id(sequence): RowDrafted}: rows past their own room (Overflow)
-        are refused `limit` and the rest drafted; any other error refuses every row of the step `internal`.
-        Refused rows are freed (their clients open them again)."""
+        """draft(batch) with its errors contained (_guarded), {id(sequence): RowDrafted}."""
+        done, out = self._guarded(batch, draft)
+        return {id(s): d for (s, _), d in zip(done, out or [])}
+
+    def _guarded(self, batch: list, run) -> tuple[list, object]:
+        """run(batch) (a step: drafted, or launched) with its errors contained: rows past their own room (Overflow)
+        are refused `limit` and the rest run again; any other error refuses every row of the step `internal`.
+        Refused rows are freed (their clients open them again). (the rows run, the result); ([], None) when no row
+        is left."""
         try:
-            return {id(s): d for (s, _), d in zip(batch, draft(batch))}
+            return batch, run(batch)
         except Overflow as e:
             bad = {id(s) for s, _ in e.seqs}
             self._fail([s for s, _ in e.seqs], "limit", "context", str(e))
             rest = [(s, k) for s, k in batch if id(s) not in bad]
-            return self._contained(rest, draft) if rest else {}
+            return self._guarded(rest, run) if rest else ([], None)
         except Exception as e:
             self._fail([s for s, _ in batch], "internal", "step", f"{type(e).__name__}: {e}")
-            return {}
+            return [], None
 
     def _fail(self, seqs: list, code: str, field_: str, why: str) -> None:
         """A step's error: its sequences refused and freed; its verdict-cache branches (they carry their stream's

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 
-from ..runtime.batchdraft import Overflow
 from . import protocol
 
 AHEAD_ROWS = 64          # rows of one Streamed message past which a step's branch tokens are not sent ahead (a hit's
@@ -50,7 +49,8 @@ class StreamSteps:
         """The next stream step launched behind the one in flight (wire.stepahead), then the one in flight read:
         its kept tokens, one Streamed per client."""
         A, prev = self.ahead, self.ahead.flight
-        nxt = self._launch(rows, prev) if rows else None
+        _, nxt = self._guarded([(s, 1) for s in rows],
+                               lambda b: self.drafter.launch_streams([s for s, _ in b], prev)) if rows else ([], None)
         t = self.parts.add("streams.run", t)
         if nxt is not None:
             self.steps += 1
@@ -74,19 +74,6 @@ class StreamSteps:
             msgs.setdefault(seq.key[0], []).append(self._stream_row(seq, pos, d))
         self.parts.add("streams.replies", t)
         return [(ident, protocol.Streamed(m, len(prev.batch), prev_ms, stepped, held, 0)) for ident, m in msgs.items()]
-
-    def _launch(self, rows: list, prev):
-        """launch_streams(rows, prev) with its errors contained as _contained's; None when no row is left."""
-        try:
-            return self.drafter.launch_streams(rows, prev)
-        except Overflow as e:
-            bad = {id(s) for s, _ in e.seqs}
-            self._fail([s for s, _ in e.seqs], "limit", "context", str(e))
-            rest = [s for s in rows if id(s) not in bad]
-            return self._launch(rest, prev) if rest else None
-        except Exception as e:
-            self._fail(rows, "internal", "step", f"{type(e).__name__}: {e}")
-            return None
 
     @staticmethod
     def _stream_row(seq, pos: int, d) -> protocol.StreamRow:

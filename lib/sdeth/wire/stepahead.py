@@ -27,7 +27,7 @@ class StepAhead:
         self.step_s = 0.0              # the device's stream step (moving average; 0: none read yet)
         self.host_s = 0.0              # the host's time from a due decision to the launch (moving average)
         self.t_decided = 0.0           # when the newest due decision was taken
-        self.launched = self.early = 0  # steps launched ahead; ... of them launched before the one in flight ended
+        self.launched = 0              # steps launched ahead
         self.behind = None             # a CUDA event after a prefill queued behind the step in flight
 
     def next(self) -> str:
@@ -51,15 +51,14 @@ class StepAhead:
 
     def took(self, nxt, prev_end: float | None, prev_ms: float) -> None:
         """nxt (a Launched, or None) is in flight; the step before it ended by prev_end (None: there was none)
-        after prev_ms of device time: the estimates move, and nxt's due time is set."""
-        if prev_end is not None:
+        after prev_ms of device time (0: its read failed): the estimates move, and nxt's due time is set."""
+        if prev_end is not None and prev_ms > 0:
             s = prev_ms / 1e3
             self.step_s = s if not self.step_s else (1 - EMA) * self.step_s + EMA * s
         self.flight = nxt
         if nxt is None:
             return
         self.launched += 1
-        self.early += prev_end is not None and nxt.t_launch < prev_end
         host = max(nxt.t_launch - self.t_decided, 0.0)
         self.host_s = host if not self.host_s else (1 - EMA) * self.host_s + EMA * host
         if self.step_s:
