@@ -71,3 +71,37 @@ def test_a_message_the_server_refused_whole_ends_the_point_naming_it():
     t.streams, t.server = [], types.SimpleNamespace(client=types.SimpleNamespace(recv=recv))
     with pytest.raises(RuntimeError, match=r"refused a message \(limit\): per_pass: 64 messages"):
         t.take()
+
+
+def test_a_bonus_whose_draft_is_not_here_yet_is_held_then_sent_as_the_drafts():
+    """A stream's bonus token that is the draft's own (rank 0) while the draft's token there has not arrived: its
+    commit, and the stream's next one behind it, are held (no restart counted, the view untouched); when the
+    draft's token arrives both go out in order, the first as the draft's token, and the view stays in step with the
+    server (no restart); a commit held past HOLD_S goes as a token of our own."""
+    import random
+    import time
+    import types
+
+    from sdeth.runtime.pipeline import StreamView
+    from sdeth.study.streambench import emulated_pipelined as ep
+    from sdeth.wire import protocol
+    waiting, sent = [], []
+    t = sb.EmulatedPipelined.__new__(sb.EmulatedPipelined)
+    t.server = types.SimpleNamespace(client=types.SimpleNamespace(recv=lambda _: waiting.pop(0) if waiting else None,
+                                                                  send=sent.append))
+    t.rec = {"restarts": 0, "restarts_late": 0, "rejections_at": {}, "hits_at": {}, "held": []}
+    t.rng, t.vocab, t.ahead, t.missed, t.window_from, t.last_step = random.Random(0), 300, False, set(), 0.0, 0.0
+    view = StreamView()
+    view.on_commit(0, 7)
+    s = {"seq": "a", "view": view, "held": [[1, -1, 0, time.perf_counter()], [2, 99, 0, time.perf_counter()]],
+         "sent": {}, "first": None}
+    t.streams = [s]
+    t.release()
+    assert not sent and view.restarts == 0                         # the draft's token at 1 not here: both held
+    waiting.append(protocol.Streamed([protocol.StreamRow("a", 0, 0, 1, 42)]))
+    t.take()
+    assert [[(r.pos, r.token) for r in m.rows] for m in sent] == [[(1, 42), (2, 99)]]
+    assert not s["held"] and view.restarts == 0 and t.rec["restarts_late"] == 0
+    s["held"].append([3, -1, 0, time.perf_counter() - ep.HOLD_S - 0.01])
+    t.release()
+    assert sent[-1].rows[0].pos == 3 and sent[-1].rows[0].token >= 0 and not s["held"]

@@ -12,6 +12,7 @@ from .common import CONTEXT, PROMPT, SPIN_S, TIMELINE, hello, wait_until
 from .ranks import Ranks, token_of
 
 FORESEEN_WAIT_S = 0.05     # the most a target waits for its restart's answer (a foreseen verdict's drafts or `missed`)
+HOLD_S = 0.2              # the most a commit is held for the draft's own token (see EmulatedPipelined)
 DRAFT_WAIT_S = 1.0         # the most a step waits for the drafts its policy chose (a stream still prefilling: less)
 
 
@@ -24,9 +25,13 @@ class EmulatedPipelined:
     costmodel.POLICIES name: "policy", the step policy, fed the measured alpha, t_v(B, m), the server's period and
     the commit-to-first-draft latency; "offered": what is on offer, never waiting; "sync": k each); a stream with
     none to verify gains its own token. The bonus token (after every draft on
-    offer was accepted) matches the draft's token at its position with probability alpha when that draft reached
-    the target by the verify's end, and counts as a mismatch (the draft restarts there) when it did not: a little
-    pessimistic, where the draft may have made it but not yet sent it.
+    offer was accepted) is the draft's token at its position with probability alpha. When that token has not reached
+    the target by the verify's end, the emulation cannot name it: its commit (and the stream's commits after it)
+    is held until the token arrives, then sent as the draft's, so that the draft's run goes on as it would behind a
+    real target, which would have sent that token at once (held_commits counts them; HOLD_S at most, then a token
+    of our own). Holding it only delays the server's acknowledgement of that position. Sending a token of our own
+    instead, as this emulation once did, turned each such agreement into a rejection: with many rows, a draft
+    running behind the target then never caught up.
 
     ranks (streambench.ranks): which token the target's is in the draft's order, per position ("coins": none of
     the draft's on a rejection); watch: the draft's next choices the server sends with each token. foreseen: the
@@ -55,7 +60,8 @@ class EmulatedPipelined:
         self.last_step = 0.0                   # the newest Streamed's step (server clock)
         self.window_from = 0.0                 # the point's start (wall clock): steps before it are not counted
         self.rec.update(tokens=0, restarts=0, stream_tokens=[0] * B, late=0, dry=[0, 0], hits=0, misses=0, hits_at={},
-                        rejections_at={}, rank_hist={})
+                        rejections_at={}, rank_hist={}, held_commits=0,
+                        restarts_late=0)
 
     def fresh(self) -> dict:
         """A new stream: Open(stream) and its first token's commit."""
@@ -68,7 +74,7 @@ class EmulatedPipelined:
         view = StreamView()
         view.on_commit(0, first)
         s = {"seq": seq, "settled": 1, "view": view, "sent": {}, "first": None, "key": self.index * 100_003 + self.count,
-             "fresh": True}
+             "fresh": True, "held": []}
         self.send_commits([(s, protocol.CommitRow(seq, 0, 0, first))])
         return s
 
@@ -120,9 +126,12 @@ class EmulatedPipelined:
             self.rec["held"].append(m.streams)
             for r in m.rows:
                 if r.seq in by:
-                    by[r.seq]["view"].on_drafted(r.epoch, r.pos, r.token, None, r.fork, r.corr, alts=r.alts)
+                    view, restarts = by[r.seq]["view"], by[r.seq]["view"].restarts
+                    view.on_drafted(r.epoch, r.pos, r.token, None, r.fork, r.corr, alts=r.alts)
+                    self.rec["restarts_late"] += view.restarts - restarts   # (our own token, the draft's came later)
                     if r.since >= 0:
                         self.note_first(by[r.seq], r, m, arrived)
+        self.release()
 
     def offered(self, s: dict) -> int:
         return len(s["view"].chain(s["settled"], self.k))
@@ -220,6 +229,37 @@ class EmulatedPipelined:
         if dh:
             s["hit_next"] = True
 
+    def commit_view(self, s: dict, pos: int, token: int, a: int, restarted: list) -> None:
+        """Our token at pos into the stream's view (the same rules as the server's, runtime.pipeline): a restart
+        is counted, with the drafts accepted before it."""
+        view, restarts = s["view"], s["view"].restarts
+        view.on_commit(pos, token)
+        if view.restarts > restarts:
+            restarted.append((s, a))
+            if self.ahead and view._hit:
+                self.rec["hits_at"][str(a)] = self.rec["hits_at"].get(str(a), 0) + 1
+            self.rec["rejections_at"][str(a)] = self.rec["rejections_at"].get(str(a), 0) + 1
+        self.rec["restarts"] += view.restarts - restarts
+
+    def release(self) -> None:
+        """Commits held for the draft's own token (see the class docstring), sent in order as soon as that token
+        is here (the draft's, so they agree); one held past HOLD_S is sent as a token of our own, as before."""
+        pairs, now = [], time.perf_counter()
+        for s in self.streams:
+            held, view = s["held"], s["view"]
+            while held:
+                pos, token, a, t_held = held[0]
+                if token < 0:
+                    drafted = view.drafts.get(pos, (None,))[0] if not view.unresolved else None
+                    if drafted is None and now - t_held < HOLD_S:
+                        break
+                    token = drafted if drafted is not None else self.rng.randrange(self.vocab)
+                held.pop(0)
+                self.commit_view(s, pos, token, a, [])
+                pairs.append((s, protocol.CommitRow(s["seq"], 0, pos, token)))
+        if pairs:
+            self.server.client.send(protocol.Commits([row for _, row in pairs]))
+
     def step(self) -> None:
         t0 = time.perf_counter()
         self.take()
@@ -240,21 +280,19 @@ class EmulatedPipelined:
             pos, view = s["settled"] + a, s["view"]
             drafted = view.drafts.get(pos, (None,))[0] if not view.unresolved else None
             token = token_of(rank, drafted, view.alts.get(pos), self.vocab)
-            if token < 0:                               # the draft's token there not here yet: our own
-                token = self.rng.randrange(self.vocab)
             self.rec["rank_hist"][str(rank)] = self.rec["rank_hist"].get(str(rank), 0) + (a < m or drafted is not None)
             restarts = view.restarts
-            view.on_commit(pos, token)                  # the same rules as the server's (runtime.pipeline)
-            if view.restarts > restarts:
-                restarted.append((s, a))
-                if self.ahead and view._hit:
-                    self.rec["hits_at"][str(a)] = self.rec["hits_at"].get(str(a), 0) + 1
-                self.rec["rejections_at"][str(a)] = self.rec["rejections_at"].get(str(a), 0) + 1
-            self.rec["restarts"] += view.restarts - restarts
+            if token < 0 and rank:                      # not the draft's token, and it is not here: our own
+                token = self.rng.randrange(self.vocab)
+            if s["held"] or token < 0:                  # the draft's own token, not here yet (or one held before)
+                s["held"].append([pos, token, a, time.perf_counter()])
+                self.rec["held_commits"] += token < 0
+            else:
+                self.commit_view(s, pos, token, a, restarted)
+                commits.append((s, protocol.CommitRow(s["seq"], 0, pos, token)))
             if not m:                                   # a stream with nothing to verify: after its own restart,
                 self.rec["dry"][int(bool(s.get("restarted")))] += 1     # or not (the server behind it)
             s["restarted"] = view.restarts > restarts
-            commits.append((s, protocol.CommitRow(s["seq"], 0, pos, token)))
             s["settled"] = pos + 1
             toks.append(a + 1)
             self.rec["offered"].append(m)
@@ -288,7 +326,7 @@ class EmulatedPipelined:
             time.sleep(0.001)
         for key in self.rec:
             self.rec[key] = type(self.rec[key])()
-        self.rec["stream_tokens"], self.rec["dry"] = [0] * self.B, [0, 0]
+        self.rec.update(stream_tokens=[0] * self.B, dry=[0, 0], held_commits=0, restarts_late=0)
         for s in self.streams:                     # (the window's tallies start here)
             s["restarts_seen"], s["hits_seen"], s["hit_next"] = s["view"].restarts, s["view"].hits, False
         conn.send({"ready": True, "cold_start_ms": round((time.perf_counter() - t0) * 1e3, 2)})
