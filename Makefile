@@ -17,7 +17,7 @@ LOCAL_WHEELS ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/nul
 TORCH_INDEX ?= $(if $(wildcard $(LOCAL_WHEELS)/torch-2.13.0+cpu*),,--extra-index-url https://download.pytorch.org/whl/cpu)
 STAMP  := $(VENV)/.installed-$(REQ)
 
-.PHONY: venv prepare test test-fast test-vllm-server soak report clean-reports distill-cpu bench-gpu bench-step bench-vllm bench-baseline-h200 bench-branches-h200 bench-link-h200 bench-batch16-h200 bench-h200-open bench-policy-cpu bench-link-cpu
+.PHONY: venv prepare test test-fast test-vllm-server soak report clean-reports distill-cpu bench-gpu bench-step bench-vllm bench-baseline-h200 bench-branches-h200 bench-floor-h200 bench-link-h200 bench-batch16-h200 bench-h200-open bench-policy-cpu bench-link-cpu
 
 venv: $(STAMP)
 
@@ -104,6 +104,16 @@ bench-branches-h200:
 		--ssd-rows 16 --ssd-ranks synthetic:0.9,synthetic:0.5,trace --ssd-s 8 --budget-s 540 \
 		--json reports/gpu/bench_streams_ssd_$(CALL).json
 
+# The remote path at its floor, on one GPU (about 6 minutes a call; twice, as above): the draft server's stream steps
+# launched ahead of their read (its default on a GPU) beside the same server stepping inline ("+inline"), under the
+# step policy and "offered", at B=1 N=1, B=1 N=4 and B=4 N=4 (16 rows) for the three emulated targets: the period,
+# the restart timeline and each speed goal (reports/gpu/bench_streams_ssd_<CALL>.json; 25_draft_server reads it).
+bench-floor-h200:
+	$(BENCH_PY) -m sdeth bench streams --call $(CALL) --only-ssd --models-compile default --compile "" --batches 1 \
+		--verdict-cache off,off+inline --ssd-targets Qwen3-8B,Qwen3-32B,Qwen2.5-72B --ssd-points 1:1,1:4,4:4 \
+		--ssd-rows 16 --ssd-ranks synthetic:0.9 --ssd-policy offered,policy --ssd-s 5 --budget-s 540 \
+		--json reports/gpu/bench_streams_ssd_$(CALL).json
+
 # What Ethernet costs, and real colocated SD beside its emulation, on one GPU (about 7 minutes a call; twice, as
 # above): colocated SD with the 8B and 32B shapes as real targets (random bf16 weights) beside the same targets
 # emulated at the t_v the call measures, colocated SD in the same harness for the three shapes, then the link curve:
@@ -125,7 +135,7 @@ bench-batch16-h200:
 		--json reports/gpu/bench_streams_server_$(CALL).json
 
 # Every GPU figure still open, one call each on one GPU (run twice with two CALL numbers: timings move between calls)
-bench-h200-open: bench-link-h200 bench-branches-h200 bench-batch16-h200
+bench-h200-open: bench-floor-h200 bench-link-h200 bench-branches-h200 bench-batch16-h200
 
 # The step policies on the CPU testbed (about 1 minute): the embedded pair through the real draft server on a core of
 # its own, 1 and 4 streams, policy against sync and offered, and the restart in server periods (reports/policy_cpu.json)

@@ -51,6 +51,11 @@ def test_spec_parse_and_geometric_fanout():
         VerdictSpec.parse("2xq")
     assert fanouts(0.7, 4, 8, 6) == [4, 3, 1, 0, 0, 0]       # round(4 * 0.7^i), the budget's 8 in all
     assert fanouts(0.2, 4, 8, 3) == [4, 1, 0]
+    # with the ranks' shares: the budget on the (position, rank) pairs of most alpha^i * share
+    assert fanouts(0.7, 4, 8, 8, [0.1, 0.9, 0.0, 0.0, 0.0]) == [1] * 8      # corrections always the 2nd choice
+    assert fanouts(0.7, 4, 8, 6, [0.15, 0.5, 0.2, 0.1, 0.05]) == [3, 2, 1, 1, 1, 0]
+    assert fanouts(0.7, 4, 8, 3, [0.1, 0.5, 0.2, 0.1, 0.05]) == [3, 3, 2]   # (fewer positions: more at each)
+    assert fanouts(0.7, 2, 8, 8, [0.1, 0.2, 0.6, 0.1]) == [2, 2, 2, 2, 0, 0, 0, 0]   # (shares made non-increasing)
 
 
 def test_an_adopted_branch_drafts_what_a_restart_would():
@@ -70,6 +75,7 @@ def test_an_adopted_branch_drafts_what_a_restart_would():
     assert alt != seqs[0].chain[2] and (2, alt) in vc.held[seqs[0]]
     b = vc.on_commit(seqs[0], 2, alt)
     assert b is not None and len(b.out) == 3 and seqs[0].epoch == 1
+    assert vc.ranked[1] == 1 and sum(vc.ranked) == 1 and vc.shares()[1] > 0.5     # the correction's rank, learned
     assert ref.commit(seqs[1], 2, alt) and seqs[1].epoch == 1
     stepped(ref, None, seqs[1], 3)
     assert seqs[0].chain == seqs[1].chain[:len(seqs[0].chain)] and len(seqs[0].chain) == 6
@@ -291,9 +297,9 @@ def test_the_event_models_verdict_terms_follow_the_fanout_rule():
     from sdeth.costmodel import Costs, simulate_pipelined, verdict_terms
     shares = [0.0, 0.5, 0.2, 0.1, 0.05, 0.0, 0.0, 0.0]
     t = verdict_terms(0.7, 4, 4, 8, shares)
-    assert t.forks == 3 and t.depth == 4                    # fanouts(0.7, 4, 8) = 4, 3, 1
-    w = [1, 0.7, 0.49]
-    want = (w[0] * 0.85 + w[1] * 0.8 + w[2] * 0.5) / sum(w)
+    assert t.forks == 5 and t.depth == 4                    # fanouts(0.7, 4, 8, 8, shares) = 3, 2, 1, 1, 1
+    w = [0.7 ** i for i in range(5)]
+    want = (w[0] * 0.8 + w[1] * 0.7 + (w[2] + w[3] + w[4]) * 0.5) / sum(w)
     assert abs(t.hit - want) < 1e-9
     assert verdict_terms(0.7, 1, 4, 1, shares) == (1, 4, 0.5, 1.0)
     c = Costs(0.02, 0.002, {m: 0.02 + 0.001 * m for m in range(2, 6)}, rtt=0.0004)

@@ -10,7 +10,7 @@ from .rounds import (Costs, best_k, expected_tokens, predicted_run_tokens_per_s,
                      sd_tokens_per_s, speedup)
 from .rules import (CORNER_MARGIN, CYCLE_ROUNDS, OVERDUE, PHASES, RULE_EVERY, WaitRule, best_rule,  # noqa: F401
                     best_rule_steps, rule_rate)
-from .cacheterms import CacheTerms, cache_terms, verdict_terms  # noqa: F401
+from .cacheterms import CacheTerms, cache_terms, fanouts, verdict_terms  # noqa: F401
 from .modeldraft import DraftStep  # noqa: F401
 from .policies import (POLICIES, SETTINGS,  # noqa: F401
                         AdaptivePolicy, FixedPolicy, OfferedPolicy, StepPolicy, SyncPolicy, _policy,

@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from .batchmodel import BatchDecoder, width
+from .batchmodel import BatchDecoder, upload, width
 from .batchseq import CATCH_UP, Desync, Full, Launched, Overflow, RowDrafted, Sequence
 from .batchstreams import StreamRows
 from .engine import HostCopy
@@ -191,7 +191,7 @@ class BatchDrafter(StreamRows):
         t0 = time.perf_counter()
         dev = self.device
         pos = torch.arange(seq.fed, seq.fed + len(ids), device=dev)[None]
-        self.dec.forward(torch.tensor([ids], device=dev), pos, pos, row0=seq.row)
+        self.dec.forward(upload([ids], dev), pos, pos, row0=seq.row)
         seq.fed += len(ids)
         seq.prefill_s += time.perf_counter() - t0
 
@@ -274,7 +274,8 @@ class BatchDrafter(StreamRows):
         warm = {id(s) for s in held.values() if id(s) in stepping or now - max(s.stepped, s.opened) < self.warm_s
                 or s.flight is not None}
         top = len(warm)
-        movers = [s for s, _ in batch if s.row >= top]
+        # (a verdict-cache branch is never moved: it lives a few steps, and the copy of its context costs more)
+        movers = [s for s, _ in batch if s.row >= top and self.seqs.get(s.key) is s]
         if not movers:
             return
         lows = [r for r in range(top) if r not in held or id(held[r]) not in warm]
@@ -319,10 +320,7 @@ class BatchDrafter(StreamRows):
             if id(seq) in feed:
                 src[seq.row] = [feed[id(seq)].row] * W
         rows = [ids, pos, slots, base, stop] + ([src] if feed else [])
-        t = torch.tensor(rows, dtype=torch.long)       # one tensor from lists: the host work of a step grows with
-        if self.device.type == "cuda":                 # its rows
-            t = t.pin_memory()
-        t = t.to(self.device, non_blocking=True)
+        t = upload(rows, self.device)                  # (one tensor from lists: a step's host work grows with its rows)
         ids = t[0]
         if feed:                                       # (the token of the step in flight, read on the device)
             prev = next(iter(feed.values())).launched.toks[0]

@@ -85,6 +85,15 @@ def batch_block(x, carry, L: dict, kc, vc, rows, slots, cos, sin, visible, shape
     return x, linear(F.silu(gate) * up, L["w_down"]).view(R, W, H)
 
 
+def upload(rows: list, device: torch.device) -> torch.Tensor:
+    """A long tensor of these host lists on the device, queued without waiting for the device (a pinned copy on a
+    GPU: a pageable one would wait for every step queued before it, a step launched ahead too)."""
+    t = torch.tensor(rows, dtype=torch.long)
+    if device.type == "cuda":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
 class BatchDecoder:
     """A cache of `rows` sequences of up to `capacity` tokens each, over a FastDecoder's weights."""
 
@@ -150,7 +159,7 @@ class BatchDecoder:
         if n > self.capacity or max(src + dst) >= self.rows or min(src + dst) < 0:
             raise ValueError(f"copy of {n} slots between rows {src} -> {dst}: this cache has rows "
                              f"0..{self.rows - 1} of {self.capacity} slots")
-        idx = torch.tensor([src, dst]).to(self.device)
+        idx = upload([src, dst], self.device)
         self.kv[:, :, idx[1], :, :n] = self.kv[:, :, idx[0], :, :n]    # (sources read whole first: a swap works)
 
     @torch.inference_mode()

@@ -15,9 +15,12 @@ streams over stays full, and plants no branch between them).
     vc.plan(streams)                      # new branches on free rows, after the step
     b = vc.on_commit(seq, pos, token)     # before BatchDrafter.commit: a hit adopts the branch (no commit then)
 
-Fan-out per position is geometric in the acceptance observed for the stream (Saguaro's rule, Kumar et al.
-2026): offset i past the last settled position gets round(fanout * alpha^i) branches on the draft's next
-choices, until the stream holds `budget` branches. A commit that settles a position as drafted drops the
+Where the branches go (costmodel.fanouts): a branch at offset i past the last settled position on the draft's
+rank-r choice there is worth alpha^i * P(a rejection's correction is the draft's rank-r choice), alpha the
+acceptance observed for the stream (as Saguaro's geometric rule, Kumar et al. 2026) and the ranks' shares those
+the server has seen at its rejections (the corrected token's place among the draft's next choices, over every
+stream; a prior halving by rank before any); a stream holds the `budget` branches of most worth, at most `fanout`
+at one position. A commit that settles a position as drafted drops the
 branches at it and before; a rejection that finds its (j, token) adopts that branch (the stream's row becomes
 the branch's, its drafted continuation goes out at once: a *hit*), and drops the others either way.
 
@@ -31,11 +34,13 @@ import collections
 import time
 from dataclasses import dataclass, field
 
+from ..costmodel import fanouts
 from .batchdraft import BatchDrafter, RowDrafted, Sequence
 from .specs import parse_branch_spec
 
 VERDICT_DEFAULT = "4x4x8"
 ALPHA_PRIOR, PRIOR_WEIGHT = 0.7, 4.0   # a stream's acceptance before it has verdicts (the prior's pseudo-counts)
+RANK_PRIOR = 4.0       # rejections' pseudo-counts behind the correction ranks before any is seen (halving by rank)
 HOLD_S = 2.0           # a row a live sequence gave back is held this long for its client's next Open, not branched on
 
 
@@ -70,17 +75,6 @@ class VerdictBranch:
     out: list = field(default_factory=list)     # (position, RowDrafted) of its continuation
 
 
-def fanouts(alpha: float, fanout: int, budget: int, n: int) -> list[int]:
-    """Branches at each of n unverified positions: round(fanout * alpha^i), at least one at the first, in all at
-    most budget (the first positions first)."""
-    out, left = [], budget
-    for i in range(n):
-        f = min(max(round(fanout * alpha ** i), 1 if i == 0 else 0), left)
-        out.append(f)
-        left -= f
-    return out
-
-
 class VerdictCache:
     """The branches of every stream of one BatchDrafter, and what they foresaw (stats)."""
 
@@ -96,6 +90,16 @@ class VerdictCache:
         self.stats = {"branches": 0, "hits": 0, "misses": 0, "uncovered": 0, "foreseen_tokens": 0,
                       "rows_stepped": 0, "dropped": 0, "evicted": 0, "hits_at": {}, "rejections_at": {},
                       "hits_by_rank": {}}      # hits_at: by offset past the settled positions; by_rank: 1 = 2nd choice
+        self.ranked = [0] * (drafter.alts + 1)            # rejections by the correction's rank (0: not among the alts)
+
+    def shares(self) -> list[float]:
+        """P(a rejection's correction is the draft's rank-r choice), r = 1..alts (index 0: outside them), from the
+        rejections seen and RANK_PRIOR pseudo-counts halving by rank."""
+        n = len(self.ranked) - 1
+        prior = [0.0] + [0.5 ** r for r in range(1, n + 1)]
+        prior[0] = max(1.0 - sum(prior), 0.0)
+        total = sum(self.ranked) + RANK_PRIOR
+        return [(c + RANK_PRIOR * q) / total for c, q in zip(self.ranked, prior)]
 
     def alpha(self, seq: Sequence) -> float:
         acc, rej = self.seen.get(seq, (0.0, 0.0))
@@ -136,15 +140,15 @@ class VerdictCache:
         return sorted(out, key=lambda x: x[1].offset)
 
     def plan(self, streams: list[Sequence]) -> int:
-        """New branches for the streams' unverified positions (geometric fan-out on each stream's own alpha),
-        within each one's budget and the spare rows (spare()); returns how many were made."""
-        want, ranks = [], {}
+        """New branches for the streams' unverified positions (costmodel.fanouts on each stream's own alpha and the
+        ranks seen), within each one's budget and the spare rows (spare()); returns how many were made."""
+        want, ranks, shares = [], {}, self.shares()
         for seq in streams:
             held = self.held.get(seq, {})
             span = [j for j in range(seq.acked, len(seq.chain)) if seq.base + j <= seq.fed and j in seq.alts]
             if not span or len(held) >= self.spec.budget:
                 continue
-            fs = fanouts(self.alpha(seq), self.spec.fanout, self.spec.budget, len(seq.chain) - seq.acked)
+            fs = fanouts(self.alpha(seq), self.spec.fanout, self.spec.budget, len(seq.chain) - seq.acked, shares)
             room = self.spec.budget - len(held)
             new = [(j - seq.acked, r, (seq, j, t)) for j in span for r, t in enumerate(seq.alts[j][:fs[j - seq.acked]])
                    if (j, t) not in held]
@@ -169,6 +173,8 @@ class VerdictCache:
                 self._release(held.pop(key))
             return None
         seen[1] += 1
+        alts = seq.alts.get(pos, [])
+        self.ranked[alts.index(token) + 1 if token in alts[:len(self.ranked) - 1] else 0] += 1
         at = str(pos - seq.acked)
         self.stats["rejections_at"][at] = self.stats["rejections_at"].get(at, 0) + 1
         b = held.pop((pos, token), None)

@@ -58,7 +58,8 @@ def curve(run: dict, target: str, b: int = 1, n: int = 1) -> dict | None:
     spec = VerdictSpec.parse(server_spec(fed["verdict_cache"]["spec"]))
     alpha = fed["alpha"]
     shares = Ranks(fed["verdict_cache"]["ranks"], alpha, 0).shares()[:TOP]
-    base = verdict_terms(alpha, spec.fanout, spec.depth, spec.budget, shares, 1.0, PIPELINED_WINDOW)
+    placed = run["ssd"].get("branch_plan") is not None       # (calls before it used the geometric rule)
+    base = verdict_terms(alpha, spec.fanout, spec.depth, spec.budget, shares, 1.0, PIPELINED_WINDOW, placed)
     c = point_costs(fed, tv, b, k)
     sweep = []
     for h in SWEEP:

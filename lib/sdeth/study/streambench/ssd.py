@@ -63,6 +63,9 @@ AHEAD = "+ahead"          # a cache setting's suffix: the targets ask for the br
                           # no answer; its server runs the spec before it
 
 
+# how the call's servers place their branches (a call without it ran the geometric rule: costmodel.fanouts)
+BRANCH_PLAN = ("worth: a branch at offset i on the draft's rank-r choice is worth alpha^i x the share of rejections "
+               "whose correction had rank r, as the server has seen them (costmodel.fanouts)")
 INLINE = "+inline"        # a setting's suffix: its server steps inline (DraftServerConfig.launch_ahead off), for the
                           # same call's comparison with its steps launched ahead (the default on a GPU)
 
@@ -105,9 +108,10 @@ def ssd_record(p: dict, recs: list, cache: str, ranks: Ranks, tv: dict, k: int) 
     return p
 
 
-def model_cached(p: dict, cache: str, ranks: Ranks, tv: dict, k: int) -> dict | None:
+def model_cached(p: dict, cache: str, ranks: Ranks, tv: dict, k: int, placed: bool = True) -> dict | None:
     """simulate_pipelined fed the point's measured server step, its transit and verdict_terms for its cache (the
-    hit probability predicted from the ranks' shares, not the measured hit rate)."""
+    hit probability predicted from the ranks' shares, not the measured hit rate; placed: the server placed its
+    branches by their worth, see BRANCH_PLAN)."""
     if not p.get("draft_ms_mean"):
         return None
     spec, B, alpha = VerdictSpec.parse(server_spec(cache)), p["B"], p["alpha"]
@@ -116,7 +120,7 @@ def model_cached(p: dict, cache: str, ranks: Ranks, tv: dict, k: int) -> dict | 
     c = Costs(tv[(B, 0)] / 1e3, step_ms / 1e3, {m + 1: tv[(B, m)] / 1e3 for m in range(1, k + 1)}, rtt=2 * one_way,
               draft_period=max(p["server_period_ms_p25"] or step_ms, step_ms) / 1e3)
     shares = ranks.shares()[:TOP]          # (TOP: outside the draft's first TOP choices, never foreseen)
-    terms = (verdict_terms(alpha, spec.fanout, spec.depth, spec.budget, shares, 1.0, PIPELINED_WINDOW)
+    terms = (verdict_terms(alpha, spec.fanout, spec.depth, spec.budget, shares, 1.0, PIPELINED_WINDOW, placed)
              if spec.on else None)
     sim = simulate_pipelined(alpha, c, k, n_tokens=6000, policy=p.get("step_policy", "offered"), cache=terms)
     out = {"tokens_per_round": round(sim["tokens_per_round"], 3), "speedup": round(sim["tokens_per_s"] * c.target_step, 3),
@@ -204,7 +208,8 @@ def ssd_part(res: dict, name: str, device: str, g, t_end: float, progress, save)
     from .emulated import Targets
     res["ssd"] = {"draft": name, "address": "loopback TCP", "server_rows": g.ssd_rows, "k": PIPELINED_K,
                   "window": PIPELINED_WINDOW, "caches": list(g.verdict_caches), "ranks": list(g.ssd_ranks),
-                  "targets": list(g.ssd_targets), "seconds_per_point": g.ssd_s, "notes": SSD_NOTES, "points": []}
+                  "targets": list(g.ssd_targets), "seconds_per_point": g.ssd_s, "notes": SSD_NOTES,
+                  "branch_plan": BRANCH_PLAN, "points": []}
     servers = {}
     try:
         with Targets(max(n for _, n in g.ssd_points)) as pool:
