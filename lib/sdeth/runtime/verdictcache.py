@@ -222,8 +222,9 @@ class VerdictCache:
         return len(victims)
 
     def summary(self) -> dict:
-        """The stats with the hit rate (hits over rejections) and the rows branches hold now."""
+        """The stats with the hit rate (hits over rejections), the rows branches hold now and the correction ranks'
+        shares the branches are placed by (shares())."""
         s = self.stats
         rej = s["hits"] + s["misses"]
         return {**s, "spec": str(self.spec), "hit_rate": s["hits"] / rej if rej else None,
-                "held_rows": len(self.branches())}
+                "held_rows": len(self.branches()), "rank_shares": [round(x, 4) for x in self.shares()]}

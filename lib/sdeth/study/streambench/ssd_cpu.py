@@ -190,7 +190,7 @@ def point(pair, prompts: list, ref: dict, spec: str, n: int, cfg: SsdCpuConfig, 
             "hit_rate": round(s["hit_rate"], 3) if s["hit_rate"] is not None else None,
             "rejections_by_position": rej_at,
             "hit_rate_by_position": {k: round(s["hits_at"].get(k, 0) / v, 3) for k, v in rej_at.items() if v},
-            "rows_stepped": s["rows_stepped"],
+            "rows_stepped": s["rows_stepped"], "rank_shares": s["rank_shares"],
             "branch_rows_per_step": round(s["rows_stepped"] / steps, 3) if steps else None}
     return p
 
