@@ -362,3 +362,21 @@ def test_a_hit_on_a_branch_sent_ahead_is_verified_in_the_next_step_without_waiti
     assert hits >= 5 and offered, (hits, [r["misses"] for r in recs])
     assert sum(x > 0 for x in offered) >= 0.8 * len(offered), offered       # the branch's drafts, at once
     assert max(x for r in recs for x in r["wait_ms"]) < 1.0 and not any(r["answer_ms"] for r in recs)
+
+
+def test_a_branch_row_is_never_moved_down_before_a_step():
+    """A branch lives a few steps: when a lower row frees, the next step leaves the branches where they are (moving
+    one copies its whole context for a row or two saved)."""
+    _, draft = tiny_pair()
+    d, vc = drafter(draft, rows=6, cache="2x3x4")
+    a = d.open_stream(("c", "a"), 0, PROMPT, Sampling(), 1, 0, window=6)
+    d.commit(a, 0, 7)
+    stepped(d, vc, a, 3)
+    low = min(vc.branches(), key=lambda b: b.row.row)
+    vc.discard([low.row])                                # the lowest branch row is free now
+    rows = {id(b): b.row.row for b in vc.branches()}
+    assert rows and max(rows.values()) > low.row.row
+    moves = d.moves
+    stepped(d, vc, a, 1)
+    assert d.moves == moves
+    assert all(b.row.row == rows[id(b)] for b in vc.branches() if id(b) in rows)
