@@ -411,7 +411,7 @@ def test_four_pipelined_clients_through_one_draft_each_get_the_target_output():
 
 def test_a_client_forgotten_past_the_ttl_says_hello_again_and_drafts_on():
     """A target silent longer than the server's TTL is forgotten; its next round is refused 'send Hello first',
-    and the client says Hello again and re-opens its sequence under the next generation: no round is lost."""
+    and the client says Hello again (once) and re-opens its sequence under the next generation: no round is lost."""
     target, draft = tiny_pair()
     server = tiny_server(draft, ttl_s=1.0)
     addr = serving(server)
@@ -421,9 +421,12 @@ def test_a_client_forgotten_past_the_ttl_says_hello_again_and_drafts_on():
     assert not first.error and len(first.tokens) == 3
     time.sleep(2.5)                         # past the TTL and a sweep
     assert not server.drafter.seqs
+    sent, send = [], c.client.send
+    c.client.send = lambda msg, flags=0: (sent.append(type(msg).__name__), send(msg, flags))[1]
     again = c.rounds([(t, 1, [7], 3)])[0]
     assert not again.error and len(again.tokens) == 3
     assert t.reopened == 1 and t.gen == 1 and len(server.drafter.seqs) == 1
+    assert sent.count("Hello") == 1                                    # said once, on the fresh socket
     c.close()
 
 

@@ -380,3 +380,22 @@ def test_a_branch_row_is_never_moved_down_before_a_step():
     stepped(d, vc, a, 1)
     assert d.moves == moves
     assert all(b.row.row == rows[id(b)] for b in vc.branches() if id(b) in rows)
+
+
+def test_the_stored_branch_calls_modelled_with_branches_placed_by_worth():
+    """hitcurve.placed_lines over a stored call (geometric servers): each B=1 N=1 point with branches ahead, measured,
+    then modelled with the rule it ran and with branches placed by worth; at a synthetic 0.9 (the correction is the
+    draft's 2nd choice) placing by worth covers more positions and models faster at the 32B and the 72B."""
+    import re
+
+    from sdeth.study.streambench import hitcurve, ssd
+    runs = {k: v for k, v in ssd.ssd_runs().items() if k.endswith("_19")}
+    lines = hitcurve.placed_lines(runs)
+    assert len(lines) == 6 and all("measured" in line and "modelled" in line for line in lines)
+    for line in lines:
+        geo, worth = (float(x) for x in re.findall(r"(?:geometric rule|by worth) ([\d.]+)x", line))
+        if "Qwen3-8B" not in line:
+            assert worth > geo * 1.03, line
+    runs["bench_streams_ssd_19"] = {**runs["bench_streams_ssd_19"]}
+    runs["bench_streams_ssd_19"]["ssd"] = {**runs["bench_streams_ssd_19"]["ssd"], "branch_plan": ssd.BRANCH_PLAN}
+    assert hitcurve.placed_lines(runs) == []              # a call whose servers placed by worth: nothing to replay

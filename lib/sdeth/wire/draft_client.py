@@ -78,8 +78,9 @@ class DraftServerClient:
         self.client.on_reopen = lambda: self.client.send(self.hello)
         self._handshake()
 
-    def _handshake(self) -> None:
-        reply = self.client.call(self.hello)
+    def _handshake(self, said: bool = False) -> None:
+        """Hello, and its Welcome taken (said: the Hello is out already, a fresh socket's on_reopen)."""
+        reply = self.client.call_reply() if said else self.client.call(self.hello)
         if not isinstance(reply, protocol.Welcome):
             raise ConnectionRefusedError(f"draft server at {self.addr} refused the handshake: "
                                          f"{getattr(reply, 'message', reply)}")
@@ -207,8 +208,8 @@ class DraftServerClient:
         """The server no longer knows this client (it restarted, or this client was silent past its TTL): say Hello
         again; the rows not answered come back as desync, so that rounds() opens them again."""
         try:
-            self.client.reopen()
-            self._handshake()
+            self.client.reopen()           # (its fresh socket says Hello: on_reopen)
+            self._handshake(said=True)
         except (TimeoutError, PeerGone, ConnectionRefusedError) as e:
             raise DraftUnavailable(f"draft server at {self.addr} forgot this client and refused it again: {e}") from None
         return [got.get((r.seq, r.gen)) or protocol.RowDraft(r.seq, r.gen, [], error="desync",

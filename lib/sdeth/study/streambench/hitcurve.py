@@ -192,6 +192,28 @@ def figure(cs: list[dict]):
     return fig
 
 
+def placed_lines(runs: dict) -> list[str]:
+    """Each B=1 N=1 point with branches sent ahead, of the calls whose servers placed branches by the geometric rule
+    (no `branch_plan`): measured, then modelled twice with the point's measured components (ssd.model_cached): the
+    rule it ran, and branches placed by their worth (what the server does now). Modelled, not measured."""
+    from .ssd import model_cached
+    from .target import big_tv
+    out = []
+    for name, run in runs.items():
+        k = run["ssd"].get("k")
+        for p in [] if run["ssd"].get("branch_plan") else run["ssd"]["points"]:
+            v = p.get("verdict_cache") or {}
+            if p.get("B") != 1 or p.get("N") != 1 or AHEAD not in v.get("spec", "") or "speedup" not in p:
+                continue
+            tv, ranks = big_tv(p["target"], [1], k), Ranks(v["ranks"], p["alpha"], 0)
+            geo, worth = (model_cached(p, v["spec"], ranks, tv, k, placed) for placed in (False, True))
+            out.append(f"{name}: {p['target']} {v['ranks']} [{p.get('step_policy', 'offered')}]: measured "
+                       f"{p['speedup']}x (hit rate {v['hit_rate']}); modelled: the geometric rule {geo['speedup']}x "
+                       f"(hit rate {geo['cache_hit_rate']}), placed by worth {worth['speedup']}x (hit rate "
+                       f"{worth['cache_hit_rate']})")
+    return out
+
+
 def goal_lines(runs: dict) -> list[str]:
     """Each goal of branches sent ahead in each call that measured it, and each full server's live streams with
     branches ahead against off (within 3%)."""
@@ -222,5 +244,5 @@ def goal_lines(runs: dict) -> list[str]:
     return out
 
 
-__all__ = ["AHEAD_GOALS", "SSD_PUBLISHED", "crossing", "crossing_lines", "curve", "curve_table", "curves",
+__all__ = ["AHEAD_GOALS", "SSD_PUBLISHED", "crossing", "crossing_lines", "curve", "curve_table", "curves", "placed_lines",
            "figure", "finish_panel", "goal_lines", "point_with_interval", "target_panels"]
