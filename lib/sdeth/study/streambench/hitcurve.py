@@ -244,5 +244,5 @@ def goal_lines(runs: dict) -> list[str]:
     return out
 
 
-__all__ = ["AHEAD_GOALS", "SSD_PUBLISHED", "crossing", "crossing_lines", "curve", "curve_table", "curves", "placed_lines",
-           "figure", "finish_panel", "goal_lines", "point_with_interval", "target_panels"]
+__all__ = ["AHEAD_GOALS", "SSD_PUBLISHED", "crossing", "crossing_lines", "curve", "curve_table", "curves",
+           "figure", "finish_panel", "goal_lines", "placed_lines", "point_with_interval", "target_panels"]
