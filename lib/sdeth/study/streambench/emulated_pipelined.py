@@ -78,12 +78,18 @@ class EmulatedPipelined:
         self.send_commits([(s, protocol.CommitRow(seq, 0, 0, first))])
         return s
 
-    def send_commits(self, pairs: list) -> None:
-        """One Commits message; each stream keeps when its commit went out (the timeline's first stamp)."""
+    def send_commits(self, pairs: list, stamped: bool = True) -> None:
+        """One Commits message; each stream keeps when its commit went out (the timeline's first stamp; not for a
+        commit held for the draft's token, stamped=False: its first draft after is no restart's)."""
         now = time.time()
-        for s, row in pairs:
+        for s, row in pairs if stamped else []:
             s["sent"][row.pos] = now
         self.server.client.send(protocol.Commits([row for _, row in pairs]))
+
+    @staticmethod
+    def drafted_at(view, pos: int) -> int | None:
+        """The draft's token at pos as the view has it (None: not here, or a commit of ours there unresolved)."""
+        return view.drafts.get(pos, (None,))[0] if not view.unresolved else None
 
     def note_first(self, s: dict, r, m, arrived: float) -> None:
         """The first draft the server stepped after reading a commit: the timeline's gaps up to its arrival."""
@@ -250,7 +256,7 @@ class EmulatedPipelined:
             while held:
                 pos, token, a, t_held = held[0]
                 if token < 0:
-                    drafted = view.drafts.get(pos, (None,))[0] if not view.unresolved else None
+                    drafted = self.drafted_at(view, pos)
                     if drafted is None and now - t_held < HOLD_S:
                         break
                     token = drafted if drafted is not None else self.rng.randrange(self.vocab)
@@ -258,7 +264,7 @@ class EmulatedPipelined:
                 self.commit_view(s, pos, token, a, [])
                 pairs.append((s, protocol.CommitRow(s["seq"], 0, pos, token)))
         if pairs:
-            self.server.client.send(protocol.Commits([row for _, row in pairs]))
+            self.send_commits(pairs, stamped=False)
 
     def step(self) -> None:
         t0 = time.perf_counter()
@@ -278,7 +284,7 @@ class EmulatedPipelined:
         commits, toks, restarted = [], [], []
         for s, m, (a, rank) in zip(self.streams, offers, verdicts):
             pos, view = s["settled"] + a, s["view"]
-            drafted = view.drafts.get(pos, (None,))[0] if not view.unresolved else None
+            drafted = self.drafted_at(view, pos)
             token = token_of(rank, drafted, view.alts.get(pos), self.vocab)
             self.rec["rank_hist"][str(rank)] = self.rec["rank_hist"].get(str(rank), 0) + (a < m or drafted is not None)
             restarts = view.restarts

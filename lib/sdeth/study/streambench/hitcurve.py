@@ -16,7 +16,7 @@ from ...costmodel import CacheTerms, simulate_pipelined, verdict_terms
 from ...runtime.verdictcache import VerdictSpec
 from .common import PIPELINED_WINDOW
 from .ranks import TOP, Ranks
-from .ssd import AHEAD, server_spec
+from .ssd import AHEAD, model_cached, server_spec
 from .ssd_model import point_costs
 
 SSD_PUBLISHED = 2.29     # SSD (Saguaro, arXiv 2603.03251): Qwen3-32B over the target alone, its own setting
@@ -196,7 +196,6 @@ def placed_lines(runs: dict) -> list[str]:
     """Each B=1 N=1 point with branches sent ahead, of the calls whose servers placed branches by the geometric rule
     (no `branch_plan`): measured, then modelled twice with the point's measured components (ssd.model_cached): the
     rule it ran, and branches placed by their worth (what the server does now). Modelled, not measured."""
-    from .ssd import model_cached
     from .target import big_tv
     out = []
     for name, run in runs.items():
