@@ -117,3 +117,22 @@ def test_the_floor_goals_read_the_launched_ahead_points_beside_inline():
     assert "met at 0 of 1 points" in lines[0] and "(goal >= 1.4: missed)" in lines[2]
     table = ahead.ahead_table(runs)
     assert list(table["steps"]) == ["inline", "launched ahead"]
+
+
+@pytest.mark.parametrize("device,pad", [("cpu", False), ("cpu", True), pytest.param("cuda", True, marks=CUDA)])
+def test_a_prompt_chunk_fills_its_row_as_the_eager_forward_does_padded_or_in_a_graph(device, pad):
+    """BatchDecoder.prefill (padded to a graph width; on a GPU a graph replayed for any row) writes into its row the
+    keys and values the eager forward writes, and nothing into the other rows."""
+    model = tiny_qwen3(0).to(device)
+    a, b = (BatchDecoder(FastDecoder(model, 8), rows=4, capacity=200) for _ in range(2))
+    a.pad_prefill = pad
+    rnd = random.Random(0)
+    for row, n, cut in ((2, 37, 20), (1, 30, 17)):
+        ids = [rnd.randrange(VOCAB) for _ in range(n)]
+        for lo, hi in ((0, cut), (cut, n)):
+            a.prefill(ids[lo:hi], lo, row)
+            pos = torch.arange(lo, hi, device=device)[None]
+            b.forward(torch.tensor([ids[lo:hi]], device=device), pos, pos, row0=row)
+    torch.testing.assert_close(a.kv[..., :200, :], b.kv[..., :200, :], rtol=1e-4, atol=1e-4)
+    assert not a.kv[:, :, [0, 3], :, :200].any()
+    assert (sum(k[0] == "prefill" for k in a.graphs) == 2) == (device == "cuda")

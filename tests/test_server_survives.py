@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from doubles import tiny_qwen3
 from sdeth.runtime.batchdraft import BatchDrafter
 from sdeth.runtime.batchmodel import BatchDecoder
+from sdeth.runtime.batchseq import CATCH_UP
 from sdeth.runtime.fastmodel import FastDecoder
 from sdeth.runtime.verify import Sampling
 from sdeth.wire import protocol as W
@@ -713,7 +714,7 @@ def test_the_loops_parts_add_up_to_its_time_and_are_logged_every_report_s(capsys
             server.dispatch(b"a", W.Commits([W.CommitRow("s", 0, pos, rows[-2].token)]), time.time(), "p")
     lines = [ln for ln in capsys.readouterr().out.splitlines() if "the loop's parts:" in ln]
     assert len(lines) >= 2, lines
-    m = re.search(r"(\d+) steps, ms a step: wall ([\d.]+) = (.*?)(?:; within: (.*))?$", lines[-1])
+    m = re.search(r"(\d+) steps, ms a step: wall ([\d.]+) = (.*?)(?:; within: (.*?))?(?:; counts: (.*))?$", lines[-1])
     top = dict((k, float(v)) for k, v in (p.rsplit(" ", 1) for p in m.group(3).split(" + ")))
     within = dict((k, float(v)) for k, v in (p.rsplit(" ", 1) for p in m.group(4).split(", ")))
     wall = float(m.group(2))
@@ -721,4 +722,22 @@ def test_the_loops_parts_add_up_to_its_time_and_are_logged_every_report_s(capsys
     assert abs(sum(top.values()) - wall) <= 0.1 * wall, lines[-1]
     assert {"sweep", "rounds", "send", "plan", "prefill", "between"} <= set(top), lines[-1]
     assert {"draft.pack", "draft.inputs", "draft.launch", "draft.wait", "draft.settle", "plan.copy"} <= set(within)
+    assert "counts: opened 1" in lines[0], lines[0]
 
+
+def test_a_stream_left_more_than_a_catch_up_behind_is_counted_apart_from_prompts():
+    """The parts' counts tell a prompt's prefill from a stream's: one whose client committed more tokens past its
+    chain than a step catches up is fed by the prefill (prefill.behind), not in a step."""
+    server = tiny_server(tiny_qwen3(0), rows=4, capacity=CAP)
+    _hello(server, b"a")
+    server.dispatch(b"a", W.Open("s", 0, list(range(1, 20)), stream=True, window=40), time.time(), "p")
+    server.dispatch(b"a", W.Commits([W.CommitRow("s", 0, 0, 5)]), time.time(), "p")
+    sock, t_end = Sock(), time.time() + 30
+    while not any(isinstance(m, W.Streamed) and m.rows for _, m in sock.sent) and time.time() < t_end:
+        server.idle(sock)
+    assert server.parts.counts["prefill.prompt"] >= 19 - CATCH_UP and not server.parts.counts["prefill.behind"]
+    seq = next(iter(server.drafter.streams()))
+    end = len(seq.chain)
+    server.dispatch(b"a", W.Commits([W.CommitRow("s", 0, p, 7) for p in range(end, end + 12)]), time.time(), "p")
+    server.idle(sock)
+    assert server.parts.counts["prefill.behind"] >= 12 - CATCH_UP, dict(server.parts.counts)

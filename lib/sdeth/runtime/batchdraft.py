@@ -182,6 +182,7 @@ class BatchDrafter(StreamRows):
         for seq in sorted((s for s in self.seqs.values() if len(s.pending) > CATCH_UP), key=lambda s: len(s.pending)):
             while len(seq.pending) > CATCH_UP and done < budget:
                 take = min(len(seq.pending) - 1, self.chunk, budget - done)
+                self.parts.count("prefill.behind" if seq.drafted else "prefill.prompt", take)
                 self._feed(seq, seq.pending[:take])
                 seq.pending = seq.pending[take:]
                 done += take
@@ -189,9 +190,7 @@ class BatchDrafter(StreamRows):
 
     def _feed(self, seq: Sequence, ids: list[int]) -> None:
         t0 = time.perf_counter()
-        dev = self.device
-        pos = torch.arange(seq.fed, seq.fed + len(ids), device=dev)[None]
-        self.dec.forward(upload([ids], dev), pos, pos, row0=seq.row)
+        self.dec.prefill(ids, seq.fed, seq.row)
         seq.fed += len(ids)
         seq.prefill_s += time.perf_counter() - t0
 

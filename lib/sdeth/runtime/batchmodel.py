@@ -29,6 +29,7 @@ from .fastmodel import (FastDecoder, _norm, _rope, fused_head, kernel_block, ker
                         post_attention, pre_attention)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+PREFILL_WIDTHS = (16, 32, 64, 128, 256, 512)   # a prompt chunk's graph widths on CUDA (a wider chunk runs eager)
 WIDTHS = (1, 2, 4, 8)          # a step's widths: a draft step (1) and a catch-up of up to 8 tokens a row
 MIN_SPAN = 256
 
@@ -49,9 +50,9 @@ def width(n: int) -> int:
     raise ValueError(f"{n} tokens a row exceed the widest step {WIDTHS[-1]}: feed them as a prompt chunk")
 
 
-def batch_attention(qkv, L: dict, kc, vc, rows, slots, cos, sin, visible, shape: tuple):
+def batch_attention(qkv, L: dict, kc, vc, rows, slots, cos, sin, visible, shape: tuple, pick=None):
     """q/k norms, RoPE, the cache write and attention for R rows of W tokens: qkv [R*W, (nq + 2 nkv) hd] ->
-    o [R*W, nq*hd]; the other arguments as batch_block's."""
+    o [R*W, nq*hd]; the other arguments as batch_block's (pick: see there)."""
     nq, nkv, hd, eps, scale = shape
     R, W = rows.shape
     g = nq // nkv
@@ -64,7 +65,10 @@ def batch_attention(qkv, L: dict, kc, vc, rows, slots, cos, sin, visible, shape:
     kc[rows, :, slots] = k                                            # [R, W] index pairs -> [R, W, nkv, hd]
     vc[rows, :, slots] = v
     span = visible.shape[-1]
-    K, V = kc[:R, :, :span], vc[:R, :, :span]                         # [R, nkv, span, hd], views
+    if pick is None:
+        K, V = kc[:R, :, :span], vc[:R, :, :span]                     # [R, nkv, span, hd], views
+    else:                                                             # (rows named on the device: a prefill graph)
+        K, V = kc[pick, :, :span], vc[pick, :, :span]
     qg = q.view(R, W, nkv, g, hd).permute(0, 2, 3, 1, 4).reshape(R, nkv, g * W, hd)
     scores = torch.matmul(qg, K.transpose(-1, -2)).float() * scale    # [R, nkv, g*W, span]
     scores = scores.masked_fill(~visible.repeat(1, g, 1)[:, None], float("-inf"))
@@ -72,15 +76,17 @@ def batch_attention(qkv, L: dict, kc, vc, rows, slots, cos, sin, visible, shape:
     return o.view(R, nkv, g, W, hd).permute(0, 3, 1, 2, 4).reshape(R * W, nq * hd)
 
 
-def batch_block(x, carry, L: dict, kc, vc, rows, slots, cos, sin, visible, shape: tuple):
+def batch_block(x, carry, L: dict, kc, vc, rows, slots, cos, sin, visible, shape: tuple, pick=None):
     """One decoder layer over R rows of W tokens (fastmodel.block with a batch dimension). x, carry: [R, W, H];
     kc, vc: this layer's cache rows [R, kv heads, span-or-more, hd] (a view of the whole cache's rows); rows,
-    slots: [R, W] where each token's keys go; visible: [R, W, span]."""
+    slots: [R, W] where each token's keys go; visible: [R, W, span]. pick: None, or the cache rows [R] (a long
+    tensor) that the R rows are, kc and vc then the whole cache (a graph that serves any row)."""
     eps = shape[3]
     R, W, H = x.shape
     x = x + carry
     qkv = linear(_norm(x, L["in_norm"], eps).view(R * W, H), L["wqkv"], L["bqkv"])
-    x = x + linear(batch_attention(qkv, L, kc, vc, rows, slots, cos, sin, visible, shape), L["wo"]).view(R, W, H)
+    x = x + linear(batch_attention(qkv, L, kc, vc, rows, slots, cos, sin, visible, shape, pick),
+                   L["wo"]).view(R, W, H)
     gate, up = linear(_norm(x, L["post_norm"], eps).view(R * W, H), L["w_gate_up"]).chunk(2, dim=-1)
     return x, linear(F.silu(gate) * up, L["w_down"]).view(R, W, H)
 
@@ -107,6 +113,7 @@ class BatchDecoder:
         self.fast, self.rows, self.capacity = fast, rows, capacity
         self.device, self.dtype, self.vocab = fast.device, fast.dtype, fast.vocab
         self.graphs_on = self.device.type == "cuda" if graphs is None else graphs
+        self.pad_prefill = self.graphs_on      # prompt chunks padded to PREFILL_WIDTHS (to replay their graphs)
         if columns not in ("last", "all"):
             raise ValueError(f"columns={columns!r}: use 'last' or 'all'")
         self.last_only = columns == "last"
@@ -200,6 +207,69 @@ class BatchDecoder:
             logits = torch.full((logits.shape[0], f.vocab), float("-inf"), device=self.device).index_copy_(
                 1, f.keep, logits)
         return logits if self.last_only else logits.view(R, W, -1)
+
+    @torch.inference_mode()
+    def prefill(self, ids: list[int], start: int, row: int) -> None:
+        """A prompt chunk into cache row `row` at positions start.., nothing returned (a prompt's last token goes
+        into its first step). With graphs (CUDA), a chunk of up to PREFILL_WIDTHS[-1] tokens replays a graph of the
+        smallest width that holds it, padded as a step pads (its first token repeated at its own position), one
+        graph per (width, span) for every row: an eager chunk's host time (10-20 ms for 28 layers on a GPU)
+        held every stream's step behind it. Eager otherwise."""
+        n, top = len(ids), start + len(ids)
+        if not 0 <= row < self.rows or not n or start < 0 or top > self.capacity:
+            raise ValueError(f"a prompt chunk of {n} tokens at {start}.. into row {row}: this cache has rows "
+                             f"0..{self.rows - 1} of {self.capacity} slots")
+        w = next((w for w in PREFILL_WIDTHS if n <= w), None) if self.pad_prefill else None
+        pos = [start] * ((w or n) - n) + list(range(start, top))
+        t = upload([[ids[0]] * ((w or n) - n) + list(ids), pos, pos, [row] * len(pos)], self.device)
+        span = self.span_for(top)
+        if w is None or not self.graphs_on:
+            self._prefill_forward(t, span)
+            return
+        key = ("prefill", w, span)
+        if key not in self.graphs:
+            self._capture_prefill(key)
+        graph, static, _ = self.graphs[key]
+        static.copy_(t)
+        graph.replay()
+
+    def _prefill_forward(self, t, span: int) -> None:
+        """t [4, W]: ids, positions, slots and the row (repeated) of one prompt chunk, through torch's layers."""
+        f = self.fast
+        ids, positions, slots, pick = t[0:1], t[1:2], t[2:3], t[3, :1]
+        x = F.embedding(ids, f.embed)
+        carry = torch.zeros_like(x)
+        _, cos, sin, visible = self._attention_inputs(positions, span)
+        for i, L in enumerate(f.layers):
+            x, carry = self.block(x, carry, L, self.k_cache[i], self.v_cache[i], t[3:4], slots, cos, sin, visible,
+                                  f.shape, pick)
+
+    def _capture_prefill(self, key) -> None:
+        """As _capture, for a prompt chunk's graph: its warm-up writes go to row 0's scratch slot."""
+        _, w, span = key
+        static = torch.zeros((4, w), dtype=torch.long, device=self.device)
+        static[2].fill_(self.capacity)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._prefill_forward(static, span)
+        torch.cuda.current_stream().wait_stream(stream)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self._prefill_forward(static, span)
+        self.graphs[key] = (graph, static, None)
+
+    def warm_prefill(self, widths=(128,), spans=(MIN_SPAN,)) -> None:
+        """Capture the prompt chunks' graphs a server will use now (see prefill)."""
+        if not (self.graphs_on and self.pad_prefill):
+            return
+        for w in widths:
+            for s in spans:
+                if ("prefill", w, s) not in self.graphs:
+                    self._capture_prefill(("prefill", w, s))
 
     def _attention_inputs(self, positions, span: int) -> tuple:
         """Torch attention's inputs for tokens at positions [R, W]: row ids [R, W], cos, sin [R, W, 1, hd] and

@@ -65,6 +65,11 @@ class EngineRow:
         p0 = int(positions[0, 0])
         return self._feed(ids[0], p0)
 
+    def prefill(self, ids: list[int], start: int, row: int) -> None:
+        """A prompt chunk into the row at positions start.. (BatchDecoder.prefill's call)."""
+        self._check_rows([row])
+        self._feed(torch.tensor(ids, dtype=torch.long, device=self.device), start)
+
     @torch.inference_mode()
     def step(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, top: int) -> torch.Tensor:
         """A draft step of the row: ids, positions [1, W] whose last position is top - 1 (a first step may repeat

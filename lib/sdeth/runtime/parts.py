@@ -14,6 +14,7 @@ class Parts:
 
     def __init__(self):
         self.seconds: dict[str, float] = collections.defaultdict(float)
+        self.counts: collections.Counter = collections.Counter()   # events and tokens beside the time (count())
         self.steps = 0
         self.since = time.perf_counter()
 
@@ -21,6 +22,11 @@ class Parts:
         now = time.perf_counter()
         self.seconds[name] += now - t0
         return now
+
+    def count(self, name: str, n: int = 1) -> None:
+        """n more of a named event or quantity since the last report (e.g. the prompt tokens prefilled)."""
+        if n:
+            self.counts[name] += n
 
     def per_step(self) -> dict[str, float]:
         """ms per step of each part, largest first, and the wall time per step ('wall') they sit in."""
@@ -37,8 +43,13 @@ class Parts:
         wall = ms.pop("wall")
         top = " + ".join(f"{k} {v:.3f}" for k, v in ms.items() if "." not in k)
         within = ", ".join(f"{k} {v:.3f}" for k, v in ms.items() if "." in k)
-        return f"{self.steps} steps, ms a step: wall {wall:.3f} = {top}" + (f"; within: {within}" if within else "")
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items()))
+        return (f"{self.steps} steps, ms a step: wall {wall:.3f} = {top}" + (f"; within: {within}" if within else "")
+                + (f"; counts: {counts}" if counts else ""))
 
-    def reset(self) -> None:
+    def reset(self, counts: bool = True) -> None:
+        """A new report begins (counts=False: the time only, e.g. an idle wait dropped, the counts kept)."""
         self.seconds.clear()
+        if counts:
+            self.counts.clear()
         self.steps, self.since = 0, time.perf_counter()

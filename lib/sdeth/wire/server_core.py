@@ -148,6 +148,7 @@ class DraftServer(StreamSteps):
                 self.drafter.alts = max(self.drafter.alts, msg.watch)
             else:
                 self.drafter.open((c.ident, msg.seq), msg.gen, msg.prompt_ids, s, msg.seed, msg.q_top)
+            self.parts.count("opened")
         except Full as e:
             self._refuse(c, msg.seq, msg.gen, "limit", "sequences", str(e))
         return []
@@ -268,7 +269,7 @@ class DraftServer(StreamSteps):
             return True
         P = self.parts                  # (each part closed as the next begins: they add up to the loop's time)
         if not P.steps:                 # (no step since the last report: the wait for work is no step's)
-            P.reset()
+            P.reset(counts=False)
             self._idle_end = P.since
         t = P.add("between", self._idle_end)     # the messages served since the last call, and any wait for them
         self.clients.expire()

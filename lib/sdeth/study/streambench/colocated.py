@@ -17,7 +17,7 @@ from ..bench.targets import DRAFT_ALPHA
 from .common import (COLOCATED_LABEL, CONTEXT, PREFILL_CHUNK, PROMPT, REQUEST_LEAST, SLACK, coins, compiled, free,
                      mean, pct, wait_until)
 from .printout import colocated_row
-from .server import prompt_prefill_ms
+from .server import prompt_prefill_ms, warm_prompts
 
 def emulated_label(target: str) -> str:
     return (f"emulated target (measured t_v of the {target} shape, in series after the draft), colocated SD, real "
@@ -205,6 +205,7 @@ def batch_drafter(dfast, batches, compile_mode) -> tuple:
     and its BatchDrafter: (decoder, drafter)."""
     ddec = BatchDecoder(dfast, max(batches), CONTEXT + SLACK, compile_mode=compile_mode)
     ddec.warm(buckets=tuple(batches), widths=(1, 2), spans=(ddec.span_for(CONTEXT),))
+    warm_prompts(ddec)
     return ddec, BatchDrafter(ddec, dfast.vocab, chunk=PREFILL_CHUNK)
 
 

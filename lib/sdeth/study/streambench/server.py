@@ -6,7 +6,7 @@ import traceback
 
 import torch
 
-from ...runtime.batchmodel import BatchDecoder
+from ...runtime.batchmodel import PREFILL_WIDTHS, BatchDecoder
 from ...runtime.fastmodel import FastDecoder
 from ...wire.server_config import DraftServerConfig
 from .common import CONTEXT, PREFILL_CHUNK, PROMPT, SERVER_ROWS, SLACK, allow_recompiles, sync_device, welcome
@@ -38,9 +38,11 @@ def serve_random(name: str, device: str, addr: str, ready, seconds: float, rows:
             limits=ServerLimits(sequences_per_client=rows, reserve=0, clients=4096, clients_per_peer=4096)))
         dec = server.drafter.dec
         dec.warm(spans=(dec.span_for(CONTEXT),))
+        warm_prompts(dec)
         prefill_ms = prompt_prefill_ms(dec)
         ready.put({"vocab": fast.vocab, "build_and_warm_s": round(time.perf_counter() - t0, 1),
-                   "prompt_prefill_ms": prefill_ms, "prefill_tokens_between_steps": PREFILL_CHUNK,
+                   "prompt_prefill_ms": prefill_ms, "prompt_prefill_eager_ms": prompt_prefill_ms(dec, eager=True),
+                   "prefill_tokens_between_steps": PREFILL_CHUNK,
                    "graphs": len(dec.graphs), "gpu_mem_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 1)
                    if dec.device.type == "cuda" else None})
     except Exception as e:                       # noqa: BLE001 (the parent reports it)
@@ -49,14 +51,26 @@ def serve_random(name: str, device: str, addr: str, ready, seconds: float, rows:
     server.serve(addr, seconds)
 
 
-def prompt_prefill_ms(dec: BatchDecoder, prompt: int = PROMPT) -> float:
-    """ms of one prompt's prefill (its first prompt - 1 tokens, as BatchDrafter.prefill feeds them: one eager
-    forward into row 0, whose slots a sequence overwrites), after one untimed."""
+def warm_prompts(dec: BatchDecoder) -> None:
+    """The prompt chunks' graphs these sequences use captured now (a full chunk, and a short one: a stream's
+    catch-up past CATCH_UP tokens), at the spans of a chunk and of the context."""
+    dec.warm_prefill(widths=(PREFILL_WIDTHS[0], PREFILL_CHUNK),
+                     spans=sorted({dec.span_for(PREFILL_CHUNK), dec.span_for(CONTEXT)}))
+
+
+def prompt_prefill_ms(dec: BatchDecoder, prompt: int = PROMPT, eager: bool = False) -> float:
+    """ms of one prompt's prefill (its first prompt - 1 tokens into row 0, whose slots a sequence overwrites), as
+    BatchDrafter.prefill feeds them: PREFILL_CHUNK tokens a call (BatchDecoder.prefill: graphs on a GPU); eager:
+    one eager forward of them all instead. The best of two after one untimed."""
     pos = torch.arange(prompt - 1, device=dec.device)[None]
     ms = []
     for _ in range(3):
         t0 = time.perf_counter()
-        dec.forward(torch.zeros_like(pos), pos, pos, row0=0)
+        if eager:
+            dec.forward(torch.zeros_like(pos), pos, pos, row0=0)
+        else:
+            for lo in range(0, prompt - 1, PREFILL_CHUNK):
+                dec.prefill([0] * min(PREFILL_CHUNK, prompt - 1 - lo), lo, 0)
         sync_device(dec.device)
         ms.append((time.perf_counter() - t0) * 1e3)
     return round(min(ms[1:]), 3)
