@@ -296,6 +296,7 @@ class BatchDrafter(StreamRows):
             other.row = old
         seq.row = row
         self.moves += 1
+        self.parts.count("moved")
 
     def _occupants(self) -> dict[int, Sequence]:
         """Cache row -> the sequence or verdict-cache branch on it."""
