@@ -224,7 +224,7 @@ class BatchDecoder:
         t = upload([[ids[0]] * ((w or n) - n) + list(ids), pos, pos, [row] * len(pos)], self.device)
         span = self.span_for(top)
         if w is None or not self.graphs_on:
-            self._prefill_forward(t, span)
+            self._prefill_forward(t, span, self.block)
             return
         key = ("prefill", w, span)
         if key not in self.graphs:
@@ -233,16 +233,18 @@ class BatchDecoder:
         static.copy_(t)
         graph.replay()
 
-    def _prefill_forward(self, t, span: int) -> None:
-        """t [4, W]: ids, positions, slots and the row (repeated) of one prompt chunk, through torch's layers."""
+    def _prefill_forward(self, t, span: int, block=batch_block) -> None:
+        """t [4, W]: ids, positions, slots and the row (repeated) of one prompt chunk, through torch's layers
+        (block: uncompiled in a graph, where compiling would only add a variant to build: the graph already
+        removes the host's time, and a chunk's device time is its matmuls')."""
         f = self.fast
         ids, positions, slots, pick = t[0:1], t[1:2], t[2:3], t[3, :1]
         x = F.embedding(ids, f.embed)
         carry = torch.zeros_like(x)
         _, cos, sin, visible = self._attention_inputs(positions, span)
         for i, L in enumerate(f.layers):
-            x, carry = self.block(x, carry, L, self.k_cache[i], self.v_cache[i], t[3:4], slots, cos, sin, visible,
-                                  f.shape, pick)
+            x, carry = block(x, carry, L, self.k_cache[i], self.v_cache[i], t[3:4], slots, cos, sin, visible,
+                             f.shape, pick)
 
     def _capture_prefill(self, key) -> None:
         """As _capture, for a prompt chunk's graph: its warm-up writes go to row 0's scratch slot."""
