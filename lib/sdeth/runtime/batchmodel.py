@@ -29,7 +29,7 @@ from .fastmodel import (FastDecoder, _norm, _rope, fused_head, kernel_block, ker
                         post_attention, pre_attention)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
-PREFILL_WIDTHS = (16, 32, 64, 128, 256, 512)   # a prompt chunk's graph widths on CUDA (a wider chunk runs eager)
+PREFILL_WIDTHS = (16, 32, 64, 128, 256, 384, 512)   # a prompt chunk's graph widths on CUDA (a wider chunk runs eager)
 WIDTHS = (1, 2, 4, 8)          # a step's widths: a draft step (1) and a catch-up of up to 8 tokens a row
 MIN_SPAN = 256
 

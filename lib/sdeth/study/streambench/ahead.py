@@ -19,9 +19,14 @@ RESTART_P99_PERIODS = 3.0            # ... and its p99 within this many periods,
 SPEED_GOALS = (("Qwen3-8B", 1, 1, 1.40), ("Qwen3-32B", 1, 4, 2.0), ("Qwen2.5-72B", 1, 4, 2.3), ("Qwen3-32B", 4, 4, 1.8))
 
 
+FIRST_AHEAD_CALL = 18               # the first GPU call whose `off` server launched its steps ahead
+
+
 def ahead_runs() -> dict[str, dict]:
-    """The ssd calls that ran a server inline beside its default (a setting ending in +inline), by file stem."""
-    return {n: r for n, r in ssd_runs().items() if any(c.endswith(INLINE) for c in r["ssd"].get("caches", []))}
+    """The ssd calls that ran a server inline beside its default (a setting ending in +inline), and the later ones
+    with the default alone, by file stem."""
+    return {n: r for n, r in ssd_runs().items() if any(c.endswith(INLINE) for c in r["ssd"].get("caches", []))
+            or int(r.get("call") or 0) >= FIRST_AHEAD_CALL and "off" in r["ssd"].get("caches", [])}
 
 
 def _points(run: dict) -> list[dict]:

@@ -26,7 +26,8 @@ PROMPT, CONTEXT = 384, 512      # a stream's sequences: from PROMPT to CONTEXT t
 SLACK = 16                      # cache slots past the longest context
 DRAFT_K = 5                     # k of the draft_step part
 SPIN_S = 0.0003                 # an emulated verify spins for its last 0.3 ms (sleep is coarser)
-PREFILL_CHUNK = 128              # prompt tokens a draft feeds between two steps (one chunk: a new prompt holds the live streams one chunk at a time)
+PREFILL_CHUNK = 512              # prompt tokens a draft feeds between two steps: a whole prompt, one graph replay (its
+                                 # device time is mostly its ~840 small kernels, so three 128-token chunks cost ~3x one)
 GOALS = {"draft": "Qwen3-1.7B", "rows": 16, "step_ms": {512: 2.3, 2048: 3.3}, "host_ms_per_step": 0.3}
 REMOTE_LABEL = f"emulated target (measured t_v of the {TARGET} shape), real draft server"
 COLOCATED_LABEL = f"measured: the {TARGET} shape and the draft shape on one GPU, one process"

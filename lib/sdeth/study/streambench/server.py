@@ -52,10 +52,12 @@ def serve_random(name: str, device: str, addr: str, ready, seconds: float, rows:
 
 
 def warm_prompts(dec: BatchDecoder) -> None:
-    """The prompt chunks' graphs these sequences use captured now (a full chunk, and a short one: a stream's
-    catch-up past CATCH_UP tokens), at the spans of a chunk and of the context."""
-    dec.warm_prefill(widths=(PREFILL_WIDTHS[0], PREFILL_CHUNK),
-                     spans=sorted({dec.span_for(PREFILL_CHUNK), dec.span_for(CONTEXT)}))
+    """The prompt chunks' graphs these sequences use captured now, at the spans they reach: a whole prompt, and every
+    narrower width (a stream's catch-up past CATCH_UP tokens takes one; a graph captured on first use holds the
+    loop while it is captured)."""
+    whole = next(w for w in PREFILL_WIDTHS if w >= min(PREFILL_CHUNK, PROMPT - 1))
+    dec.warm_prefill(widths=tuple(w for w in PREFILL_WIDTHS if w <= whole),
+                     spans=sorted({dec.span_for(PREFILL_WIDTHS[0]), dec.span_for(PROMPT), dec.span_for(CONTEXT)}))
 
 
 def prompt_prefill_ms(dec: BatchDecoder, prompt: int = PROMPT, eager: bool = False) -> float:
