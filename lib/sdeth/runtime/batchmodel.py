@@ -235,8 +235,8 @@ class BatchDecoder:
 
     def _prefill_forward(self, t, span: int, block=batch_block) -> None:
         """t [4, W]: ids, positions, slots and the row (repeated) of one prompt chunk, through torch's layers
-        (block: uncompiled in a graph, where compiling would only add a variant to build: the graph already
-        removes the host's time, and a chunk's device time is its matmuls')."""
+        (block: uncompiled in a graph, where compiling would add a variant to build; the graph removes the host's
+        time, and a replay's device time is mostly its many small kernels, so one replay a prompt beats several)."""
         f = self.fast
         ids, positions, slots, pick = t[0:1], t[1:2], t[2:3], t[3, :1]
         x = F.embedding(ids, f.embed)
