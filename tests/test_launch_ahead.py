@@ -136,3 +136,26 @@ def test_a_prompt_chunk_fills_its_row_as_the_eager_forward_does_padded_or_in_a_g
     torch.testing.assert_close(a.kv[..., :200, :], b.kv[..., :200, :], rtol=1e-4, atol=1e-4)
     assert not a.kv[:, :, [0, 3], :, :200].any()
     assert (sum(k[0] == "prefill" for k in a.graphs) == 2) == (device == "cuda")
+
+
+@pytest.mark.parametrize("rows", [4, 8])
+def test_beside_a_verdict_cache_steps_launch_ahead_only_while_no_branch_can_be_held(rows):
+    """A server with a verdict cache and steps launched ahead: four pipelined clients on a full server (4 rows, no
+    spare row for a branch) step launched ahead; with spare rows (8) branches are planted and step inline. No branch
+    is ever planted while a step is in flight, and every output is the target's own either way."""
+    target, draft = tiny_pair()
+    server = tiny_server(draft, rows=rows, launch_ahead="on", verdict_cache="on")
+    plan, in_flight = server.scheduler.plan, []
+
+    def plan_checked():
+        in_flight.append(server.ahead.flight is not None)
+        plan()
+    server.scheduler.plan = plan_checked
+    runs = pipelined_clients(serving(server), target)
+    assert all(r.output_ids == ref.output_ids for r, ref, _ in runs)
+    assert in_flight and not any(in_flight)
+    if rows == 4:
+        assert server.ahead.launched > 0
+    else:
+        assert server.verdicts.stats["branches"] > 0 and server.verdicts.stats["rows_stepped"] > 0
+    assert not server.drafter.seqs

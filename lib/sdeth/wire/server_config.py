@@ -81,7 +81,8 @@ class DraftServerConfig:
                                        # shares the interpreter with the step); meant for a GPU, not yet measured there
     launch_ahead: str = "auto"     # streams: each step launched just before the one in flight ends, fed that step's
                                    # tokens on the device (runtime.batchstreams): on, off, or auto (on a GPU; a CPU
-                                   # steps inline). Not with the verdict cache, whose branches step as before
+                                   # steps inline). Beside a verdict cache only while it can hold no branch (a
+                                   # full server); its branches step inline
     verdict_cache: str = "off"     # streams: branches for the likely verdicts on free rows (runtime.verdictcache:
                                    # off, on or FANOUT[xDEPTH[xBUDGET]])
     die_after: int = 0             # fault injection (tests): exit abruptly once this many drafts went out (proposals

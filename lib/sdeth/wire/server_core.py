@@ -53,8 +53,9 @@ class DraftServer(StreamSteps):
         self.verdicts = VerdictCache(drafter, spec) if spec.on else None    # verdict speculation (streams)
         self.welcome.rows = self.verdicts is not None                     # (told: it can send branches ahead)
         self.scheduler = Scheduler(drafter, self.verdicts, cfg, self.log)
-        # stream steps launched ahead (wire.stepahead); not with the verdict cache, whose branches step as before
-        self.ahead = StepAhead() if cfg.launch_ahead == "on" and self.verdicts is None else None
+        # stream steps launched ahead (wire.stepahead); beside a verdict cache only while it can hold no branch
+        # (StreamSteps.ahead_now), its branches stepping inline as before
+        self.ahead = StepAhead() if cfg.launch_ahead == "on" else None
         self.handlers = {protocol.Ping: self.handle_ping, protocol.Hello: self.handle_hello,
                          protocol.Open: self.handle_open, protocol.Rounds: self.handle_rounds,
                          protocol.Commits: self.handle_commits, protocol.End: self.handle_end}
@@ -282,7 +283,8 @@ class DraftServer(StreamSteps):
         for ident, m in out:
             self._send(sock, ident, m)
         t = P.add("send", t)
-        self.scheduler.plan()            # (after the step's tokens went out: the live streams wait for nothing)
+        if self.ahead is None or self.ahead.flight is None:     # (no branch is planted while a step is in flight)
+            self.scheduler.plan()        # (after the step's tokens went out: the live streams wait for nothing)
         t = P.add("plan", t)
         fed, failed, why = self.scheduler.prefill()
         if fed and self.ahead is not None:

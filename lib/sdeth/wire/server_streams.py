@@ -19,8 +19,10 @@ class StreamSteps:
         t = time.perf_counter()
         rows, extra = self.scheduler.streams()
         t = self.parts.add("streams.schedule", t)
-        if self.ahead is not None:
+        if self.ahead is not None and self.ahead_now(extra):
             return self._stream_ahead(rows, t)
+        if self.ahead is not None and self.ahead.flight is not None:
+            return self._stream_ahead([], t)      # (branches due: the step in flight is read; they step inline)
         if not rows and not extra:
             return []
         c0 = self.drafter.dec.clock.seconds
@@ -44,6 +46,12 @@ class StreamSteps:
         self.parts.add("streams.replies", t)
         return [(ident, protocol.Streamed(m, len(rows), draft_ms, stepped, held, len(extra)))
                 for ident, m in msgs.items()]
+
+    def ahead_now(self, extra: list) -> bool:
+        """Whether this stream step is launched ahead: always without a verdict cache; with one, only while it holds
+        no branch and has no spare row to plant one (a full server), so that no branch is planted or adopted while a
+        step is in flight (adopting one hands its row to a stream that step may hold)."""
+        return self.verdicts is None or not (extra or self.verdicts.branches() or self.verdicts.spare())
 
     def _stream_ahead(self, rows: list, t: float) -> list[tuple[bytes, protocol.Streamed]]:
         """The next stream step launched behind the one in flight (wire.stepahead), then the one in flight read:
