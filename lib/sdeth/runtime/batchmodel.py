@@ -251,17 +251,7 @@ class BatchDecoder:
         _, w, span = key
         static = torch.zeros((4, w), dtype=torch.long, device=self.device)
         static[2].fill_(self.capacity)
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._prefill_forward(static, span)
-        torch.cuda.current_stream().wait_stream(stream)
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            self._prefill_forward(static, span)
+        graph, _ = self._record(lambda: self._prefill_forward(static, span))
         self.graphs[key] = (graph, static, None)
 
     def warm_prefill(self, widths=(128,), spans=(MIN_SPAN,)) -> None:
@@ -341,18 +331,24 @@ class BatchDecoder:
         b, w, span = key
         static = tuple(x.clone() for x in inputs)
         static[2].fill_(self.capacity)
+        graph, out = self._record(lambda: self._forward(*static, 0, span, fused=True))
+        self.graphs[key] = (graph, static, out)
+
+    def _record(self, run):
+        """run() twice on a side stream (warm), then captured as a CUDA graph in this decoder's pool: (graph, what
+        the captured run returned)."""
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._forward(*static, 0, span, fused=True)
+                run()
         torch.cuda.current_stream().wait_stream(stream)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            out = self._forward(*static, 0, span, fused=True)
-        self.graphs[key] = (graph, static, out)
+            out = run()
+        return graph, out
 
     def warm(self, buckets=BUCKETS, widths=WIDTHS, spans=None) -> None:
         """Capture the graphs a server will use now, so that no request pays for it."""
