@@ -77,7 +77,8 @@ def test_a_bonus_whose_draft_is_not_here_yet_is_held_then_sent_as_the_drafts():
     """A stream's bonus token that is the draft's own (rank 0) while the draft's token there has not arrived: its
     commit, and the stream's next one behind it, are held (no restart counted, the view untouched); when the
     draft's token arrives both go out in order, the first as the draft's token, and the view stays in step with the
-    server (no restart); a commit held past HOLD_S goes as a token of our own."""
+    server (no restart); a commit held past HOLD_S goes as a token of our own. Under the hold "periods", one held
+    past HOLD_PERIODS of the server's period goes as a token of our own, one held less stays."""
     import random
     import time
     import types
@@ -91,6 +92,7 @@ def test_a_bonus_whose_draft_is_not_here_yet_is_held_then_sent_as_the_drafts():
                                                                   send=sent.append))
     t.rec = {"restarts": 0, "restarts_late": 0, "rejections_at": {}, "hits_at": {}, "held": []}
     t.rng, t.vocab, t.ahead, t.missed, t.window_from, t.last_step = random.Random(0), 300, False, set(), 0.0, 0.0
+    t.hold, t.gap_s = "draft", 0.0
     view = StreamView()
     view.on_commit(0, 7)
     s = {"seq": "a", "view": view, "held": [[1, -1, 0, time.perf_counter()], [2, 99, 0, time.perf_counter()]],
@@ -105,3 +107,9 @@ def test_a_bonus_whose_draft_is_not_here_yet_is_held_then_sent_as_the_drafts():
     s["held"].append([3, -1, 0, time.perf_counter() - ep.HOLD_S - 0.01])
     t.release()
     assert sent[-1].rows[0].pos == 3 and sent[-1].rows[0].token >= 0 and not s["held"]
+    t.hold, t.gap_s, n = "periods", 0.004, len(sent)
+    assert t.hold_s() == ep.HOLD_PERIODS * 0.004
+    s["held"] += [[4, -1, 0, time.perf_counter() - t.hold_s() - 0.001], [5, -1, 0, time.perf_counter()]]
+    t.release()
+    assert [(r.pos, r.token >= 0) for r in sent[-1].rows] == [(4, True)] and len(sent) == n + 1   # 5: not yet
+    assert [h[0] for h in s["held"]] == [5]

@@ -224,6 +224,25 @@ def test_the_ssd_points_off_and_on_with_a_full_server(fast):
     assert len(lines) == 2 and all("full server (4 rows)" in line and "within 5%" in line for line in lines), lines
 
 
+def test_a_second_hold_runs_beside_the_first_and_stays_out_of_the_tables(fast):
+    """`--ssd-hold periods,draft`: each point under both holds on the same server; the first's points are the
+    part's, the second's go to hold_points (labelled, out of the tables), and hold_lines sets each beside its
+    pair."""
+    from sdeth.study.streambench.ssd import hold_lines, ssd_points, ssd_table
+    servers = ssd_servers(fast, (("off", 4),))
+    g = sb.Grid(ssd_points=((1, 1),), ssd_targets=("Qwen3-8B",), ssd_ranks=("synthetic:0.9",), ssd_s=1.0,
+                prompt=PROMPT, context=100, ssd_holds=("periods", "draft"))
+    res = {"ssd": {"points": []}}
+    with sb.Targets(1) as pool:
+        ssd_points(res, "Qwen3-1.7B", servers, pool, g, time.time() + 60, lambda line: None, lambda: None)
+    (p,), (q,) = res["ssd"]["points"], res["ssd"]["hold_points"]
+    assert p["emulation"]["hold"] == "periods" and q["emulation"]["hold"] == "draft", (p, q)
+    assert "held for the draft's token (draft)" in q["label"] and "held" not in p["label"]
+    assert len(ssd_table({"call": res})) == 1
+    (line,) = hold_lines({"call": res})
+    assert "hold periods: speedup" in line and "hold draft: speedup" in line and "B=1 N=1 off" in line
+
+
 @pytest.mark.slow
 def test_an_ssd_only_call_on_a_cpu_writes_its_json(tmp_path):
     """`bench streams --only-ssd` end to end with the tiny-2L shape on a CPU: two server processes (cache off, on),

@@ -14,7 +14,7 @@ from ...models.presets import shape
 from ..bench.targets import DRAFT_ALPHA
 from ..bench.step import copy_bandwidth
 from .colocated import colocated_emulated_part, colocated_part, colocated_real_part
-from .common import (CONTEXT, CONTEXTS, DRAFT_K, GOALS, SERVER_ROWS, TARGET, Grid, allow_recompiles,
+from .common import (CONTEXT, CONTEXTS, DRAFT_K, GOALS, HOLDS, SERVER_ROWS, TARGET, Grid, allow_recompiles,
                      build_fast, compiled, free)
 from .draftstep import draft_step, goal_check
 from .link import link_part
@@ -176,6 +176,10 @@ def grid_of(a) -> Grid:
     bad = [x for x in (a.ssd_policy or "").split(",") if x and x not in POLICIES]
     if bad:
         raise SystemExit(f"--ssd-policy {a.ssd_policy!r}: {bad} is no step policy; give some of {', '.join(POLICIES)}")
+    bad = [x for x in (a.ssd_hold or "").split(",") if x and x not in HOLDS]
+    if bad or a.ssd_hold == "":
+        raise SystemExit(f"--ssd-hold {a.ssd_hold!r}: {bad or 'none given'}: give some of {', '.join(HOLDS)}, the "
+                         "first the one the tables show")
     g.min_steps, g.max_s, g.read_while_stepping = a.min_steps, a.max_s, a.read_while_stepping
     if g.only_ssd and not a.verdict_cache:
         raise SystemExit("--only-ssd runs the verdict cache's part: give --verdict-cache, e.g. off,on")
@@ -195,7 +199,7 @@ def grid_of(a) -> Grid:
                               ("remote_ks", a.remote_ks, ints), ("colocated_ks", a.colocated_ks, ints),
                               ("verdict_caches", a.verdict_cache, names), ("ssd_targets", a.ssd_targets, names),
                               ("ssd_points", a.ssd_points, pairs), ("ssd_ranks", a.ssd_ranks, names),
-                              ("ssd_policies", a.ssd_policy, names),
+                              ("ssd_policies", a.ssd_policy, names), ("ssd_holds", a.ssd_hold, names),
                               ("link_rtts", a.link_rtts, floats), ("link_targets", a.link_targets, names),
                               ("link_points", a.link_points, pairs), ("colocated_real", a.colocated_real, names)):
         if text is not None:
@@ -213,6 +217,10 @@ def part_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--ssd-targets", default=None, help="ssd: emulated targets (default Qwen3-8B,Qwen3-32B,Qwen2.5-72B)")
     ap.add_argument("--ssd-policy", default=None, help="ssd: the targets' step policies, comma-separated, each point "
                     "under each (default offered; e.g. offered,policy)")
+    ap.add_argument("--ssd-hold", default=None, help="ssd: how long the emulated targets hold a commit for the "
+                    "draft's own token, comma-separated, each point under each: periods (two server periods, the "
+                    "default), draft (until it comes; the rule before); points under any but the first are a "
+                    "comparison, kept out of the tables")
     ap.add_argument("--ssd-points", default=None, help="ssd: (B, N) as B:N,... (default 1:1,1:4,2:1,2:4,4:1,4:4,8:1,8:4)")
     ap.add_argument("--ssd-ranks", default=None, help="ssd: acceptance ranks, comma-separated (default "
                     "trace,synthetic:0.9; coins: no ranks)")

@@ -31,6 +31,8 @@ PREFILL_CHUNK = 512              # prompt tokens a draft feeds between two steps
 GOALS = {"draft": "Qwen3-1.7B", "rows": 16, "step_ms": {512: 2.3, 2048: 3.3}, "host_ms_per_step": 0.3}
 REMOTE_LABEL = f"emulated target (measured t_v of the {TARGET} shape), real draft server"
 COLOCATED_LABEL = f"measured: the {TARGET} shape and the draft shape on one GPU, one process"
+HOLDS = ("periods", "draft")   # how long an emulated target holds a commit for the draft's token (EmulatedPipelined);
+                               # the first the bench's default
 PIPELINED_K, PIPELINED_WINDOW = 4, protocol.STREAM_WINDOW   # (window 8, as every call measured it: not stream_window(4))
 REQUEST_LEAST = 16             # a sequence cut by a point's end counts in the per-request TPOT with this many tokens
 PIPELINED_LABEL = (f"emulated target (measured t_v of the {TARGET} shape), pipelined streams, real draft server")
@@ -75,6 +77,8 @@ class Grid:
     ssd_s: float = 1.5                 # seconds of each ssd point
     ssd_rows: int = SERVER_ROWS        # the ssd servers' cache rows (B*N of them: a full server)
     ssd_policies: tuple = ("offered",)  # the ssd targets' step policies (costmodel.POLICIES), each point under each
+    ssd_holds: tuple = HOLDS[:1]       # the ssd targets' holds (HOLDS), each point under each; points under any but
+                                       # the first go to the part's hold_points (a comparison, out of its tables)
     link_rtts: tuple = ()              # the link part's injected round trips (ms); () leaves it out
     only_link: bool = False            # run the link part alone (with colocated_emulated first, if given)
     only_colocated: bool = False       # run colocated_emulated and colocated_real alone

@@ -8,11 +8,13 @@ import time
 from ...costmodel import StepPolicy, step_setting
 from ...runtime.pipeline import StreamView
 from ...wire import protocol
-from .common import CONTEXT, PROMPT, SPIN_S, TIMELINE, hello, wait_until
+from .common import CONTEXT, HOLDS, PROMPT, SPIN_S, TIMELINE, hello, wait_until
 from .ranks import Ranks, token_of
 
 FORESEEN_WAIT_S = 0.05     # the most a target waits for its restart's answer (a foreseen verdict's drafts or `missed`)
 HOLD_S = 0.2              # the most a commit is held for the draft's own token (see EmulatedPipelined)
+HOLD_PERIODS = 2.0        # hold "periods": a commit waits for the draft's token this many server periods (a draft at
+                          # the target's frontier steps that position within one), then goes as a token of our own
 DRAFT_WAIT_S = 1.0         # the most a step waits for the drafts its policy chose (a stream still prefilling: less)
 
 
@@ -28,10 +30,17 @@ class EmulatedPipelined:
     offer was accepted) is the draft's token at its position with probability alpha. When that token has not reached
     the target by the verify's end, the emulation cannot name it: its commit (and the stream's commits after it)
     is held until the token arrives, then sent as the draft's, so that the draft's run goes on as it would behind a
-    real target, which would have sent that token at once (held_commits counts them; HOLD_S at most, then a token
-    of our own). Holding it only delays the server's acknowledgement of that position. Sending a token of our own
-    instead, as this emulation once did, turned each such agreement into a rejection: with many rows, a draft
-    running behind the target then never caught up.
+    real target, which would have sent that token at once (held_commits counts them). Sending a token of our own
+    at once instead, as this emulation once did, turned each such agreement into a rejection: with many rows, a
+    draft running behind the target then never caught up. How long a commit is held (`hold`): "periods" (the
+    default), HOLD_PERIODS of the server's periods as measured, then a token of our own: a draft at the target's
+    frontier steps the position within one period, and one further behind is caught up by the commit (it extends
+    the draft's chain, fed in one forward) as behind a real target, where holding it until the draft drafts the
+    position itself made a draft that fell behind (a stream's prompt prefilled while its target stepped on) catch
+    up one position a period, and with 16 rows stay behind; "draft": until the draft's token comes (HOLD_S at
+    most), the rule of the calls before. A token of our own sent where the draft's was still on its way is a
+    rejection a real target would not have made (restarts_found_late counts them): both rules err on the draft's
+    side of the real target, "periods" by less.
 
     ranks (streambench.ranks): which token the target's is in the draft's order, per position ("coins": none of
     the draft's on a rejection); watch: the draft's next choices the server sends with each token. foreseen: the
@@ -41,9 +50,13 @@ class EmulatedPipelined:
 
     def __init__(self, addr: str, index: int, B: int, k: int, tv_ms: dict, alpha: float, seed: int, vocab: int,
                  window: int = protocol.STREAM_WINDOW, prompt: int = PROMPT, context: int = CONTEXT, ranks: str = "coins",
-                 watch: int = 0, foreseen: bool = False, policy: str = "policy", ahead: bool = False, **_):
+                 watch: int = 0, foreseen: bool = False, policy: str = "policy", ahead: bool = False,
+                 hold: str = HOLDS[0], **_):
         from ...wire.draft_client import DraftServerClient
         self.est = step_setting(policy)()      # before the connection: a bad name fails first
+        if hold not in HOLDS:
+            raise ValueError(f"hold {hold!r}: give one of {', '.join(HOLDS)}")
+        self.hold, self.gap_s = hold, 0.0      # gap_s: the server's period (a moving average, the warm-up's included)
         self.server = DraftServerClient(addr, hello(vocab), timeout_s=60)
         self.index, self.B, self.k, self.alpha, self.vocab = index, B, k, alpha, vocab
         self.tv_s = {int(m): v / 1e3 for m, v in tv_ms.items()}     # drafts verified per stream -> seconds
@@ -121,6 +134,9 @@ class EmulatedPipelined:
                 continue
             arrived = time.time()
             self.missed.update(m.missed)
+            if m.batch and self.last_step and m.stepped_at > self.last_step:
+                gap = m.stepped_at - self.last_step
+                self.gap_s = gap if not self.gap_s else 0.9 * self.gap_s + 0.1 * gap
             if m.batch and m.stepped_at >= self.window_from:   # (a step's in the point's window: an answer to a
                 if self.last_step:                              # Commits carries no step; one stepped during the
                                                                 # warm-up, read at the window's start, is not counted)
@@ -216,8 +232,11 @@ class EmulatedPipelined:
         stamped when it arrives, not when the verify ends); its last SPIN_S spun."""
         sock = self.server.client.sock
         while (left := deadline - time.perf_counter()) > SPIN_S:
-            if sock.poll(max(int((left - SPIN_S) * 1e3), 0)):
+            held = any(s["held"] for s in self.streams)      # (a held commit's time may run out meanwhile)
+            if sock.poll(1 if held else max(int((left - SPIN_S) * 1e3), 0)):
                 self.take()
+            elif held:
+                self.release()
             elif left - SPIN_S < 1e-3:
                 break
         wait_until(deadline)
@@ -249,15 +268,15 @@ class EmulatedPipelined:
 
     def release(self) -> None:
         """Commits held for the draft's own token (see the class docstring), sent in order as soon as that token
-        is here (the draft's, so they agree); one held past HOLD_S is sent as a token of our own, as before."""
-        pairs, now = [], time.perf_counter()
+        is here (the draft's, so they agree); one held past hold_s() is sent as a token of our own."""
+        pairs, now, hold_s = [], time.perf_counter(), self.hold_s()
         for s in self.streams:
             held, view = s["held"], s["view"]
             while held:
                 pos, token, a, t_held = held[0]
                 if token < 0:
                     drafted = self.drafted_at(view, pos)
-                    if drafted is None and now - t_held < HOLD_S:
+                    if drafted is None and now - t_held < hold_s:
                         break
                     token = drafted if drafted is not None else self.rng.randrange(self.vocab)
                 held.pop(0)
@@ -265,6 +284,12 @@ class EmulatedPipelined:
                 pairs.append((s, protocol.CommitRow(s["seq"], 0, pos, token)))
         if pairs:
             self.send_commits(pairs, stamped=False)
+
+    def hold_s(self) -> float:
+        """How long a commit waits for the draft's own token (the class docstring: `hold`)."""
+        if self.hold == "draft" or not self.gap_s:
+            return HOLD_S
+        return min(HOLD_PERIODS * self.gap_s, HOLD_S)
 
     def step(self) -> None:
         t0 = time.perf_counter()

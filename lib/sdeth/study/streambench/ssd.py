@@ -30,7 +30,7 @@ from ...costmodel import Costs, simulate_pipelined, verdict_terms
 from ...runtime.verdictcache import VerdictSpec
 from ...wire.server_config import DraftServerConfig
 from ..bench.targets import DRAFT_ALPHA
-from .common import PIPELINED_K, PIPELINED_WINDOW, mean
+from .common import HOLDS, PIPELINED_K, PIPELINED_WINDOW, mean
 from .ranks import TOP, Ranks
 from .remote import pipelined_record
 from .server import serve_random
@@ -161,32 +161,35 @@ def ssd_points(res: dict, name: str, servers: dict, pool, g, t_end: float, progr
         for model, tv in tvs.items():
             for ranks_spec in g.ssd_ranks:
                 seed += 1
-                for cache, policy in ((c, q) for q in g.ssd_policies for c in servers):
-                    ssd_point(pts, servers[cache][1:], cache, policy, (b, n), (model, tv), (ranks_spec, seed, alpha),
-                              g, pool, t_end)
-                    progress(ssd_row(pts[-1]))
+                for cache, policy, hold in ((c, q, h) for h in g.ssd_holds for q in g.ssd_policies for c in servers):
+                    into = pts if hold == g.ssd_holds[0] else res["ssd"].setdefault("hold_points", [])
+                    ssd_point(into, servers[cache][1:], cache, (policy, hold), (b, n), (model, tv),
+                              (ranks_spec, seed, alpha), g, pool, t_end)
+                    progress(ssd_row(into[-1]))
                     save()
 
 
-def ssd_point(pts: list, server: tuple, cache: str, policy: str, bn: tuple, target: tuple, draws: tuple, g, pool,
+def ssd_point(pts: list, server: tuple, cache: str, play: tuple, bn: tuple, target: tuple, draws: tuple, g, pool,
               t_end: float) -> None:
     """One point into pts: N emulated targets of B streams each against one server (addr, ready info) under one
-    policy; draws: (ranks spec, seed, alpha)."""
-    (addr, info), (b, n), (model, tv), (ranks_spec, seed, alpha) = server, bn, target, draws
+    step policy and hold (play: the two names); draws: (ranks spec, seed, alpha)."""
+    (addr, info), (b, n), (model, tv), (ranks_spec, seed, alpha), (policy, hold) = server, bn, target, draws, play
     k = PIPELINED_K
     ranks = Ranks(ranks_spec, alpha, seed)
-    label = ssd_label(model, ranks, cache) + ("" if policy == "offered" else f"; step policy {policy}")
+    label = (ssd_label(model, ranks, cache) + ("" if policy == "offered" else f"; step policy {policy}")
+             + ("" if hold == HOLDS[0] else f"; commits held for the draft's token ({hold})"))
     if time.time() + g.ssd_s + 10 > t_end:
         pts.append({"label": label, "target": model, "B": b, "N": n, "skipped": "out of time"})
         return
     cmd = dict(mode="pipelined", addr=addr, B=b, k=k, tv_ms={m: tv[(b, m)] for m in range(k + 1)},
                alpha=alpha, seed=seed, vocab=info["vocab"], window=PIPELINED_WINDOW, prompt=g.prompt,
                context=g.context, ranks=ranks_spec, watch=TOP, foreseen=server_spec(cache) != "off",
-               ahead=AHEAD in cache, policy=policy)     # (the verdict cache's model, ssd_model, plays offered)
+               ahead=AHEAD in cache, policy=policy, hold=hold)  # (the cache's model, ssd_model, plays offered)
     try:
         ready, recs, start = pool.point(n, cmd, g.ssd_s)
         p = pipelined_record(b, n, k, alpha, ready, recs, start, tv=tv, label=label, policy=policy)
         p = ssd_record({**p, "target": model}, recs, cache, ranks, tv, k)
+        p["emulation"]["hold"] = hold
     except TimeoutError as e:
         p = {"label": label, "target": model, "B": b, "N": n, "error": str(e)}
     pts.append(p)
@@ -221,6 +224,8 @@ def ssd_part(res: dict, name: str, device: str, g, t_end: float, progress, save)
                 return
             time.sleep(0.5)
             ssd_points(res, name, servers, pool, g, t_end, progress, save)
+            for line in hold_lines({"this call": res}):
+                progress(line)
     finally:
         for proc, _, _ in servers.values():
             proc.terminate()
@@ -291,5 +296,25 @@ def goal_lines(runs: dict) -> list[str]:
     return out
 
 
-__all__ = ["goal_lines", "ssd_part", "ssd_runs", "ssd_table", "ssd_points", "ssd_record",
+def hold_lines(runs: dict) -> list[str]:
+    """The calls that ran points under a second hold (`--ssd-hold periods,draft`): each such point beside the same
+    point under the call's first hold (the same server, moments apart): speedup, drafts on offer, commits held, and
+    restarts our own tokens made where the draft's was on its way."""
+    out = []
+    key = lambda p: (p["target"], p["verdict_cache"]["spec"], p["verdict_cache"]["ranks"], p["B"], p["N"],  # noqa: E731
+                     p.get("step_policy"))
+    for name, run in runs.items():
+        main = {key(p): p for p in run["ssd"]["points"] if "speedup" in p}
+        for q in (q for q in run["ssd"].get("hold_points", []) if "speedup" in q and key(q) in main):
+            p = main[key(q)]
+            both = [(x["emulation"]["hold"], x) for x in (p, q)]
+            out.append(f"{name}: {p['target']} B={p['B']} N={p['N']} {p['verdict_cache']['spec']} "
+                       f"[{p.get('step_policy')}]: " + "; ".join(
+                           f"hold {h}: speedup {x['speedup']}, offered {x['offered_mean']}, held commits "
+                           f"{x['emulation']['held_commits']}, restarts found late {x['emulation']['restarts_found_late']}"
+                           for h, x in both))
+    return out
+
+
+__all__ = ["goal_lines", "hold_lines", "ssd_part", "ssd_runs", "ssd_table", "ssd_points", "ssd_record",
            "ssd_row", "start_servers"]
