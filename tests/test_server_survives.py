@@ -738,6 +738,7 @@ def test_a_stream_left_more_than_a_catch_up_behind_is_counted_apart_from_prompts
     assert server.parts.counts["prefill.prompt"] >= 19 - CATCH_UP and not server.parts.counts["prefill.behind"]
     seq = next(iter(server.drafter.streams()))
     end = len(seq.chain)
-    server.dispatch(b"a", W.Commits([W.CommitRow("s", 0, p, 7) for p in range(end, end + 12)]), time.time(), "p")
+    behind = CATCH_UP + 4
+    server.dispatch(b"a", W.Commits([W.CommitRow("s", 0, p, 7) for p in range(end, end + behind)]), time.time(), "p")
     server.idle(sock)
-    assert server.parts.counts["prefill.behind"] >= 12 - CATCH_UP, dict(server.parts.counts)
+    assert server.parts.counts["prefill.behind"] >= behind - CATCH_UP, dict(server.parts.counts)

@@ -30,7 +30,9 @@ from .fastmodel import (FastDecoder, _norm, _rope, fused_head, kernel_block, ker
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 PREFILL_WIDTHS = (16, 32, 64, 128, 256, 384, 512)   # a prompt chunk's graph widths on CUDA (a wider chunk runs eager)
-WIDTHS = (1, 2, 4, 8)          # a step's widths: a draft step (1) and a catch-up of up to 8 tokens a row
+WIDTHS = (1, 2, 4, 8, 16)      # a step's widths: a draft step (1) and a catch-up of up to 16 tokens a row (a
+                               # stream further behind is fed a prompt chunk: one row's forward, as long as a
+                               # step's on a GPU, so 16 rows of them starved the steps)
 MIN_SPAN = 256
 
 
