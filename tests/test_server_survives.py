@@ -228,7 +228,7 @@ def test_an_error_feeding_one_prompt_refuses_that_prompt_only(monkeypatch):
     server = tiny_server(tiny_qwen3(0), rows=4, capacity=CAP)
     for i in (b"a", b"b"):
         _hello(server, i)
-    server.dispatch(b"a", W.Open("bad", 0, list(range(1, 12))), time.time(), "p")
+    server.dispatch(b"a", W.Open("bad", 0, list(range(1, CATCH_UP + 4))), time.time(), "p")   # (prefilled)
     server.dispatch(b"b", W.Open("good", 0, list(range(1, 40))), time.time(), "p")
     feed = server.drafter._feed
 
