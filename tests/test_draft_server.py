@@ -10,6 +10,7 @@ from doubles import tiny_qwen3, two_token_chi2
 from sdeth.place.testbed import free_port
 from sdeth.runtime.batchdraft import BatchDrafter, Desync
 from sdeth.runtime.batchmodel import BatchDecoder
+from sdeth.runtime.batchseq import CATCH_UP
 from sdeth.runtime.engine import Engine
 from sdeth.runtime.fastmodel import FastDecoder
 from sdeth.runtime.loop import Drafter, generate_sd, generate_target_only
@@ -80,7 +81,7 @@ def test_the_batch_drafter_proposes_what_the_one_sequence_drafter_does():
     model = tiny_qwen3(0)
     bd = BatchDrafter(BatchDecoder(FastDecoder(model, 8), rows=4, capacity=128), VOCAB, chunk=4)
     rng = random.Random(0)
-    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (9, 5, 13)]
+    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (CATCH_UP + 1, 5, CATCH_UP + 5)]   # (prefilled, not)
     ref = [Drafter(Engine(model, f"r{i}")) for i in range(3)]
     seqs = []
     for i, p in enumerate(prompts):

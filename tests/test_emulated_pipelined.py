@@ -83,6 +83,8 @@ def test_a_bonus_whose_draft_is_not_here_yet_is_held_then_sent_as_the_drafts():
     import time
     import types
 
+    import pytest
+
     from sdeth.runtime.pipeline import StreamView
     from sdeth.study.streambench import emulated_pipelined as ep
     from sdeth.wire import protocol
@@ -90,9 +92,10 @@ def test_a_bonus_whose_draft_is_not_here_yet_is_held_then_sent_as_the_drafts():
     t = sb.EmulatedPipelined.__new__(sb.EmulatedPipelined)
     t.server = types.SimpleNamespace(client=types.SimpleNamespace(recv=lambda _: waiting.pop(0) if waiting else None,
                                                                   send=sent.append))
-    t.rec = {"restarts": 0, "restarts_late": 0, "rejections_at": {}, "hits_at": {}, "held": []}
+    t.rec = {"restarts": 0, "restarts_late": 0, "rejections_at": {}, "hits_at": {}, "held": [], "period_ms": [],
+             "draft_ms": [], "batch": [], "branch_rows": []}
     t.rng, t.vocab, t.ahead, t.missed, t.window_from, t.last_step = random.Random(0), 300, False, set(), 0.0, 0.0
-    t.hold, t.gap_s = "draft", 0.0
+    t.hold, t.gaps, t.stamp = "draft", [], 0.0
     view = StreamView()
     view.on_commit(0, 7)
     s = {"seq": "a", "view": view, "held": [[1, -1, 0, time.perf_counter()], [2, 99, 0, time.perf_counter()]],
@@ -107,8 +110,11 @@ def test_a_bonus_whose_draft_is_not_here_yet_is_held_then_sent_as_the_drafts():
     s["held"].append([3, -1, 0, time.perf_counter() - ep.HOLD_S - 0.01])
     t.release()
     assert sent[-1].rows[0].pos == 3 and sent[-1].rows[0].token >= 0 and not s["held"]
-    t.hold, t.gap_s, n = "periods", 0.004, len(sent)
-    assert t.hold_s() == ep.HOLD_PERIODS * 0.004
+    t.hold, n = "periods", len(sent)
+    for stepped in (10.0, 10.03, 10.08, 10.13):      # steps that carried our streams: gaps 0.03, 0.05, 0.05 (median)
+        waiting.append(protocol.Streamed([], batch=1, stepped_at=stepped))
+    t.take()
+    assert t.hold_s() == pytest.approx(ep.HOLD_PERIODS * 0.05) and len(sent) == n
     s["held"] += [[4, -1, 0, time.perf_counter() - t.hold_s() - 0.001], [5, -1, 0, time.perf_counter()]]
     t.release()
     assert [(r.pos, r.token >= 0) for r in sent[-1].rows] == [(4, True)] and len(sent) == n + 1   # 5: not yet

@@ -8,6 +8,7 @@ import pytest
 from doubles import tiny_qwen3
 from sdeth.runtime.batchdraft import BatchDrafter
 from sdeth.runtime.engine import Engine
+from sdeth.runtime.batchseq import CATCH_UP
 from sdeth.runtime.enginerow import EngineRow
 from sdeth.runtime.loop import Drafter, generate_sd, generate_target_only
 from sdeth.runtime.pipeline import generate_pipelined
@@ -60,7 +61,7 @@ def test_one_row_keeps_a_trace_driven_drafts_positions():
     model = tiny_qwen3(0)
     trace = AcceptanceTrace(["0012003100", "0000300121"], top=4)
     rng = random.Random(2)
-    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (11, 3)]
+    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (CATCH_UP + 3, 3)]
     make = lambda: SyntheticEngine(model, "d", role="draft", seed=7, trace=trace)   # noqa: E731
     got, want = _rounds(make, prompts, rounds=10)
     assert got == want
@@ -130,7 +131,7 @@ def test_one_row_over_an_emulated_draft_replays_its_chains():
     from sdeth.study.runs.acceptance import chains_for
     from test_draft_server import serving, tiny_pair
     target, draft = tiny_pair()
-    prompts = [("a", list(range(3, 15))), ("b", list(range(40, 49)))]
+    prompts = [("a", list(range(3, 7 + CATCH_UP))), ("b", list(range(40, 49)))]
     chains = DraftChains(chains_for(target, draft, prompts, max_new=30, depth=6))
     emu = EmulatedEngine(draft, chains, step_s=0.0)
     c = DraftServerClient(serving(engine_server(emu, ME, DraftServerConfig(capacity=128, prefill_chunk=4))), HELLO)

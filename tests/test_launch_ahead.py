@@ -9,6 +9,7 @@ import torch
 from doubles import tiny_qwen3
 from sdeth.runtime.batchdraft import BatchDrafter
 from sdeth.runtime.batchmodel import BatchDecoder
+from sdeth.runtime.batchseq import CATCH_UP
 from sdeth.runtime.fastmodel import FastDecoder
 from sdeth.runtime.verify import Sampling
 from test_draft_server import VOCAB, pipelined_clients, serving, tiny_pair, tiny_server
@@ -34,7 +35,7 @@ def test_a_step_launched_ahead_keeps_only_what_the_draft_drafts_whatever_commits
     model = tiny_qwen3(0).to(device)
     bd = BatchDrafter(BatchDecoder(FastDecoder(model, 8), rows=4, capacity=200), VOCAB, chunk=4)
     rnd = random.Random(seed)
-    prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [3, 1, 4], [2, 7, 1, 8, 2, 8]]
+    prompts = [list(range(5, 14 + CATCH_UP)), [3, 1, 4], [2, 7, 1, 8, 2, 8]]     # (the first prefilled)
     seqs, drafted = [], []
     for i, p in enumerate(prompts):
         seqs.append(bd.open_stream(("c", str(i)), 0, p, Sampling(), 0, 0, window=6))

@@ -236,7 +236,7 @@ def test_a_second_hold_runs_beside_the_first_and_stays_out_of_the_tables(fast):
     with sb.Targets(1) as pool:
         ssd_points(res, "Qwen3-1.7B", servers, pool, g, time.time() + 60, lambda line: None, lambda: None)
     (p,), (q,) = res["ssd"]["points"], res["ssd"]["hold_points"]
-    assert p["emulation"]["hold"] == "periods" and q["emulation"]["hold"] == "draft", (p, q)
+    assert p["emulation"]["hold"] == "periods" and q["emulation"]["hold"] == "draft", (p, q)   # (the targets' own)
     assert "held for the draft's token (draft)" in q["label"] and "held" not in p["label"]
     assert len(ssd_table({"call": res})) == 1
     (line,) = hold_lines({"call": res})

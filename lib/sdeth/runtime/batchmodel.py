@@ -12,7 +12,7 @@ a row of a step that carries no sequence writes there, at position 0, and nothin
 step() runs rows 0..R-1 padded to a bucket (1, 2, 4, ..., 128 rows) and the attention over the first
 `span` slots (a power of two from 256 up to capacity, the smallest that holds every row's position); on
 CUDA each (bucket, width, span) is captured as a CUDA graph on first use (nano-vllm's model runner keeps
-one graph per batch size) and replayed after. Widths are 1 (a draft step) and 2, 4, 8 (a catch-up: the
+one graph per batch size) and replayed after. Widths are 1 (a draft step) and 2, 4, 8, 16 (a catch-up: the
 target's token after a round, or the tokens a target that ran ahead committed; a row with fewer new tokens
 repeats its first at its own position, which writes the same keys again and reads them once). The block is fastmodel's maths with a batch dimension; tests/test_batchmodel.py checks a row of
 a batch against the same row decoded alone and against the fast decoder's chain.

@@ -65,7 +65,7 @@ from .server_streams import AHEAD_ROWS  # noqa: F401
 
 __all__ = ["DraftServer", "DraftServerConfig", "ServerLimits", "GONE_S", "build_server", "engine_server",
            "pair_server", "serve_draft_server"]
-WARM_WIDTHS = 10     # an engine row's forward widths captured as CUDA graphs before serving (a catch-up of up to 8)
+WARM_WIDTHS = 10     # an engine row's forward widths captured as CUDA graphs before serving (wider: on first use)
 
 
 def welcome_of(pair, model_id: str) -> protocol.Welcome:

@@ -176,8 +176,9 @@ def grid_of(a) -> Grid:
     bad = [x for x in (a.ssd_policy or "").split(",") if x and x not in POLICIES]
     if bad:
         raise SystemExit(f"--ssd-policy {a.ssd_policy!r}: {bad} is no step policy; give some of {', '.join(POLICIES)}")
-    bad = [x for x in (a.ssd_hold or "").split(",") if x and x not in HOLDS]
-    if bad or a.ssd_hold == "":
+    holds = [x for x in (a.ssd_hold or "").split(",") if x]
+    bad = [x for x in holds if x not in HOLDS] or [x for x in holds if holds.count(x) > 1]
+    if bad or a.ssd_hold is not None and not holds:
         raise SystemExit(f"--ssd-hold {a.ssd_hold!r}: {bad or 'none given'}: give some of {', '.join(HOLDS)}, the "
                          "first the one the tables show")
     g.min_steps, g.max_s, g.read_while_stepping = a.min_steps, a.max_s, a.read_while_stepping

@@ -33,12 +33,11 @@ class EmulatedPipelined:
     real target, which would have sent that token at once (held_commits counts them). Sending a token of our own
     at once instead, as this emulation once did, turned each such agreement into a rejection: with many rows, a
     draft running behind the target then never caught up. How long a commit is held (`hold`): "periods" (the
-    default), HOLD_PERIODS of the server's periods as measured, then a token of our own: a draft at the target's
-    frontier steps the position within one period, and one further behind is caught up by the commit (it extends
-    the draft's chain, fed in one forward) as behind a real target, where holding it until the draft drafts the
-    position itself made a draft that fell behind (a stream's prompt prefilled while its target stepped on) catch
-    up one position a period, and with 16 rows stay behind; "draft": until the draft's token comes (HOLD_S at
-    most), the rule of the calls before. A token of our own sent where the draft's was still on its way is a
+    default), HOLD_PERIODS times the median gap between the server's steps that carried this target's streams, then
+    a token of our own: a draft at the target's frontier steps the position within one period, and one further
+    behind is caught up by the commit (it extends the draft's chain), as behind a real target, rather than drafting
+    each held position itself; "draft": until the draft's token comes (HOLD_S at most), the rule of the calls
+    before. A token of our own sent where the draft's was still on its way is a
     rejection a real target would not have made (restarts_found_late counts them): both rules err on the draft's
     side of the real target, "periods" by less.
 
@@ -56,7 +55,8 @@ class EmulatedPipelined:
         self.est = step_setting(policy)()      # before the connection: a bad name fails first
         if hold not in HOLDS:
             raise ValueError(f"hold {hold!r}: give one of {', '.join(HOLDS)}")
-        self.hold, self.gap_s = hold, 0.0      # gap_s: the server's period (a moving average, the warm-up's included)
+        self.hold, self.gaps, self.stamp = hold, [], 0.0   # the newest 32 gaps between the server's steps that
+                                                           # carried our streams (warm-up's included), the last's stamp
         self.server = DraftServerClient(addr, hello(vocab), timeout_s=60)
         self.index, self.B, self.k, self.alpha, self.vocab = index, B, k, alpha, vocab
         self.tv_s = {int(m): v / 1e3 for m, v in tv_ms.items()}     # drafts verified per stream -> seconds
@@ -134,9 +134,10 @@ class EmulatedPipelined:
                 continue
             arrived = time.time()
             self.missed.update(m.missed)
-            if m.batch and self.last_step and m.stepped_at > self.last_step:
-                gap = m.stepped_at - self.last_step
-                self.gap_s = gap if not self.gap_s else 0.9 * self.gap_s + 0.1 * gap
+            if m.batch and m.stepped_at > self.stamp:
+                if self.stamp:
+                    self.gaps = self.gaps[-31:] + [m.stepped_at - self.stamp]
+                self.stamp = m.stepped_at
             if m.batch and m.stepped_at >= self.window_from:   # (a step's in the point's window: an answer to a
                 if self.last_step:                              # Commits carries no step; one stepped during the
                                                                 # warm-up, read at the window's start, is not counted)
@@ -233,11 +234,12 @@ class EmulatedPipelined:
         sock = self.server.client.sock
         while (left := deadline - time.perf_counter()) > SPIN_S:
             held = any(s["held"] for s in self.streams)      # (a held commit's time may run out meanwhile)
-            if sock.poll(1 if held else max(int((left - SPIN_S) * 1e3), 0)):
+            ms = max(int((left - SPIN_S) * 1e3), 0)
+            if sock.poll(min(ms, 1) if held else ms):
                 self.take()
             elif held:
                 self.release()
-            elif left - SPIN_S < 1e-3:
+            if not ms:
                 break
         wait_until(deadline)
 
@@ -287,9 +289,9 @@ class EmulatedPipelined:
 
     def hold_s(self) -> float:
         """How long a commit waits for the draft's own token (the class docstring: `hold`)."""
-        if self.hold == "draft" or not self.gap_s:
+        if self.hold == "draft" or not self.gaps:
             return HOLD_S
-        return min(HOLD_PERIODS * self.gap_s, HOLD_S)
+        return min(HOLD_PERIODS * sorted(self.gaps)[len(self.gaps) // 2], HOLD_S)
 
     def step(self) -> None:
         t0 = time.perf_counter()
@@ -357,7 +359,7 @@ class EmulatedPipelined:
             time.sleep(0.001)
         for key in self.rec:
             self.rec[key] = type(self.rec[key])()
-        self.rec.update(stream_tokens=[0] * self.B, dry=[0, 0], held_commits=0, restarts_late=0)
+        self.rec.update(stream_tokens=[0] * self.B, dry=[0, 0], held_commits=0, restarts_late=0, hold=self.hold)
         for s in self.streams:                     # (the window's tallies start here)
             s["restarts_seen"], s["hits_seen"], s["hit_next"] = s["view"].restarts, s["view"].hits, False
         conn.send({"ready": True, "cold_start_ms": round((time.perf_counter() - t0) * 1e3, 2)})

@@ -189,15 +189,17 @@ def ssd_point(pts: list, server: tuple, cache: str, play: tuple, bn: tuple, targ
         ready, recs, start = pool.point(n, cmd, g.ssd_s)
         p = pipelined_record(b, n, k, alpha, ready, recs, start, tv=tv, label=label, policy=policy)
         p = ssd_record({**p, "target": model}, recs, cache, ranks, tv, k)
-        p["emulation"]["hold"] = hold
+        if "emulation" in p:                          # (an errored point has none)
+            p["emulation"]["hold"] = ",".join(sorted({r.get("hold", "?") for r in recs}))   # (as the targets played)
     except TimeoutError as e:
         p = {"label": label, "target": model, "B": b, "N": n, "error": str(e)}
     pts.append(p)
 
 
 def ssd_row(p: dict) -> str:
+    hold = p.get("emulation", {}).get("hold", HOLDS[0])
     head = (f"ssd {p.get('target')} B={p['B']} N={p['N']} {p.get('verdict_cache', {}).get('spec', '')} "
-            f"{p.get('step_policy', '')}").rstrip()
+            f"{p.get('step_policy', '')}{'' if hold == HOLDS[0] else ' hold ' + hold}").rstrip()
     if "tpot_ms" not in p:
         return f"{head}: {p.get('error') or p.get('skipped')}"
     v, m = p["verdict_cache"], p.get("model_cached") or {}
