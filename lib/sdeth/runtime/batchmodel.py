@@ -31,8 +31,8 @@ from .fastmodel import (FastDecoder, _norm, _rope, fused_head, kernel_block, ker
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 PREFILL_WIDTHS = (16, 32, 64, 128, 256, 384, 512)   # a prompt chunk's graph widths on CUDA (a wider chunk runs eager)
 WIDTHS = (1, 2, 4, 8, 16)      # a step's widths: a draft step (1) and a catch-up of up to 16 tokens a row (a
-                               # stream further behind is fed a prompt chunk: one row's forward, as long as a
-                               # step's on a GPU, so 16 rows of them starved the steps)
+                               # stream further behind is fed a prompt chunk: one row's forward, on a GPU longer
+                               # than a whole step's, so 16 rows of them starved the steps)
 MIN_SPAN = 256
 
 

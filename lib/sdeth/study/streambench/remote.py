@@ -187,7 +187,8 @@ def pipelined_record(B: int, N: int, k: int, alpha: float, ready, recs, start_at
                               "not_after_restart": sum(r.get("dry", [0, 0])[0] for r in recs)},
                 "emulation": {"t_v_over_intended_mean": mean(tv_over), "t_v_over_intended_max": pct(tv_over, 100),
                               "held_commits": sum(r.get("held_commits", 0) for r in recs),
-                              "restarts_found_late": sum(r.get("restarts_late", 0) for r in recs)}})
+                              "restarts_found_late": sum(r.get("restarts_late", 0) for r in recs),
+                              "hold": ",".join(sorted({r.get("hold", "?") for r in recs}))}})
     out["restart_periods"] = restart_periods(out)
     out["tokens_per_s_interval"] = rate_interval(recs) if all("step_tokens" in r for r in recs) else None
     if tv is not None:

@@ -189,8 +189,6 @@ def ssd_point(pts: list, server: tuple, cache: str, play: tuple, bn: tuple, targ
         ready, recs, start = pool.point(n, cmd, g.ssd_s)
         p = pipelined_record(b, n, k, alpha, ready, recs, start, tv=tv, label=label, policy=policy)
         p = ssd_record({**p, "target": model}, recs, cache, ranks, tv, k)
-        if "emulation" in p:                          # (an errored point has none)
-            p["emulation"]["hold"] = ",".join(sorted({r.get("hold", "?") for r in recs}))   # (as the targets played)
     except TimeoutError as e:
         p = {"label": label, "target": model, "B": b, "N": n, "error": str(e)}
     pts.append(p)
