@@ -119,3 +119,22 @@ def test_a_bonus_whose_draft_is_not_here_yet_is_held_then_sent_as_the_drafts():
     t.release()
     assert [(r.pos, r.token >= 0) for r in sent[-1].rows] == [(4, True)] and len(sent) == n + 1   # 5: not yet
     assert [h[0] for h in s["held"]] == [5]
+
+
+def test_a_targets_first_sequences_end_at_staggered_lengths():
+    """A target's first B sequences end after 1..room settled tokens, spread (so its streams open anew, each a prompt
+    for the draft to prefill, at staggered times, not in waves); every later one after room (it fills the context)."""
+    import random
+    import types
+
+    from sdeth.wire import protocol
+    sent = []
+    t = sb.EmulatedPipelined.__new__(sb.EmulatedPipelined)
+    t.server = types.SimpleNamespace(client=types.SimpleNamespace(send=sent.append))
+    t.rng, t.vocab, t.count, t.index, t.B = random.Random(3), 300, 0, 0, 8
+    t.window, t.prompt, t.context, t.k, t.watch, t.ahead = 8, 16, 120, 4, 0, False
+    room = t.context - t.prompt - t.window - t.k - 2
+    first = [t.fresh()["end"] for _ in range(t.B)]
+    assert all(1 <= e <= room for e in first) and len(set(first)) >= t.B // 2
+    assert [t.fresh()["end"] for _ in range(3)] == [room] * 3
+    assert sum(isinstance(m, protocol.Open) for m in sent) == t.B + 3

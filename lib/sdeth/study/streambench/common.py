@@ -22,7 +22,7 @@ COLOCATED_KS = (2, 3, 4, 5)
 REMOTE_KS = (3, 5)
 TARGETS_N = (1, 2, 4, 8, 16)
 SERVER_ROWS = BUCKETS[-1]       # the draft server's cache rows: its largest batch bucket
-PROMPT, CONTEXT = 384, 512      # a stream's sequences: from PROMPT to CONTEXT tokens
+PROMPT, CONTEXT = 384, 512      # a stream's sequences: from PROMPT to CONTEXT tokens (first_end: a target's first)
 SLACK = 16                      # cache slots past the longest context
 DRAFT_K = 5                     # k of the draft_step part
 SPIN_S = 0.0003                 # an emulated verify spins for its last 0.3 ms (sleep is coarser)
@@ -118,6 +118,13 @@ def coins(rng: random.Random, k: int, alpha: float) -> int:
     while a < k and rng.random() < alpha:
         a += 1
     return a
+
+
+def first_end(rng, room: int) -> int:
+    """The tokens a target's first sequence on a stream settles, uniform over 1..room (later ones settle `room`): its
+    streams then end, and open anew with a prompt for the draft to prefill, at staggered times as a server's requests
+    do, not all at once every `room` tokens (the draft server's prefills in waves, every stream held behind them)."""
+    return rng.randint(1, room)
 
 
 def sync_device(device) -> None:

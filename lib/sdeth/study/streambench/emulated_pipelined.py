@@ -8,7 +8,7 @@ import time
 from ...costmodel import StepPolicy, step_setting
 from ...runtime.pipeline import StreamView
 from ...wire import protocol
-from .common import CONTEXT, HOLDS, PROMPT, SPIN_S, TIMELINE, hello, wait_until
+from .common import CONTEXT, HOLDS, PROMPT, SPIN_S, TIMELINE, first_end, hello, wait_until
 from .ranks import Ranks, token_of
 
 FORESEEN_WAIT_S = 0.05     # the most a target waits for its restart's answer (a foreseen verdict's drafts or `missed`)
@@ -77,7 +77,8 @@ class EmulatedPipelined:
                         restarts_late=0)
 
     def fresh(self) -> dict:
-        """A new stream: Open(stream) and its first token's commit."""
+        """A new stream: Open(stream) and its first token's commit. Its sequence ends when it would pass the
+        context; a target's first B end sooner, at staggered lengths (first_end)."""
         self.count += 1
         seq = f"p{self.index}-{self.count}"
         ids = [self.rng.randrange(self.vocab) for _ in range(self.prompt)]
@@ -86,8 +87,9 @@ class EmulatedPipelined:
         first = self.rng.randrange(self.vocab)
         view = StreamView()
         view.on_commit(0, first)
+        room = self.context - self.prompt - self.window - self.k - 2     # the tokens a sequence settles, at most
         s = {"seq": seq, "settled": 1, "view": view, "sent": {}, "first": None, "key": self.index * 100_003 + self.count,
-             "fresh": True, "held": []}
+             "fresh": True, "held": [], "end": first_end(self.rng, room) if self.count <= self.B else room}
         self.send_commits([(s, protocol.CommitRow(seq, 0, 0, first))])
         return s
 
@@ -213,11 +215,14 @@ class EmulatedPipelined:
         server keeps drafting) until every stream has its own, a restart's drafts are overdue, or DRAFT_WAIT_S."""
         if self.est.draft_step is None or len(self.rec["step_ms"]) % 32 == 0:
             self.measured()
-        t0, wants = time.perf_counter(), []
-        for s in self.streams:
-            view = s["view"]
-            wants.append(self.est.choose_m(self.offered(s), self.k, view.received == 0, t0 - view.t_epoch))
+        t0 = time.perf_counter()
+        offers, views = [self.offered(s) for s in self.streams], [s["view"] for s in self.streams]
+        fresh, since = [v.received == 0 for v in views], [t0 - v.t_epoch for v in views]
         holding = isinstance(self.est, StepPolicy)
+        if holding:                 # (B streams, one verify: one wait for the batch)
+            wants = self.est.choose_batch(offers, self.k, fresh, since)
+        else:
+            wants = [self.est.choose_m(a, self.k, f, t) for a, f, t in zip(offers, fresh, since)]
         while time.perf_counter() - t0 < DRAFT_WAIT_S:
             short = [(s, m) for s, m in zip(self.streams, wants) if self.offered(s) < m]
             if not short or (holding and all(self.est.overdue(m, time.perf_counter() - s["view"].t_epoch)
@@ -335,7 +340,7 @@ class EmulatedPipelined:
         self.send_commits(commits)
         self.answers(restarted)
         for j, s in enumerate(self.streams):
-            if self.prompt + s["settled"] + self.window + self.k + 2 > self.context:
+            if s["settled"] > s["end"]:
                 self.tally(s)
                 self.server.client.send(protocol.End(s["seq"]))
                 self.streams[j] = self.fresh()

@@ -7,7 +7,7 @@ import time
 
 from ...runtime.verify import Sampling
 from ...wire import protocol
-from .common import CONTEXT, PROMPT, REQUEST_LEAST, coins, hello, wait_until
+from .common import CONTEXT, PROMPT, REQUEST_LEAST, coins, first_end, hello, wait_until
 
 
 class Emulated:
@@ -21,6 +21,8 @@ class Emulated:
         self.prompt, self.context = prompt, context
         self.rng, self.count = random.Random(seed), 0
         self.tracks = [self.fresh() for _ in range(B)]
+        room = context - prompt - k - 1         # the tokens past its prompt a sequence takes, at most
+        self.ends = [prompt + first_end(self.rng, room) for _ in range(B)]     # each track's sequence's end (staggered)
         self.items = [(t, 0, [self.rng.randrange(vocab)], k) for t in self.tracks]
         self.opened: dict = {}                 # stream -> when its new sequence was opened (perf_counter)
         self.rec = {key: [] for key in ("round_ms", "tpot_ms", "wait_ms", "draft_ms", "queued_ms", "held_ms",
@@ -43,9 +45,10 @@ class Emulated:
             a = coins(self.rng, min(self.k, len(r.tokens)), self.alpha)
             tok = self.rng.randrange(self.vocab)
             toks.append(a + 1)
-            if t.have + a + 1 + self.k > self.context:
+            if t.have + a + 1 + self.k > self.ends[j]:
                 self.server.client.send(protocol.End(t.seq))    # no wait for Ended (the next Rounds skips it)
                 self.tracks[j] = t = self.fresh()
+                self.ends[j] = self.context
                 self.opened[j] = time.perf_counter()
                 items.append((t, 0, [self.rng.randrange(self.vocab)], self.k))
             else:
