@@ -79,9 +79,10 @@ def test_a_stalled_restart_is_covered_by_plain_steps():
 
 def test_a_batch_waits_for_one_restart_only_where_the_streams_gain_outweighs_it():
     """B streams share one verify and one wait: at one stream the batch choice is the stream's own. At four behind a
-    32B-like step (20 draft periods), all four just restarted, the batch waits for some drafts as each stream's own
-    rule would; with three holding a full window, a wait for the fourth's restart would cost the three more than
-    it gains, so none, where the stream's own rule waits. An 8B-like step (2 periods) waits for none."""
+    32B-like step (20 draft periods), all four just restarted, or late (past due, not overdue), or with none left on
+    offer, the batch waits for each one's own choice; with three holding a full window, a wait for the fourth's
+    restart would cost the three more than it gains, so none, where the stream's own rule waits. An 8B-like step (2
+    periods) waits for none."""
     fresh, since = [True] * 4, [0.0] * 4
     for tv_per_step in (2, 20):
         p = costmodel._policy(0.7, grid_costs(tv_per_step, 0.1), K, "policy", None)
@@ -89,8 +90,10 @@ def test_a_batch_waits_for_one_restart_only_where_the_streams_gain_outweighs_it(
         own = p.choose_m(0, K, True, 0.0)
         assert (own > 0) == (tv_per_step == 20)
         assert p.choose_batch([0], K, [True], [0.0]) == [own]
-        all_restarted = p.choose_batch([0] * 4, K, fresh, since)
-        assert all(0 < m <= own for m in all_restarted) if own else all_restarted == [0] * 4
+        late = 1.2 * p.due_s(own, 0)
+        assert p.choose_batch([0] * 4, K, fresh, since) == [own] * 4
+        assert p.choose_batch([0] * 4, K, fresh, [late] * 4) == [p.choose_m(0, K, True, late)] * 4
+        assert p.choose_batch([0] * 2, K, [False] * 2, [0.5] * 2) == [p.choose_m(0, K)] * 2
         got = p.choose_batch([K, K, K, 0], K, [False, False, False, True], [0.01, 0.01, 0.01, 0.0])
         assert got == [p.choose_m(K, K)] * 3 + [0], (tv_per_step, own, got)
 

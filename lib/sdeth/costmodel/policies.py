@@ -194,26 +194,32 @@ class StepPolicy(AdaptivePolicy):
 
     def choose_batch(self, offers: list[int], m_max: int, fresh: list[bool], since_s: list[float]) -> list[int]:
         """Drafts to verify for each of B streams stepped together (one verify, one wait for the batch): each
-        stream's own choice (choose_m), then the step's one wait: among none and each short stream's due time, the
-        one whose expected tokens over the batch per second of verify and wait is highest; each stream verifies
-        what it will hold by then. A wait for one stream's drafts holds all B (the rule is one stream's), so at
-        B > 1 the batch waits only where the streams' gain outweighs it. since_s: since each stream's restart."""
+        stream's own choice (choose_m), then the step's one wait: among none and each short stream's time to its
+        choice, the one whose expected tokens over the batch per second of verify and wait is highest; each stream
+        verifies what it will hold by then. A wait for one stream's drafts holds all B (the rule is one stream's), so
+        at B > 1 the batch waits only where the streams' gain outweighs it. The ratio is one step's (the drafts that
+        pile up during a wait are not credited), so it leans against waiting; at B = 1 it is choose_m. fresh: a
+        stream restarted with nothing received since (its drafts due from the restart, since_s ago: due_s; one late
+        but not overdue is given its next draft within half a period); since_s: since each stream's restart."""
         wants = [self.choose_m(a, m_max, f, t) for a, f, t in zip(offers, fresh, since_s)]
         c = self.costs()
         if len(offers) < 2 or c is None or all(w <= a for w, a in zip(wants, offers)):
             return wants
-        d, link, alpha = self.period or c.draft_step, self.link if self.link is not None else c.rtt, self.alpha
+        d, alpha = self.period or c.draft_step, self.alpha
 
-        def held(j: int, w: float) -> int:          # stream j's drafts after a wait of w (due_s's arrivals)
-            a = offers[j]
-            n = a + int(w / d) if a else max(int((since_s[j] + w - link) / d - 0.5), 0) if w > 0 else 0
-            return max(min(wants[j], n), min(a, wants[j]))
+        def arrives(j: int, m: int) -> float:       # seconds from now until stream j holds m drafts
+            if fresh[j]:
+                return max(self.due_s(m, 0) - since_s[j], (m - 0.5) * d)
+            return (m - offers[j]) * d                # (streaming: one a period)
+
+        def held(j: int, w: float) -> int:
+            a = min(offers[j], wants[j])
+            return a + sum(1 for m in range(a + 1, wants[j] + 1) if w > 0 and arrives(j, m) <= w + 1e-9)
 
         def rate(w: float) -> float:
             have = [held(j, w) for j in range(len(offers))]
             return sum(expected_tokens(alpha, m) for m in have) / (c.verify(max(have) + 1) + c.overhead + w)
-        waits = [0.0] + [max(self.due_s(m, a) - (0.0 if a else t), 0.0)
-                         for m, a, t in zip(wants, offers, since_s) if m > a]
+        waits = [0.0] + [arrives(j, m) for j, m in enumerate(wants) if m > offers[j]]
         w = max(sorted(waits), key=rate)
         return [held(j, w) for j in range(len(offers))]
 

@@ -346,23 +346,28 @@ def branch_call(root: Path) -> tuple[str, dict] | None:
 
 def branch_figures(root: Path, name: str, call: tuple | None) -> list[Figure]:
     """Branches sent ahead for a row's shape (B = 1, N = 1 of the newest such call, branch_call's; the targets going
-    with what is on offer, as the branches' own model plays): over the target alone with branches and without, at each hit-rate input (synthetic or the embedded pair's trace). Its own call
-    and harness: details only, never compared with the row's options."""
+    with what is on offer, as the branches' own model plays, or the one step policy a call ran, named): over the
+    target alone with branches and without, at each hit-rate input (synthetic or the embedded pair's trace). Its own
+    call and harness: details only, never compared with the row's options."""
     got = _row_call(call, name, " on loopback")
     if not got:
         return []
     rel, doc, model, hw = got
+    pts = [p for p in doc["ssd"]["points"] if p.get("target") == model and (p["B"], p["N"]) == (1, 1)
+           and "speedup" in p and not str((p.get("verdict_cache") or {}).get("spec", "")).endswith("+inline")]
+    played = {p.get("step_policy", "offered") for p in pts}
+    play = "offered" if "offered" in played or not played else sorted(played)[0]    # (a call that ran one policy)
     out = []
-    for p in (p for p in doc["ssd"]["points"] if p.get("target") == model and (p["B"], p["N"]) == (1, 1)
-              and "speedup" in p and p.get("step_policy", "offered") == "offered"
-              and not str((p.get("verdict_cache") or {}).get("spec", "")).endswith("+inline")):
+    for p in (p for p in pts if p.get("step_policy", "offered") == play):
         v = p.get("verdict_cache") or {}
         kind = "trace-driven" if v.get("ranks") == "trace" else "synthetic"
         what = "with branches sent ahead" if str(v.get("spec", "")).endswith("+ahead") else "plain (no branches)"
         hit = f", hit rate {v['hit_rate']:.2f}" if v.get("hit_rate") is not None else ""
-        at = ("ssd", "points", {"label": p["label"], "B": 1, "N": 1})
-        out.append(fig(root, rel, at + ("speedup",), f"remote pipelined {what}, {v.get('ranks')} ranks{hit}: over the "
-                       "target alone", "{:.2f}x", f"{kind}, emulated target", hw,
+        by = "" if play == "offered" else " (under the step policy)" if play == "policy" else f" (targets: {play})"
+        at = ("ssd", "points", {"label": p["label"], "B": 1, "N": 1, **({"step_policy": play} if "step_policy" in p
+                                                                        else {})})
+        out.append(fig(root, rel, at + ("speedup",), f"remote pipelined {what}, {v.get('ranks')} ranks{hit}{by}: over "
+                       "the target alone", "{:.2f}x", f"{kind}, emulated target", hw,
                        interval=at + ("speedup_interval",) if p.get("speedup_interval") else None))
     return [f for f in out if f]
 

@@ -21,8 +21,8 @@ class Emulated:
         self.prompt, self.context = prompt, context
         self.rng, self.count = random.Random(seed), 0
         self.tracks = [self.fresh() for _ in range(B)]
-        room = context - prompt - k - 1         # the tokens past its prompt a sequence takes, at most
-        self.ends = [prompt + first_end(self.rng, room) for _ in range(B)]     # each track's sequence's end (staggered)
+        room = context - prompt - k              # a sequence ends when its next round would pass `ends`: staggered
+        self.ends = [prompt + k + first_end(self.rng, room) for _ in range(B)]   # for the first, then the context
         self.items = [(t, 0, [self.rng.randrange(vocab)], k) for t in self.tracks]
         self.opened: dict = {}                 # stream -> when its new sequence was opened (perf_counter)
         self.rec = {key: [] for key in ("round_ms", "tpot_ms", "wait_ms", "draft_ms", "queued_ms", "held_ms",
