@@ -138,3 +138,30 @@ def test_a_targets_first_sequences_end_at_staggered_lengths():
     assert all(1 <= e <= room for e in first) and len(set(first)) >= t.B // 2
     assert [t.fresh()["end"] for _ in range(3)] == [room] * 3
     assert sum(isinstance(m, protocol.Open) for m in sent) == t.B + 3
+
+
+def test_a_sync_targets_first_sequences_end_at_staggered_lengths(monkeypatch):
+    """The sync target alike: each track's first sequence ends after 1..room tokens past its prompt and k (its next
+    round would pass the end), spread; a sequence that ends opens a new one, which runs to the context."""
+    import types
+
+    from sdeth.study.streambench import emulated_sync
+    from sdeth.wire import draft_client
+    opened = []
+
+    class Fake:
+        def __init__(self, *a, **kw):
+            self.client = types.SimpleNamespace(send=lambda m: None)
+
+        def open(self, seq, ids, *a):
+            opened.append(seq)
+            return types.SimpleNamespace(seq=seq, have=len(ids))
+    monkeypatch.setattr(draft_client, "DraftServerClient", Fake)
+    B, k, prompt, context = 8, 3, 16, 120
+    t = emulated_sync.Emulated("tcp://x", 0, B, k, 5.0, 0.7, 1, 300, prompt=prompt, context=context)
+    assert all(prompt + k + 1 <= e <= context for e in t.ends) and len(set(t.ends)) >= B // 2
+    j = min(range(B), key=t.ends.__getitem__)
+    t.ends = [e if i == j else context for i, e in enumerate(t.ends)]     # (the others: not ending this round)
+    t.tracks[j].have = t.ends[j] - k           # its next round (a + 1 + k past `have`) passes its end
+    t.verdicts([types.SimpleNamespace(error=None, tokens=[1] * k) for _ in range(B)])
+    assert len(opened) == B + 1 and t.ends[j] == context
