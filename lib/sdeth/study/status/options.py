@@ -357,13 +357,13 @@ def branch_figures(root: Path, name: str, call: tuple | None) -> list[Figure]:
            and "speedup" in p and not str((p.get("verdict_cache") or {}).get("spec", "")).endswith("+inline")]
     played = {p.get("step_policy", "offered") for p in pts}
     play = "offered" if "offered" in played or not played else sorted(played)[0]    # (a call that ran one policy)
+    by = "" if play == "offered" else f", under {POLICY_OPTION[play][1] if play in POLICY_OPTION else play}"
     out = []
     for p in (p for p in pts if p.get("step_policy", "offered") == play):
         v = p.get("verdict_cache") or {}
         kind = "trace-driven" if v.get("ranks") == "trace" else "synthetic"
         what = "with branches sent ahead" if str(v.get("spec", "")).endswith("+ahead") else "plain (no branches)"
         hit = f", hit rate {v['hit_rate']:.2f}" if v.get("hit_rate") is not None else ""
-        by = "" if play == "offered" else " (under the step policy)" if play == "policy" else f" (targets: {play})"
         at = ("ssd", "points", {"label": p["label"], "B": 1, "N": 1, **({"step_policy": play} if "step_policy" in p
                                                                         else {})})
         out.append(fig(root, rel, at + ("speedup",), f"remote pipelined {what}, {v.get('ranks')} ranks{hit}{by}: over "
