@@ -160,3 +160,37 @@ def test_beside_a_verdict_cache_steps_launch_ahead_only_while_no_branch_can_be_h
     else:
         assert server.verdicts.stats["branches"] > 0 and server.verdicts.stats["rows_stepped"] > 0
     assert not server.drafter.seqs
+
+
+def test_the_floor_calls_are_read_against_the_model_of_their_batches_and_restarts():
+    """floormodel: the step policy against the better corner less its interval; each point against the event model
+    fed its components (its B streams in one batch; the transit its measured restart implies where that is longer
+    than the Commit's), a point outside 10% named with what differs; each speed goal beside what the model allows."""
+    from sdeth.study.streambench import floormodel
+    from sdeth.study.streambench.remote import model_one_way_ms
+
+    def point(policy, speedup, tokens, held=0):
+        return {"tpot_ms": {"mean": 1.0}, "target": "Qwen3-8B", "B": 1, "N": 1, "step_policy": policy, "alpha": 0.71,
+                "verdict_cache": {"spec": "off"}, "speedup": speedup,
+                "speedup_interval": [speedup - 0.05, speedup + 0.05], "tokens_per_step": tokens, "steps": 100,
+                "emulation": {"held_commits": held}, "restart_periods": {"p50": 1.6}, "draft_ms_mean": 2.2,
+                "server_period_ms_p25": 2.3, "server_period_ms_p50": 2.3,
+                "timeline_ms": {"sent_to_read": {"p50": 0.2}, "sent_to_arrived": {"p50": 3.6}}}
+    pts = [point("offered", 1.25, 1.3), point("sync", 0.9, 2.8), point("policy", 1.22, 1.3)]
+    run = {"call": 7, "ssd": {"k": 4, "points": pts}}
+    assert model_one_way_ms(pts[0]) == 0.2                       # a restart of 3.6 ms at a 2.3 ms period: 0.15 ms
+    pts[0]["timeline_ms"]["sent_to_arrived"]["p50"] = 5.0        # ... of 5.0 ms: a link of 1.55 ms, half each way
+    assert abs(model_one_way_ms(pts[0]) - 0.775) < 1e-9
+    assert list(floormodel.three_policy_calls({"c": run, "d": {"ssd": {"points": pts[:2]}}})) == ["c"]
+    assert "at 1 of 1 points" in floormodel.policy_line("c", run)
+    pts[2]["speedup"] = 1.1
+    assert "at 0 of 1 points; short: Qwen3-8B B=1 N=1: 1.1 against offered 1.25" in floormodel.policy_line("c", run)
+    line = floormodel.model_line("c", run)
+    assert "at 3 of 3 points" in line, line
+    pts[2].update(tokens_per_step=0.9, steps=10, emulation={"held_commits": 50})
+    line = floormodel.model_line("c", run)
+    assert "at 2 of 3 points; outside: Qwen3-8B B=1 N=1 policy" in line and "50 commits held" in line, line
+    line = floormodel.goal_line("c", run, "Qwen3-8B", 1, 1, 1.4)
+    assert "1.25 measured [offered] (goal >= 1.4: missed)" in line and "beyond what they allow" in line, line
+    assert "within what they allow" in floormodel.goal_line("c", run, "Qwen3-8B", 1, 1, 1.0)
+    assert floormodel.goal_line("c", run, "Qwen3-32B", 1, 4, 2.0) is None

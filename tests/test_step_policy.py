@@ -98,6 +98,34 @@ def test_a_batch_waits_for_one_restart_only_where_the_streams_gain_outweighs_it(
         assert got == [p.choose_m(K, K)] * 3 + [0], (tv_per_step, own, got)
 
 
+def batch_rate(alpha: float, c: Costs, setting: str, streams: int) -> float:
+    """Tokens/s per stream of the event model with `streams` verified in one batch (the same seeds throughout)."""
+    return sum(simulate_pipelined(alpha, c, K, n_tokens=N_TOKENS * streams, seed=s, policy=setting,
+                                  streams=streams)["tokens_per_s"] for s in range(2)) / 2 / streams
+
+
+def test_the_event_model_verifies_a_batch_after_one_wait():
+    """The event model with B streams in one batch: at one it is the one-stream model; going with what is on offer
+    nobody waits, so each of four streams yields what one would alone; sync waits for the last of the four to hold k,
+    so each stream yields less than alone; the step policy's one wait for the batch (choose_batch) is never more than
+    2% below the better corner over a grid of acceptance, verify cost and link, and above it where waiting pays."""
+    c = grid_costs(10, 1.0)
+    assert simulate_pipelined(0.7, c, K, n_tokens=2000, streams=1) == simulate_pipelined(0.7, c, K, n_tokens=2000)
+    one, four = (simulate_pipelined(0.7, c, K, n_tokens=4 * N_TOKENS * b, policy="offered", streams=b) for b in (1, 4))
+    assert four["target_idle_share"] == 0 and abs(four["tokens_per_round"] / one["tokens_per_round"] - 1) < 0.03
+    assert batch_rate(0.7, c, "sync", 4) < 0.99 * batch_rate(0.7, c, "sync", 1)
+    ratios = {}
+    for alpha in (0.5, 0.7, 0.9):
+        for tv_per_step in (5, 20):
+            for restart_ms in (0.1, 5.0):
+                g = grid_costs(tv_per_step, restart_ms)
+                corner = max(batch_rate(alpha, g, "sync", 4), batch_rate(alpha, g, "offered", 4))
+                ratios[alpha, tv_per_step, restart_ms] = batch_rate(alpha, g, "policy", 4) / corner
+    worst = min(ratios, key=ratios.get)
+    assert ratios[worst] >= 0.98, (worst, ratios[worst])
+    assert max(ratios.values()) > 1.05
+
+
 @pytest.mark.parametrize("bad", ["wait", ""])
 def test_an_unknown_setting_names_the_choices(bad):
     with pytest.raises(ValueError, match="policy, sync, offered"):

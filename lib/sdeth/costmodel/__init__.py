@@ -9,7 +9,7 @@ nothing of sdeth outside itself), in rooms; their public names (and _policy) are
 from .rounds import (Costs, best_k, expected_tokens, predicted_run_tokens_per_s, round_time,  # noqa: F401
                      sd_tokens_per_s, speedup)
 from .rules import (CORNER_MARGIN, CYCLE_ROUNDS, OVERDUE, PHASES, RULE_EVERY, WaitRule, best_rule,  # noqa: F401
-                    best_rule_steps, rule_rate)
+                    best_rule_steps, link_of_restart, rule_rate)
 from .cacheterms import CacheTerms, cache_terms, fanouts, verdict_terms  # noqa: F401
 from .modeldraft import DraftStep  # noqa: F401
 from .policies import (POLICIES, SETTINGS,  # noqa: F401

@@ -261,7 +261,7 @@ def _policy(alpha: float, c: Costs, k_max: int, adaptive: bool | str, period: fl
 
 
 def simulate_pipelined(alpha: float, c: Costs, k_max: int, n_tokens: int = 20000, seed: int = 0,
-                       adaptive: bool = True, cache: tuple | None = None, policy: str = "") -> dict:
+                       adaptive: bool = True, cache: tuple | None = None, policy: str = "", streams: int = 1) -> dict:
     """Event model of the pipelined protocol (runtime.pipeline). Terms: a *step* is one draft token, one per
     draft_period (its device step plus its host's work: read, send, launch) from the start of its current
     run; a *transit* is link_rtt/2 (c.rtt/2 when link_rtt is None), a token's or a Commit's way over the link;
@@ -274,43 +274,65 @@ def simulate_pipelined(alpha: float, c: Costs, k_max: int, n_tokens: int = 20000
     policy names one of POLICIES instead ("offered": verify what is on offer, never wait).
     Deterministic for a seed.
 
+    streams: B sequences a target verifies in one batch (c's verify costs are the batch's): each has a draft of its
+    own on the server's period; every step waits for the batch's choice (the step policy's choose_batch; another
+    policy's choice per stream, the step waiting for the last) and verifies them all at once. At 1, one stream.
+
     cache: a CacheTerms (or its 4-tuple; cache_terms makes it). A rejection at one of the first `forks`
     positions past the last commit finds its correction on a branch with probability `hit`; the branch
     drafted `depth` tokens from its fork's step on, so a hit costs no restart. Every step costs row_cost
     plain ones unless draft_period, measured with the branches on, already holds them.
 
-    Returns tokens/s, mean drafts verified and tokens per round, the shares of plain target steps and of idle
-    target time, the restarts and the hit rate after a rejection (None without restarts)."""
+    Returns tokens/s (over all streams), per stream and round: mean drafts verified and tokens, the shares of plain
+    rounds and of idle target time, the restarts and the hit rate after a rejection (None without restarts)."""
     import random
     terms = CacheTerms(*cache) if cache else CacheTerms(0, 0, 0.0, 1.0)
     period = c.draft_period or c.draft_step * terms.row_cost
     est = _policy(alpha, c, k_max, policy or adaptive, period if cache and not c.draft_period else None)
     est.period = period                              # the draft's wall step, as the runtime measures it
-    draft = _ModelDraft(alpha, period, (c.rtt if c.link_rtt is None else c.link_rtt) / 2, terms, random.Random(seed))
-    t, out = 0.0, 1              # target clock (s); positions < out are committed
+    one_way = (c.rtt if c.link_rtt is None else c.link_rtt) / 2
+    drafts = [_ModelDraft(alpha, period, one_way, terms, random.Random(seed + j)) for j in range(streams)]
+    t, outs = 0.0, [1] * streams     # target clock (s); positions < outs[j] of stream j are committed
     idle, rounds, verified, plain = 0.0, 0, 0, 0
-    while out < n_tokens:
-        draft.produce_until(t - draft.one_way)
-        run, avail, fresh = draft.arrived(out, t)
+    while sum(outs) < n_tokens:
+        ms, ready = _step_choice(est, drafts, outs, t, k_max)
+        idle += ready - t
+        t = ready + c.verify(max(ms) + 1) + c.overhead
+        rounds, verified, plain = rounds + streams, verified + sum(ms), plain + ms.count(0)
+        for j, (d, m) in enumerate(zip(drafts, ms)):
+            run = [x for x in d.run if x.pos >= outs[j]]
+            n = next((i for i in range(m) if not run[i].match), m)      # accepted drafts
+            outs[j] += n + 1
+            d.commit(outs[j] - 1, t)
+            d.acked = outs[j]
+            d.run[:] = [x for x in d.run if x.pos >= outs[j]]
+    restarts, hits = sum(d.restarts for d in drafts), sum(d.hits for d in drafts)
+    return {"tokens_per_s": sum(outs) / t, "verified_per_round": verified / rounds,
+            "tokens_per_round": sum(outs) / rounds, "plain_step_share": plain / rounds, "target_idle_share": idle / t,
+            "restarts": restarts, "cache_hit_rate": hits / restarts if restarts else None}
+
+
+def _step_choice(est: AdaptivePolicy, drafts: list[_ModelDraft], outs: list[int], t: float,
+                 k_max: int) -> tuple[list[int], float]:
+    """simulate_pipelined's step at t: each stream's drafts to verify (one stream: choose_m; a batch: the step
+    policy's choose_batch, another policy's choose_m per stream) and when the last of them is at the target."""
+    seen = []
+    for d, out in zip(drafts, outs):
+        d.produce_until(t - d.one_way)
+        _, avail, fresh = d.arrived(out, t)
         if getattr(est, "holds", False):
-            fresh = t < draft.t_first                   # the step policy's fresh: nothing of this run has arrived
-        m = est.choose_m(avail, k_max, fresh, t - draft.t_restart)
-        if m > avail:                                   # wait for the m-th token
-            draft.produce_until(-1, out + m - 1)
-            run = [x for x in draft.run if x.pos >= out]
-            t_ready = run[m - 1].end + draft.one_way
-            idle += max(t_ready - t, 0.0)
-            t = max(t, t_ready)
-        t += c.verify(m + 1) + c.overhead
-        rounds, verified, plain = rounds + 1, verified + m, plain + (m == 0)
-        n = next((i for i in range(m) if not run[i].match), m)      # accepted drafts
-        out += n + 1
-        draft.commit(out - 1, t)
-        draft.acked = out
-        draft.run[:] = [x for x in draft.run if x.pos >= out]
-    return {"tokens_per_s": out / t, "verified_per_round": verified / rounds, "tokens_per_round": out / rounds,
-            "plain_step_share": plain / rounds, "target_idle_share": idle / t, "restarts": draft.restarts,
-            "cache_hit_rate": draft.hits / draft.restarts if draft.restarts else None}
+            fresh = t < d.t_first                   # the step policy's fresh: nothing of this run has arrived
+        seen.append((avail, fresh, t - d.t_restart))
+    if len(drafts) > 1 and hasattr(est, "choose_batch"):
+        ms = est.choose_batch([a for a, _, _ in seen], k_max, [f for _, f, _ in seen], [s for _, _, s in seen])
+    else:
+        ms = [est.choose_m(a, k_max, f, s) for a, f, s in seen]
+    ready = t
+    for d, out, m, (avail, _, _) in zip(drafts, outs, ms, seen):
+        if m > avail:                               # wait for the m-th token
+            d.produce_until(-1, out + m - 1)
+            ready = max(ready, [x for x in d.run if x.pos >= out][m - 1].end + d.one_way)
+    return ms, ready
 
 
 def pipelined_speedup(alpha: float, c: Costs, k_max: int, **kw) -> float:

@@ -28,6 +28,13 @@ class WaitRule(NamedTuple):
         return min(self.cap, m_max, max(available, self.some if available else self.empty))
 
 
+def link_of_restart(restart_s: float, period_s: float) -> float:
+    """The link (both ways) a measured restart implies (a Commit sent to the first draft after it at the target):
+    that draft comes link + (1 + u) periods after the Commit, u uniform over a period (_cycle), so 1.5 periods on
+    average; never below 0. The step policy's targets and the event model fed a point's components read it alike."""
+    return max(restart_s - 1.5 * period_s, 0.0)
+
+
 def _cycle(alpha: float, tv: tuple, d: float, link: float, u: float, rule: WaitRule) -> tuple[float, float]:
     """(E[tokens], E[seconds]) of one restart cycle under `rule` (renewal-reward: every cycle starts alike,
     at the Commit that restarts the draft). The draft's new run arrives one token a period from link + (1+u)

@@ -65,7 +65,7 @@ import time
 
 import zmq
 
-from ..costmodel import OVERDUE, RULE_EVERY, StepPolicy, WaitRule, best_rule_steps
+from ..costmodel import OVERDUE, RULE_EVERY, StepPolicy, WaitRule, best_rule_steps, link_of_restart
 from . import protocol, vllm_cpu_expand
 from .auth import Keys
 from .transport import Log, PeerGone
@@ -245,7 +245,7 @@ class RemoteDraftProposer(ProposerLink):
         if est.verify_s.get(1) != step:
             est.verify_s = dict.fromkeys(range(1, self.bounds.k + 2), step)     # t_v(m): one vLLM step, any m
         est.draft_step = est.period = period
-        est.link = _rounded(max(restart - 1.5 * period, 0.0)) if restart is not None else 0.0
+        est.link = _rounded(link_of_restart(restart, period)) if restart is not None else 0.0
         return True
 
     def measured(self) -> Measured:

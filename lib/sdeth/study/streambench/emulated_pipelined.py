@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import time
 
-from ...costmodel import StepPolicy, step_setting
+from ...costmodel import StepPolicy, link_of_restart, step_setting
 from ...runtime.pipeline import StreamView
 from ...wire import protocol
 from .common import CONTEXT, HOLDS, PROMPT, SPIN_S, TIMELINE, first_end, hello, wait_until
@@ -202,13 +202,14 @@ class EmulatedPipelined:
 
     def measured(self) -> None:
         """What the policy plays from, as measured so far: the server's period and a commit's way to the first
-        draft after it (its restart latency: the link and one and a half periods, as the policy models it)."""
+        draft after it (its restart latency: the link and one and a half periods, as the policy models it:
+        costmodel.link_of_restart)."""
         r, est = self.rec, self.est
         if r["period_ms"] and r["sent_to_arrived"]:
             period = sorted(r["period_ms"][-64:])[len(r["period_ms"][-64:]) // 2] / 1e3
             first = sorted(r["sent_to_arrived"][-64:])[len(r["sent_to_arrived"][-64:]) // 2] / 1e3
             est.draft_step = est.period = period
-            est.rtt = est.link = max(first - 1.5 * period, 0.0)
+            est.rtt = est.link = link_of_restart(first, period)
 
     def chosen(self) -> list[int]:
         """Each stream's drafts to verify this step: the policy's choice from what it has on offer, waited for (the

@@ -4,7 +4,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 
-from ...costmodel import Costs, simulate_pipelined
+from ...costmodel import Costs, link_of_restart, simulate_pipelined
 from ...metrics import ratio_ci
 from ..bench.targets import DRAFT_ALPHA
 from .colocated import best_k
@@ -91,6 +91,16 @@ def remote_points(addr: str, pool: Targets, grid, tv: dict, alpha: float, second
 
 
 
+def model_one_way_ms(p: dict) -> float:
+    """The transit the event model is fed for a point: the Commit's measured way to the server, or where longer half
+    the link its measured restart implies (costmodel.link_of_restart over the server's period p50, as its targets'
+    step policy reads it), so that the model's restarts take as long as the point's."""
+    t, one_way = p["timeline_ms"], p["timeline_ms"]["sent_to_read"]["p50"] or 0.0
+    if not t["sent_to_arrived"]["p50"] or not p.get("server_period_ms_p50"):
+        return one_way
+    return max(one_way, link_of_restart(t["sent_to_arrived"]["p50"], p["server_period_ms_p50"]) / 2)
+
+
 def target_only(tv: dict, B: int) -> float:
     """Tokens/s of one target decoding B streams alone: B / t(B)."""
     return B / (tv[(B, 0)] / 1e3)
@@ -100,16 +110,16 @@ def model_of(tv: dict, B: int, k: int, alpha: float, step_ms: float, period_ms: 
              policy: str = "offered") -> dict:
     """costmodel.simulate_pipelined for this point: the target plays the step's policy the point ran (`policy`;
     'adaptive': one round's best rate, beside it), t_v(B, m) as measured, the server's measured step and period,
-    the commit's measured way to the server (both ways: twice that)."""
+    a transit each way (model_one_way_ms); its B streams verified in one batch."""
     c = Costs(tv[(B, 0)] / 1e3, step_ms / 1e3, {m + 1: tv[(B, m)] / 1e3 for m in range(1, k + 1)},
               rtt=2 * one_way_ms / 1e3, draft_period=max(period_ms, step_ms) / 1e3)
-    sim = simulate_pipelined(alpha, c, k, n_tokens=6000, policy=policy)
-    waits = simulate_pipelined(alpha, c, k, n_tokens=6000, policy="adaptive")
+    sim = simulate_pipelined(alpha, c, k, n_tokens=6000 * B, policy=policy, streams=B)
+    waits = simulate_pipelined(alpha, c, k, n_tokens=6000 * B, policy="adaptive", streams=B)
     return {"step_policy": policy, "verified_per_round": round(sim["verified_per_round"], 3),
             "tokens_per_round": round(sim["tokens_per_round"], 3),
-            "speedup": round(sim["tokens_per_s"] * c.target_step, 3),
+            "speedup": round(sim["tokens_per_s"] * c.target_step / B, 3),
             "adaptive": {"verified_per_round": round(waits["verified_per_round"], 3),
-                         "speedup": round(waits["tokens_per_s"] * c.target_step, 3)},
+                         "speedup": round(waits["tokens_per_s"] * c.target_step / B, 3)},
             "fed": {"step_ms": step_ms, "period_ms": period_ms, "one_way_ms": one_way_ms}}
 
 
@@ -198,7 +208,7 @@ def pipelined_record(B: int, N: int, k: int, alpha: float, ready, recs, start_at
             out["speedup_interval"] = [round(ci["low"] / base, 3), round(ci["high"] / base, 3)]
         if out["draft_ms_mean"]:
             m = model_of(tv, B, k, alpha, out["draft_ms_mean"], out["server_period_ms_p25"] or out["draft_ms_mean"],
-                         out["timeline_ms"]["sent_to_read"]["p50"] or 0.0, policy)
+                         model_one_way_ms(out), policy)
             m["offered_measured_over_model"] = round(out["offered_mean"] / max(m["verified_per_round"], 1e-9), 3)
             m["tokens_measured_over_model"] = round(out["tokens_per_step"] / m["tokens_per_round"], 3)
             out["model"] = m

@@ -32,7 +32,7 @@ from ...wire.server_config import DraftServerConfig
 from ..bench.targets import DRAFT_ALPHA
 from .common import HOLDS, PIPELINED_K, PIPELINED_WINDOW, mean
 from .ranks import TOP, Ranks
-from .remote import pipelined_record
+from .remote import model_one_way_ms, pipelined_record
 from .server import serve_random
 from .target import big_tv
 
@@ -54,8 +54,9 @@ SSD_NOTES = [
     "hit), and no answer is awaited.",
     "hit rate: restarts answered with drafts at once over all restarts (the target's count); by position: the "
     "rejection's offset past the last settled position. branch_rows_per_step: branch rows beside the live rows.",
-    "model_cached: costmodel.simulate_pipelined (never waiting) fed the point's measured server step and commit "
-    "transit, with costmodel.verdict_terms from the cache's spec and the ranks' shares (a prediction, not a fit).",
+    "model_cached: costmodel.simulate_pipelined (the point's step policy, its B streams verified in one batch) fed the "
+    "point's measured server step and commit transit (where longer: the transit its measured restart implies), with "
+    "costmodel.verdict_terms from the cache's spec and the ranks' shares (a prediction, not a fit).",
 ]
 
 
@@ -108,22 +109,31 @@ def ssd_record(p: dict, recs: list, cache: str, ranks: Ranks, tv: dict, k: int) 
     return p
 
 
+def point_costs(p: dict, tv: dict, k: int, period_scale: float = 1.0) -> Costs:
+    """The costs the event model is fed for a point: t_v(B, m) of its target, the server's measured device step and
+    period (p25), a transit each way (model_one_way_ms); the draft's step and period times period_scale (a what-if:
+    the same point with a faster or slower draft, its link unchanged)."""
+    B, step_ms = p["B"], p["draft_ms_mean"]
+    period_ms = max(p["server_period_ms_p25"] or step_ms, step_ms)
+    return Costs(tv[(B, 0)] / 1e3, step_ms * period_scale / 1e3, {m + 1: tv[(B, m)] / 1e3 for m in range(1, k + 1)},
+                 rtt=2 * model_one_way_ms(p) / 1e3, draft_period=period_ms * period_scale / 1e3)
+
+
 def model_cached(p: dict, cache: str, ranks: Ranks, tv: dict, k: int, placed: bool = True) -> dict | None:
-    """simulate_pipelined fed the point's measured server step, its transit and verdict_terms for its cache (the
+    """simulate_pipelined fed the point's measured server step, its transit (model_one_way_ms) and verdict_terms for its cache (the
     hit probability predicted from the ranks' shares, not the measured hit rate; placed: the server placed its
-    branches by their worth, see BRANCH_PLAN)."""
+    branches by their worth, see BRANCH_PLAN), its B streams verified in one batch."""
     if not p.get("draft_ms_mean"):
         return None
     spec, B, alpha = VerdictSpec.parse(server_spec(cache)), p["B"], p["alpha"]
-    step_ms = p["draft_ms_mean"]
-    one_way = (p["timeline_ms"]["sent_to_read"]["p50"] or 0.0) / 1e3
-    c = Costs(tv[(B, 0)] / 1e3, step_ms / 1e3, {m + 1: tv[(B, m)] / 1e3 for m in range(1, k + 1)}, rtt=2 * one_way,
-              draft_period=max(p["server_period_ms_p25"] or step_ms, step_ms) / 1e3)
+    c = point_costs(p, tv, k)
     shares = ranks.shares()[:TOP]          # (TOP: outside the draft's first TOP choices, never foreseen)
     terms = (verdict_terms(alpha, spec.fanout, spec.depth, spec.budget, shares, 1.0, PIPELINED_WINDOW, placed)
              if spec.on else None)
-    sim = simulate_pipelined(alpha, c, k, n_tokens=6000, policy=p.get("step_policy", "offered"), cache=terms)
-    out = {"tokens_per_round": round(sim["tokens_per_round"], 3), "speedup": round(sim["tokens_per_s"] * c.target_step, 3),
+    sim = simulate_pipelined(alpha, c, k, n_tokens=6000 * B, policy=p.get("step_policy", "offered"), cache=terms,
+                             streams=B)
+    out = {"tokens_per_round": round(sim["tokens_per_round"], 3),
+           "speedup": round(sim["tokens_per_s"] * c.target_step / B, 3),
            "cache_hit_rate": sim["cache_hit_rate"] and round(sim["cache_hit_rate"], 3),
            "terms": terms._asdict() if terms else None}
     if p.get("tokens_per_step"):
@@ -316,5 +326,5 @@ def hold_lines(runs: dict) -> list[str]:
     return out
 
 
-__all__ = ["goal_lines", "hold_lines", "ssd_part", "ssd_runs", "ssd_table", "ssd_points", "ssd_record",
+__all__ = ["goal_lines", "hold_lines", "point_costs", "ssd_part", "ssd_runs", "ssd_table", "ssd_points", "ssd_record",
            "ssd_row", "start_servers"]
