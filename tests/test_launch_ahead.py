@@ -173,7 +173,7 @@ def test_the_floor_calls_are_read_against_the_model_of_their_batches_and_restart
         return {"tpot_ms": {"mean": 1.0}, "target": "Qwen3-8B", "B": 1, "N": 1, "step_policy": policy, "alpha": 0.71,
                 "verdict_cache": {"spec": "off"}, "speedup": speedup,
                 "speedup_interval": [speedup - 0.05, speedup + 0.05], "tokens_per_step": tokens, "steps": 100,
-                "emulation": {"held_commits": held}, "restart_periods": {"p50": 1.6}, "draft_ms_mean": 2.2,
+                "emulation": {"held_commits": held}, "offered_mean": 1.0, "draft_ms_mean": 2.2,
                 "server_period_ms_p25": 2.3, "server_period_ms_p50": 2.3,
                 "timeline_ms": {"sent_to_read": {"p50": 0.2}, "sent_to_arrived": {"p50": 3.6}}}
     pts = [point("offered", 1.25, 1.3), point("sync", 0.9, 2.8), point("policy", 1.22, 1.3)]
@@ -190,6 +190,8 @@ def test_the_floor_calls_are_read_against_the_model_of_their_batches_and_restart
     pts[2].update(tokens_per_step=0.9, steps=10, emulation={"held_commits": 50})
     line = floormodel.model_line("c", run)
     assert "at 2 of 3 points; outside: Qwen3-8B B=1 N=1 policy" in line and "50 commits held" in line, line
+    pts[2]["emulation"]["held_commits"] = 0                     # no hold: the wait is named, drafts against the model's
+    assert "drafts verified a step 1.00 against the model's" in floormodel.model_line("c", run)
     line = floormodel.goal_line("c", run, "Qwen3-8B", 1, 1, 1.4)
     assert "1.25 measured [offered] (goal >= 1.4: missed)" in line and "beyond what they allow" in line, line
     assert "within what they allow" in floormodel.goal_line("c", run, "Qwen3-8B", 1, 1, 1.0)

@@ -108,7 +108,7 @@ def test_the_event_model_verifies_a_batch_after_one_wait():
     """The event model with B streams in one batch: at one it is the one-stream model; going with what is on offer
     nobody waits, so each of four streams yields what one would alone; sync waits for the last of the four to hold k,
     so each stream yields less than alone; the step policy's one wait for the batch (choose_batch) is never more than
-    2% below the better corner over a grid of acceptance, verify cost and link, and above it where waiting pays."""
+    1% below the better corner over a grid of acceptance, verify cost and link, and above it where waiting pays."""
     c = grid_costs(10, 1.0)
     assert simulate_pipelined(0.7, c, K, n_tokens=2000, streams=1) == simulate_pipelined(0.7, c, K, n_tokens=2000)
     one, four = (simulate_pipelined(0.7, c, K, n_tokens=4 * N_TOKENS * b, policy="offered", streams=b) for b in (1, 4))
@@ -122,7 +122,7 @@ def test_the_event_model_verifies_a_batch_after_one_wait():
                 corner = max(batch_rate(alpha, g, "sync", 4), batch_rate(alpha, g, "offered", 4))
                 ratios[alpha, tv_per_step, restart_ms] = batch_rate(alpha, g, "policy", 4) / corner
     worst = min(ratios, key=ratios.get)
-    assert ratios[worst] >= 0.98, (worst, ratios[worst])
+    assert ratios[worst] >= 0.99, (worst, ratios[worst])
     assert max(ratios.values()) > 1.05
 
 

@@ -147,7 +147,7 @@ class StepPolicy(AdaptivePolicy):
     is covered by plain steps. The event model (simulate_pipelined) plays this very object."""
     holds = True     # the step's first choice stands while its drafts are on their way (runtime.pipeline.DraftFeed)
     alpha_step = 0.01    # alpha is rounded to this before a rule is chosen (coarser: fewer distinct tables to score)
-    _rule: tuple[int, int, WaitRule] | None = None      # (steps until it is chosen again, for k, the rule)
+    _rule: tuple[int, int, WaitRule, float] | None = None   # (steps until chosen again, for k, the rule, its rate)
 
     def rule(self, m_max: int) -> WaitRule | None:
         """The rule for rounds of at most m_max drafts, chosen again every RULE_EVERY steps; None until the costs
@@ -158,7 +158,7 @@ class StepPolicy(AdaptivePolicy):
         key = self.rule_key(m_max)
         if key is None:
             return None
-        self._rule = (RULE_EVERY - 1, len(key[1]) - 1, best_rule(*key)[0])
+        self._rule = (RULE_EVERY - 1, len(key[1]) - 1, *best_rule(*key))
         return self._rule[2]
 
     def rule_key(self, m_max: int) -> tuple | None:
@@ -194,18 +194,19 @@ class StepPolicy(AdaptivePolicy):
 
     def choose_batch(self, offers: list[int], m_max: int, fresh: list[bool], since_s: list[float]) -> list[int]:
         """Drafts to verify for each of B streams stepped together (one verify, one wait for the batch): each
-        stream's own choice (choose_m), then the step's one wait: among none and each short stream's time to its
-        choice, the one whose expected tokens over the batch per second of verify and wait is highest; each stream
-        verifies what it will hold by then. A wait for one stream's drafts holds all B (the rule is one stream's), so
-        at B > 1 the batch waits only where the streams' gain outweighs it. The ratio is one step's (the drafts that
-        pile up during a wait are not credited), so it leans against waiting; at B = 1 it is choose_m. fresh: a
-        stream restarted with nothing received since (its drafts due from the restart, since_s ago: due_s; one late
-        but not overdue is given its next draft within half a period); since_s: since each stream's restart."""
+        stream's own choice (choose_m), then the step's one wait, among none and each short stream's time to its
+        choice: the one whose expected tokens over the batch, less what the batch makes in the long run (B x the
+        rule's renewal rate) in the step's verify and wait, is highest (renewal-reward's marginal test: a wait pays
+        only where what it brings beats what its time brings elsewhere); each stream verifies what it will hold by
+        then. A wait for one stream's drafts holds all B, so at B > 1 the batch waits only where the streams' gain
+        outweighs it; at B = 1 it is choose_m. fresh: a stream restarted with nothing received since (its drafts due
+        from the restart, since_s ago: due_s; one late but not overdue is given its next draft within half a
+        period); since_s: since each stream's restart."""
         wants = [self.choose_m(a, m_max, f, t) for a, f, t in zip(offers, fresh, since_s)]
         c = self.costs()
-        if len(offers) < 2 or c is None or all(w <= a for w, a in zip(wants, offers)):
+        if len(offers) < 2 or c is None or self._rule is None or all(w <= a for w, a in zip(wants, offers)):
             return wants
-        d, alpha = self.period or c.draft_step, self.alpha
+        d, alpha, rate = self.period or c.draft_step, self.alpha, len(offers) * self._rule[3]
 
         def arrives(j: int, m: int) -> float:       # seconds from now until stream j holds m drafts
             if fresh[j]:
@@ -216,11 +217,11 @@ class StepPolicy(AdaptivePolicy):
             a = min(offers[j], wants[j])
             return a + sum(1 for m in range(a + 1, wants[j] + 1) if w > 0 and arrives(j, m) <= w + 1e-9)
 
-        def rate(w: float) -> float:
+        def worth(w: float) -> float:
             have = [held(j, w) for j in range(len(offers))]
-            return sum(expected_tokens(alpha, m) for m in have) / (c.verify(max(have) + 1) + c.overhead + w)
+            return sum(expected_tokens(alpha, m) for m in have) - rate * (c.verify(max(have) + 1) + c.overhead + w)
         waits = [0.0] + [arrives(j, m) for j, m in enumerate(wants) if m > offers[j]]
-        w = max(sorted(waits), key=rate)
+        w = max(sorted(waits), key=worth)
         return [held(j, w) for j in range(len(offers))]
 
     def overdue(self, m: int, since_s: float, available: int = 0) -> bool:

@@ -59,13 +59,15 @@ def model_line(name: str, run: dict) -> str:
     k, inside, outside = run["ssd"]["k"], 0, []
     pts = _off(run)
     for p in pts:
-        r = p["tokens_per_step"] / _model(p, k)["tokens_per_round"]
+        m = _model(p, k)
+        r = p["tokens_per_step"] / m["tokens_per_round"]
         if abs(r - 1) <= MODEL_WITHIN:
             inside += 1
             continue
         held = (p.get("emulation") or {}).get("held_commits", 0)
         why = (f"{held} commits held for the draft's own token (the model takes a position not drafted as given)"
-               if held > p["steps"] else f"restart p50 {p['restart_periods']['p50']} periods")
+               if held > p["steps"] else f"drafts verified a step {p['offered_mean']:.2f} against the model's "
+               f"{m['verified_per_round']:.2f}: the targets' wait differs")
         outside.append(f"{p['target']} B={p['B']} N={p['N']} {p['step_policy']}: {r:.3f} ({why})")
     return (f"{name}: measured within {MODEL_WITHIN:.0%} of the model at {inside} of {len(pts)} points"
             + (f"; outside: {'; '.join(outside)}" if outside else ""))
@@ -88,7 +90,7 @@ def goal_line(name: str, run: dict, target: str, b: int, n: int, goal: float) ->
             f"{'within' if model[best] >= goal else 'beyond'} what they allow")
 
 
-def lines(runs: dict, last: int = 2) -> list[str]:
+def lines(runs: dict, last: int = 4) -> list[str]:
     """policy_line, model_line and each speed goal's goal_line of the newest `last` calls that ran the three."""
     out = []
     for name, run in three_policy_calls(runs, last).items():

@@ -133,6 +133,7 @@ def model_cached(p: dict, cache: str, ranks: Ranks, tv: dict, k: int, placed: bo
     sim = simulate_pipelined(alpha, c, k, n_tokens=6000 * B, policy=p.get("step_policy", "offered"), cache=terms,
                              streams=B)
     out = {"tokens_per_round": round(sim["tokens_per_round"], 3),
+           "verified_per_round": round(sim["verified_per_round"], 3),
            "speedup": round(sim["tokens_per_s"] * c.target_step / B, 3),
            "cache_hit_rate": sim["cache_hit_rate"] and round(sim["cache_hit_rate"], 3),
            "terms": terms._asdict() if terms else None}
