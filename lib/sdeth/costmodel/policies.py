@@ -292,7 +292,7 @@ def simulate_pipelined(alpha: float, c: Costs, k_max: int, n_tokens: int = 20000
     est = _policy(alpha, c, k_max, policy or adaptive, period if cache and not c.draft_period else None)
     est.period = period                              # the draft's wall step, as the runtime measures it
     one_way = (c.rtt if c.link_rtt is None else c.link_rtt) / 2
-    drafts = [_ModelDraft(alpha, period, one_way, terms, random.Random(seed + j)) for j in range(streams)]
+    drafts = [_ModelDraft(alpha, period, one_way, terms, random.Random(seed + j * 1_000_003)) for j in range(streams)]
     t, outs = 0.0, [1] * streams     # target clock (s); positions < outs[j] of stream j are committed
     idle, rounds, verified, plain = 0.0, 0, 0, 0
     while sum(outs) < n_tokens:

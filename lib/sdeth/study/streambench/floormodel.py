@@ -1,7 +1,7 @@
 """The floor's calls read against the event model again, from each point's measured components (the JSON holds them):
 costmodel.simulate_pipelined playing the point's step policy over its B streams in one batch (one wait, one verify),
 fed its target's t_v(B, m), the server's device step and period, and the transit its measured restart implies
-(ssd.point_costs). Per call: the step policy against the better corner of the same call, each point measured against
+(ssd.fed_costs). Per call: the step policy against the better corner of the same call, each point measured against
 that model (the goal: within 10%; where not, the component that differs, read off the point), and per speed goal the
 model of its best point under each step setting: whether the components this machine measured allow the goal.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from ...costmodel import simulate_pipelined
 from .ahead import SPEED_GOALS
 from .ranks import Ranks
-from .ssd import model_cached, point_costs
+from .ssd import fed_costs, model_cached
 from .target import big_tv
 
 MODEL_WITHIN = 0.10      # the goal: each point's tokens a step within this of the model's
@@ -41,6 +41,7 @@ def policy_line(name: str, run: dict) -> str:
     by: dict[tuple, dict] = {}
     for p in _off(run):
         by.setdefault((p["target"], p["B"], p["N"]), {})[p["step_policy"]] = p
+    by = {key: g for key, g in by.items() if "policy" in g and any(c in g for c in CORNERS)}
     met, short = 0, []
     for (target, b, n), g in by.items():
         best = max((g[c] for c in CORNERS if c in g), key=lambda p: p["speedup"])
@@ -57,7 +58,7 @@ def policy_line(name: str, run: dict) -> str:
 def model_line(name: str, run: dict) -> str:
     """Each point's tokens a step over the model's; the points outside MODEL_WITHIN named with what differs."""
     k, inside, outside = run["ssd"]["k"], 0, []
-    pts = _off(run)
+    pts = [p for p in _off(run) if p.get("draft_ms_mean") and p.get("tokens_per_step")]
     for p in pts:
         m = _model(p, k)
         r = p["tokens_per_step"] / m["tokens_per_round"]
@@ -80,7 +81,7 @@ def goal_line(name: str, run: dict, target: str, b: int, n: int, goal: float) ->
     if not got:
         return None
     p, k = max(got, key=lambda p: p["speedup"]), run["ssd"]["k"]
-    c = point_costs(p, big_tv(target, [b], k), k)
+    c = fed_costs(p, big_tv(target, [b], k), k)
     model = {pol: simulate_pipelined(p["alpha"], c, k, n_tokens=6000 * b, policy=pol, streams=b)["tokens_per_s"]
              * c.target_step / b for pol in ("policy", *CORNERS)}
     best = max(model, key=model.get)

@@ -91,14 +91,20 @@ def remote_points(addr: str, pool: Targets, grid, tv: dict, alpha: float, second
 
 
 
+def fed_period_ms(p: dict) -> float:
+    """The draft period the event model is fed for a point: the server's period p25 (a step's own, without the
+    pauses of a full window), never below its device step (mean)."""
+    return max(p.get("server_period_ms_p25") or p["draft_ms_mean"], p["draft_ms_mean"])
+
+
 def model_one_way_ms(p: dict) -> float:
     """The transit the event model is fed for a point: the Commit's measured way to the server, or where longer half
-    the link its measured restart implies (costmodel.link_of_restart over the server's period p50, as its targets'
+    the link its measured restart implies at the period the model is fed (costmodel.link_of_restart, as the targets'
     step policy reads it), so that the model's restarts take as long as the point's."""
     t, one_way = p["timeline_ms"], p["timeline_ms"]["sent_to_read"]["p50"] or 0.0
-    if not t["sent_to_arrived"]["p50"] or not p.get("server_period_ms_p50"):
+    if not t["sent_to_arrived"]["p50"] or not p.get("draft_ms_mean"):
         return one_way
-    return max(one_way, link_of_restart(t["sent_to_arrived"]["p50"], p["server_period_ms_p50"]) / 2)
+    return max(one_way, link_of_restart(t["sent_to_arrived"]["p50"], fed_period_ms(p)) / 2)
 
 
 def target_only(tv: dict, B: int) -> float:
@@ -207,8 +213,7 @@ def pipelined_record(B: int, N: int, k: int, alpha: float, ready, recs, start_at
             ci, base = out["tokens_per_s_interval"], N * target_only(tv, B)
             out["speedup_interval"] = [round(ci["low"] / base, 3), round(ci["high"] / base, 3)]
         if out["draft_ms_mean"]:
-            m = model_of(tv, B, k, alpha, out["draft_ms_mean"], out["server_period_ms_p25"] or out["draft_ms_mean"],
-                         model_one_way_ms(out), policy)
+            m = model_of(tv, B, k, alpha, out["draft_ms_mean"], fed_period_ms(out), model_one_way_ms(out), policy)
             m["offered_measured_over_model"] = round(out["offered_mean"] / max(m["verified_per_round"], 1e-9), 3)
             m["tokens_measured_over_model"] = round(out["tokens_per_step"] / m["tokens_per_round"], 3)
             out["model"] = m

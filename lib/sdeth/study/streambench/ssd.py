@@ -32,7 +32,7 @@ from ...wire.server_config import DraftServerConfig
 from ..bench.targets import DRAFT_ALPHA
 from .common import HOLDS, PIPELINED_K, PIPELINED_WINDOW, mean
 from .ranks import TOP, Ranks
-from .remote import model_one_way_ms, pipelined_record
+from .remote import fed_period_ms, model_one_way_ms, pipelined_record
 from .server import serve_random
 from .target import big_tv
 
@@ -109,14 +109,12 @@ def ssd_record(p: dict, recs: list, cache: str, ranks: Ranks, tv: dict, k: int) 
     return p
 
 
-def point_costs(p: dict, tv: dict, k: int, period_scale: float = 1.0) -> Costs:
+def fed_costs(p: dict, tv: dict, k: int) -> Costs:
     """The costs the event model is fed for a point: t_v(B, m) of its target, the server's measured device step and
-    period (p25), a transit each way (model_one_way_ms); the draft's step and period times period_scale (a what-if:
-    the same point with a faster or slower draft, its link unchanged)."""
-    B, step_ms = p["B"], p["draft_ms_mean"]
-    period_ms = max(p["server_period_ms_p25"] or step_ms, step_ms)
-    return Costs(tv[(B, 0)] / 1e3, step_ms * period_scale / 1e3, {m + 1: tv[(B, m)] / 1e3 for m in range(1, k + 1)},
-                 rtt=2 * model_one_way_ms(p) / 1e3, draft_period=period_ms * period_scale / 1e3)
+    period (fed_period_ms), a transit each way (model_one_way_ms)."""
+    B = p["B"]
+    return Costs(tv[(B, 0)] / 1e3, p["draft_ms_mean"] / 1e3, {m + 1: tv[(B, m)] / 1e3 for m in range(1, k + 1)},
+                 rtt=2 * model_one_way_ms(p) / 1e3, draft_period=fed_period_ms(p) / 1e3)
 
 
 def model_cached(p: dict, cache: str, ranks: Ranks, tv: dict, k: int, placed: bool = True) -> dict | None:
@@ -126,7 +124,7 @@ def model_cached(p: dict, cache: str, ranks: Ranks, tv: dict, k: int, placed: bo
     if not p.get("draft_ms_mean"):
         return None
     spec, B, alpha = VerdictSpec.parse(server_spec(cache)), p["B"], p["alpha"]
-    c = point_costs(p, tv, k)
+    c = fed_costs(p, tv, k)
     shares = ranks.shares()[:TOP]          # (TOP: outside the draft's first TOP choices, never foreseen)
     terms = (verdict_terms(alpha, spec.fanout, spec.depth, spec.budget, shares, 1.0, PIPELINED_WINDOW, placed)
              if spec.on else None)
@@ -327,5 +325,5 @@ def hold_lines(runs: dict) -> list[str]:
     return out
 
 
-__all__ = ["goal_lines", "hold_lines", "point_costs", "ssd_part", "ssd_runs", "ssd_table", "ssd_points", "ssd_record",
+__all__ = ["fed_costs", "goal_lines", "hold_lines", "ssd_part", "ssd_runs", "ssd_table", "ssd_points", "ssd_record",
            "ssd_row", "start_servers"]
