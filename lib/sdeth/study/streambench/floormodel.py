@@ -14,6 +14,7 @@ from __future__ import annotations
 from ...costmodel import simulate_pipelined
 from .ahead import SPEED_GOALS
 from .ranks import Ranks
+from .remote import model_tokens
 from .ssd import fed_costs, model_cached
 from .target import big_tv
 
@@ -82,7 +83,7 @@ def goal_line(name: str, run: dict, target: str, b: int, n: int, goal: float) ->
         return None
     p, k = max(got, key=lambda p: p["speedup"]), run["ssd"]["k"]
     c = fed_costs(p, big_tv(target, [b], k), k)
-    model = {pol: simulate_pipelined(p["alpha"], c, k, n_tokens=6000 * b, policy=pol, streams=b)["tokens_per_s"]
+    model = {pol: simulate_pipelined(p["alpha"], c, k, n_tokens=model_tokens(b), policy=pol, streams=b)["tokens_per_s"]
              * c.target_step / b for pol in ("policy", *CORNERS)}
     best = max(model, key=model.get)
     return (f"{name}: {target} B={b} N={n}: {p['speedup']} measured [{p['step_policy']}] (goal >= {goal}: "

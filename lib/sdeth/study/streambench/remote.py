@@ -91,6 +91,14 @@ def remote_points(addr: str, pool: Targets, grid, tv: dict, alpha: float, second
 
 
 
+MODEL_TOKENS = 6000             # the event model's tokens a point, over its streams: this many per stream up to
+MODEL_STREAMS = 4               # ... this many streams, the same total beyond (a batch of 32 plays 750 a stream)
+
+
+def model_tokens(B: int) -> int:
+    return MODEL_TOKENS * min(B, MODEL_STREAMS)
+
+
 def fed_period_ms(p: dict) -> float:
     """The draft period the event model is fed for a point: the server's period p25 (a step's own, without the
     pauses of a full window), never below its device step (mean)."""
@@ -119,8 +127,8 @@ def model_of(tv: dict, B: int, k: int, alpha: float, step_ms: float, period_ms: 
     a transit each way (model_one_way_ms); its B streams verified in one batch."""
     c = Costs(tv[(B, 0)] / 1e3, step_ms / 1e3, {m + 1: tv[(B, m)] / 1e3 for m in range(1, k + 1)},
               rtt=2 * one_way_ms / 1e3, draft_period=max(period_ms, step_ms) / 1e3)
-    sim = simulate_pipelined(alpha, c, k, n_tokens=6000 * B, policy=policy, streams=B)
-    waits = simulate_pipelined(alpha, c, k, n_tokens=6000 * B, policy="adaptive", streams=B)
+    sim = simulate_pipelined(alpha, c, k, n_tokens=model_tokens(B), policy=policy, streams=B)
+    waits = simulate_pipelined(alpha, c, k, n_tokens=model_tokens(B), policy="adaptive", streams=B)
     return {"step_policy": policy, "verified_per_round": round(sim["verified_per_round"], 3),
             "tokens_per_round": round(sim["tokens_per_round"], 3),
             "speedup": round(sim["tokens_per_s"] * c.target_step / B, 3),

@@ -32,7 +32,7 @@ from ...wire.server_config import DraftServerConfig
 from ..bench.targets import DRAFT_ALPHA
 from .common import HOLDS, PIPELINED_K, PIPELINED_WINDOW, mean
 from .ranks import TOP, Ranks
-from .remote import fed_period_ms, model_one_way_ms, pipelined_record
+from .remote import fed_period_ms, model_one_way_ms, model_tokens, pipelined_record
 from .server import serve_random
 from .target import big_tv
 
@@ -128,8 +128,8 @@ def model_cached(p: dict, cache: str, ranks: Ranks, tv: dict, k: int, placed: bo
     shares = ranks.shares()[:TOP]          # (TOP: outside the draft's first TOP choices, never foreseen)
     terms = (verdict_terms(alpha, spec.fanout, spec.depth, spec.budget, shares, 1.0, PIPELINED_WINDOW, placed)
              if spec.on else None)
-    sim = simulate_pipelined(alpha, c, k, n_tokens=6000 * B, policy=p.get("step_policy", "offered"), cache=terms,
-                             streams=B)
+    sim = simulate_pipelined(alpha, c, k, n_tokens=model_tokens(B), policy=p.get("step_policy", "offered"),
+                             cache=terms, streams=B)
     out = {"tokens_per_round": round(sim["tokens_per_round"], 3),
            "verified_per_round": round(sim["verified_per_round"], 3),
            "speedup": round(sim["tokens_per_s"] * c.target_step / B, 3),
