@@ -165,3 +165,28 @@ def test_a_sync_targets_first_sequences_end_at_staggered_lengths(monkeypatch):
     t.tracks[j].have = t.ends[j] - k           # its next round (a + 1 + k past `have`) passes its end
     t.verdicts([types.SimpleNamespace(error=None, tokens=[1] * k) for _ in range(B)])
     assert len(opened) == B + 1 and t.ends[j] == context
+
+
+def test_a_batch_gives_up_its_wait_a_period_after_the_time_it_chose():
+    """Four streams just restarted behind a long verify: the step policy's batch waits for each one's own choice, at
+    the time those drafts are due. Drafts that never come hold the batch only a server period past that time (not
+    until each stream's restart is overdue, three times its due time): it goes with what is on offer."""
+    import time
+
+    from sdeth import costmodel
+    from sdeth.costmodel import Costs
+    from sdeth.runtime.pipeline import StreamView
+    k, d = 8, 0.005
+    c = Costs(20 * d, d, {m: 20 * d * (1 + 0.03 * (m - 1)) for m in range(2, k + 2)}, rtt=0.0005)
+    t = sb.EmulatedPipelined.__new__(sb.EmulatedPipelined)
+    t.est = costmodel._policy(0.7, c, k, "policy", None)
+    t.est.period, t.est.link = d, 0.0005
+    t.k, t.rec = k, {"step_ms": [1.0], "wait_ms": []}
+    t.streams = [{"view": StreamView()} for _ in range(4)]
+    t.offered, t.take = (lambda s: 0), (lambda: None)            # (nothing arrives)
+    t0 = time.perf_counter()
+    got = t.chosen()
+    waited = time.perf_counter() - t0
+    planned = t.est.batch_wait_s
+    assert got == [0] * 4 and planned is not None and planned > 2 * d
+    assert planned <= waited < planned + d + 0.5 * (costmodel.OVERDUE * planned - planned - d), (planned, waited)

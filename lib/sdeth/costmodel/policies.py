@@ -148,6 +148,7 @@ class StepPolicy(AdaptivePolicy):
     holds = True     # the step's first choice stands while its drafts are on their way (runtime.pipeline.DraftFeed)
     alpha_step = 0.01    # alpha is rounded to this before a rule is chosen (coarser: fewer distinct tables to score)
     _rule: tuple[int, int, WaitRule, float] | None = None   # (steps until chosen again, for k, the rule, its rate)
+    batch_wait_s: float | None = None   # the newest batch's chosen wait (choose_batch; None: each stream's own rule)
 
     def rule(self, m_max: int) -> WaitRule | None:
         """The rule for rounds of at most m_max drafts, chosen again every RULE_EVERY steps; None until the costs
@@ -201,9 +202,11 @@ class StepPolicy(AdaptivePolicy):
         then. A wait for one stream's drafts holds all B, so at B > 1 the batch waits only where the streams' gain
         outweighs it; at B = 1 it is choose_m. fresh: a stream restarted with nothing received since (its drafts due
         from the restart, since_s ago: due_s; one late but not overdue is given its next draft within half a
-        period); since_s: since each stream's restart."""
+        period); since_s: since each stream's restart. The wait chosen is kept in batch_wait_s (None where each
+        stream's own choice stands), so that a caller waiting for drafts that come late gives up a period after it."""
         wants = [self.choose_m(a, m_max, f, t) for a, f, t in zip(offers, fresh, since_s)]
         c = self.costs()
+        self.batch_wait_s = None
         if len(offers) < 2 or c is None or self._rule is None or all(w <= a for w, a in zip(wants, offers)):
             return wants
         d, alpha, rate = self.period or c.draft_step, self.alpha, len(offers) * self._rule[3]
@@ -222,6 +225,7 @@ class StepPolicy(AdaptivePolicy):
             return sum(expected_tokens(alpha, m) for m in have) - rate * (c.verify(max(have) + 1) + c.overhead + w)
         waits = [0.0] + [arrives(j, m) for j, m in enumerate(wants) if m > offers[j]]
         w = max(sorted(waits), key=worth)
+        self.batch_wait_s = w
         return [held(j, w) for j in range(len(offers))]
 
     def overdue(self, m: int, since_s: float, available: int = 0) -> bool:
