@@ -120,13 +120,19 @@ def target_only(tv: dict, B: int) -> float:
     return B / (tv[(B, 0)] / 1e3)
 
 
+def model_costs(tv: dict, B: int, k: int, step_ms: float, period_ms: float, one_way_ms: float) -> Costs:
+    """The costs the event model is fed: t_v(B, m) as measured, the draft's device step and period (never below the
+    step), a transit each way."""
+    return Costs(tv[(B, 0)] / 1e3, step_ms / 1e3, {m + 1: tv[(B, m)] / 1e3 for m in range(1, k + 1)},
+                 rtt=2 * one_way_ms / 1e3, draft_period=max(period_ms, step_ms) / 1e3)
+
+
 def model_of(tv: dict, B: int, k: int, alpha: float, step_ms: float, period_ms: float, one_way_ms: float,
              policy: str = "offered") -> dict:
     """costmodel.simulate_pipelined for this point: the target plays the step's policy the point ran (`policy`;
     'adaptive': one round's best rate, beside it), t_v(B, m) as measured, the server's measured step and period,
     a transit each way (model_one_way_ms); its B streams verified in one batch."""
-    c = Costs(tv[(B, 0)] / 1e3, step_ms / 1e3, {m + 1: tv[(B, m)] / 1e3 for m in range(1, k + 1)},
-              rtt=2 * one_way_ms / 1e3, draft_period=max(period_ms, step_ms) / 1e3)
+    c = model_costs(tv, B, k, step_ms, period_ms, one_way_ms)
     sim = simulate_pipelined(alpha, c, k, n_tokens=model_tokens(B), policy=policy, streams=B)
     waits = simulate_pipelined(alpha, c, k, n_tokens=model_tokens(B), policy="adaptive", streams=B)
     return {"step_policy": policy, "verified_per_round": round(sim["verified_per_round"], 3),

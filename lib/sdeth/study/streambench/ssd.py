@@ -32,7 +32,7 @@ from ...wire.server_config import DraftServerConfig
 from ..bench.targets import DRAFT_ALPHA
 from .common import HOLDS, PIPELINED_K, PIPELINED_WINDOW, mean
 from .ranks import TOP, Ranks
-from .remote import fed_period_ms, model_one_way_ms, model_tokens, pipelined_record
+from .remote import fed_period_ms, model_costs, model_one_way_ms, model_tokens, pipelined_record
 from .server import serve_random
 from .target import big_tv
 
@@ -112,15 +112,13 @@ def ssd_record(p: dict, recs: list, cache: str, ranks: Ranks, tv: dict, k: int) 
 def fed_costs(p: dict, tv: dict, k: int) -> Costs:
     """The costs the event model is fed for a point: t_v(B, m) of its target, the server's measured device step and
     period (fed_period_ms), a transit each way (model_one_way_ms)."""
-    B = p["B"]
-    return Costs(tv[(B, 0)] / 1e3, p["draft_ms_mean"] / 1e3, {m + 1: tv[(B, m)] / 1e3 for m in range(1, k + 1)},
-                 rtt=2 * model_one_way_ms(p) / 1e3, draft_period=fed_period_ms(p) / 1e3)
+    return model_costs(tv, p["B"], k, p["draft_ms_mean"], fed_period_ms(p), model_one_way_ms(p))
 
 
 def model_cached(p: dict, cache: str, ranks: Ranks, tv: dict, k: int, placed: bool = True) -> dict | None:
-    """simulate_pipelined fed the point's measured server step, its transit (model_one_way_ms) and verdict_terms for its cache (the
-    hit probability predicted from the ranks' shares, not the measured hit rate; placed: the server placed its
-    branches by their worth, see BRANCH_PLAN), its B streams verified in one batch."""
+    """simulate_pipelined fed the point's measured server step, its transit (model_one_way_ms) and verdict_terms for
+    its cache (the hit probability predicted from the ranks' shares, not the measured hit rate; placed: the server
+    placed its branches by their worth, see BRANCH_PLAN), its B streams verified in one batch."""
     if not p.get("draft_ms_mean"):
         return None
     spec, B, alpha = VerdictSpec.parse(server_spec(cache)), p["B"], p["alpha"]
