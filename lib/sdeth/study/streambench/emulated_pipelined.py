@@ -229,14 +229,16 @@ class EmulatedPipelined:
         planned = self.est.batch_wait_s if holding else None
         slack = self.est.period or self.est.draft_step or 0.0
         limit = DRAFT_WAIT_S if planned is None else min(planned + slack, DRAFT_WAIT_S)
+        waited = False              # (a step that waits for nothing records no wait: not the host's own time)
         while time.perf_counter() - t0 < limit:
             short = [(s, m) for s, m in zip(self.streams, wants) if self.offered(s) < m]
             if not short or (holding and all(self.est.overdue(m, time.perf_counter() - s["view"].t_epoch)
                                              for s, m in short)):
                 break
+            waited = True
             time.sleep(0.0002)
             self.take()
-        self.rec["wait_ms"].append((time.perf_counter() - t0) * 1e3)
+        self.rec["wait_ms"].append((time.perf_counter() - t0) * 1e3 if waited else 0.0)
         return [min(self.offered(s), m) for s, m in zip(self.streams, wants)]
 
     def verify_wait(self, deadline: float) -> None:
