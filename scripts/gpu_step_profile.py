@@ -1,6 +1,6 @@
 """Where the draft step's device time goes, and a GEMV sweep inside CUDA graphs (one run).
 
-    PYTHONPATH=lib python3 scripts/gpu_step_profile.py --out profile_step_kernels.json [--budget-s 330]
+    PYTHONPATH=lib python3 scripts/gpu_step_profile.py --out profile_step_kernels.json [--budget-s 330] [--models M,..]
 
 1. GEMVs: every weight shape of the Qwen3-0.6B / 1.7B / 8B (qkv, o, gate_up, down, the output layer) at M = 1
    and 16 rows, random bf16 weights: cuBLAS (F.linear), the fused Triton GEMV with the configuration
@@ -91,10 +91,10 @@ def graph_us(fn, copies: int, launches: int) -> float:
     return statistics.median(times)
 
 
-def sweep_gemvs(res: dict, bw: float, t_end: float, save) -> None:
+def sweep_gemvs(res: dict, bw: float, t_end: float, save, models=MODELS) -> None:
     dev = torch.device("cuda")
     res["gemv"] = []
-    for name in MODELS:
+    for name in models:
         for part, (n, k) in gemv_shapes(name).items():
             wbytes = n * k * 2
             copies = max(1, min(128, math.ceil(512e6 / wbytes)))
@@ -143,12 +143,12 @@ def sweep_gemvs(res: dict, bw: float, t_end: float, save) -> None:
             torch.cuda.empty_cache()
 
 
-def step_profiles(res: dict, bw: float, t_end: float, save) -> None:
+def step_profiles(res: dict, bw: float, t_end: float, save, models=MODELS[:2]) -> None:
     from sdeth.runtime.randomweights import fused_random
     res["steps"] = []
     plan = [("chain", "torch", 0), ("chain", "all", 0), ("rows", "torch", 0), ("rows", "all", 0),
             ("chain", "attn", 0), ("chain", "attn", 4096)]
-    for name in ("Qwen3-0.6B", "Qwen3-1.7B"):
+    for name in models:
         model = fused_random(name, "cuda:0")
         for kind, lever, cap in plan:
             if time.time() > t_end:
@@ -179,6 +179,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="the results JSON")
     ap.add_argument("--budget-s", type=float, default=200, help="no new measurement after this many seconds")
     ap.add_argument("--sections", default="gemv,steps", help="comma-separated: gemv, steps")
+    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated shapes (of {', '.join(MODELS)}); "
+                    "the steps section takes the first two")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
@@ -202,10 +204,15 @@ def main(argv=None) -> int:
             json.dump(r, f, indent=1)
 
     sections = a.sections.split(",")
+    models = [m for m in a.models.split(",") if m]
+    bad = [m for m in models if m not in MODELS]
+    if bad:
+        print(f"--models {','.join(bad)}: not a swept shape; use some of {','.join(MODELS)}", file=sys.stderr)
+        return 2
     if "gemv" in sections:
-        sweep_gemvs(res, bw, t0 + a.budget_s * (0.5 if "steps" in sections else 1.0), save)
+        sweep_gemvs(res, bw, t0 + a.budget_s * (0.5 if "steps" in sections else 1.0), save, models)
     if "steps" in sections:
-        step_profiles(res, bw, t_end, save)
+        step_profiles(res, bw, t_end, save, models[:2])
     save(res)
     return 0
 

@@ -353,15 +353,34 @@ def test_the_gemv_table_applies_only_on_the_gpu_it_was_measured_on(gpu_named):
     assert GT.table_config(3, 4096, 1024, H200) is None          # bucket 4: not measured
 
 
+def test_each_gpu_takes_its_own_table_and_cublas_where_its_table_has_no_shape(gpu_named):
+    """The H100's table (the 1.7B's and 0.6B's GEMVs measured there) serves an H100; the 8B's GEMVs, swept only on
+    the H200, keep cuBLAS's on an H100; one GPU never reads another's configurations."""
+    from sdeth.runtime.fastmodel import kernel_levers
+    d17 = ((4096, 2048), (2048, 2048), (12288, 2048), (2048, 6144))      # Qwen3-1.7B
+    d8 = ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288))      # Qwen3-8B
+    gpu_named(GT.GEMV_TABLE_H100_DEVICE)
+    assert GT.table_applies(H200) and GT.fused_gemv_pays(1, d17, H200)
+    assert kernel_levers("auto", 1, 1, gemv_shapes=d17, device=H200) == (True, True)
+    assert not GT.fused_gemv_pays(1, d8, H200) and kernel_levers("auto", 1, 1, gemv_shapes=d8, device=H200) == (True, False)
+    assert GT.table_config(1, 2048, 6144, H200) == GT.GEMV_TABLE_H100[(1, 2048, 6144)][0]
+    assert GT.table_config(1, 4096, 4096, H200) is None
+    assert GT.GEMV_TABLE_H100[(1, 12288, 2048)][0] != GT.GEMV_TABLE[(1, 12288, 2048)][0]   # (measured apart)
+    gpu_named(GT.GEMV_TABLE_DEVICE)
+    assert GT.table_config(1, 12288, 2048, H200) == GT.GEMV_TABLE[(1, 12288, 2048)][0]
+    assert GT.fused_gemv_pays(1, d8, H200)
+
+
 def test_the_gemv_table_holds_well_formed_entries_that_run():
     """Every entry: a configuration the launcher takes for its bucket (tl.sum up to 4 rows, tl.dot tiles of 16 rows
     above) and the two timings it was chosen by; each distinct configuration launched once on a small shape (its
     own K split, at most its BLOCK_K a split) equals torch's product."""
-    for (m, n, k), (cfg, fused_us, cublas_us) in GT.GEMV_TABLE.items():
+    entries = [e for table in GT.GEMV_TABLES.values() for e in table.items()]
+    for (m, n, k), (cfg, fused_us, cublas_us) in entries:
         assert m == GT.m_bucket(m) and fused_us > 0 and cublas_us > 0
         assert cfg["DOT"] == (m > 4) and cfg["BLOCK_M"] >= m and cfg["SPLIT_K"] >= 1
         assert k % cfg["BLOCK_K"] == 0 or cfg["BLOCK_K"] >= k
-    distinct = {tuple(sorted(cfg.items())): m for (m, _, _), (cfg, _, _) in GT.GEMV_TABLE.items()}
+    distinct = {tuple(sorted(cfg.items())): m for (m, _, _), (cfg, _, _) in entries}
     for items, m in distinct.items():
         cfg = dict(items)
         k = cfg["BLOCK_K"] * cfg["SPLIT_K"]

@@ -2,9 +2,9 @@
 the table's entry where it applies, else a rule (gemv_rule). Plain Python over torch (no Triton), so that
 fastmodel.kernel_levers can ask whether the fused GEMVs pay without importing the kernels.
 
-The table was measured on one GPU model (GEMV_TABLE_DEVICE): its timings say nothing of another, so it applies
-only on a device of that name; elsewhere kernels='auto' keeps cuBLAS's GEMVs and kernels='gemv'/'all' take the
-rule's configurations.
+Each table was measured on one GPU model (GEMV_TABLES: the H200's GEMV_TABLE, the H100's GEMV_TABLE_H100): its
+timings say nothing of another, so it applies only on a device of that name; elsewhere kernels='auto' keeps cuBLAS's
+GEMVs and kernels='gemv'/'all' take the rule's configurations.
 """
 from __future__ import annotations
 
@@ -81,23 +81,60 @@ GEMV_TABLE: dict[tuple[int, int, int], tuple[dict, float, float]] = {
 }
 
 
+# The same sweep on one H100 (80GB HBM3, 2026-12-06, random bf16 weights, Triton 3.6; scripts/gpu_step_profile.py
+# --models Qwen3-1.7B,Qwen3-0.6B, reports/gpu/profile_step_kernels_h100.json): the Qwen3-1.7B / 0.6B GEMVs (the 8B's
+# were not swept there: cuBLAS's). Each entry the faster of the sweep's best and the rule's configuration. At one row
+# the fused GEMV took 0.69-0.95x cuBLAS's time a call; at 16 rows 0.85-1.15x.
+GEMV_TABLE_H100_DEVICE = "NVIDIA H100 80GB HBM3"
+GEMV_TABLE_H100: dict[tuple[int, int, int], tuple[dict, float, float]] = {
+    (1, 4096, 2048): (_cfg(1, 4, 1024, 1, 4), 7.62, 8.37),  # Qwen3-1.7B qkv
+    (16, 4096, 2048): (_cfg(16, 32, 128, 4, 4), 9.94, 8.63),  # Qwen3-1.7B qkv
+    (1, 2048, 2048): (_cfg(1, 2, 1024, 1, 4), 5.34, 6.37),  # Qwen3-1.7B o
+    (16, 2048, 2048): (_cfg(16, 32, 128, 4, 4), 6.96, 6.39),  # Qwen3-1.7B o
+    (1, 12288, 2048): (_cfg(1, 2, 1024, 1, 4), 19.18, 20.13),  # Qwen3-1.7B gate_up
+    (16, 12288, 2048): (_cfg(16, 32, 128, 1, 4), 19.92, 20.47),  # Qwen3-1.7B gate_up
+    (1, 2048, 6144): (_cfg(1, 4, 2048, 1, 8), 11.38, 12.84),  # Qwen3-1.7B down
+    (16, 2048, 6144): (_cfg(16, 32, 128, 4, 4), 12.96, 12.98),  # Qwen3-1.7B down
+    (1, 151936, 2048): (_cfg(1, 4, 2048, 1, 8), 197.9, 217.29),  # Qwen3-1.7B lm_head
+    (16, 151936, 2048): (_cfg(16, 64, 128, 1, 4), 211.82, 222.42),  # Qwen3-1.7B lm_head
+    (1, 4096, 1024): (_cfg(1, 2, 1024, 1, 4), 5.13, 5.66),  # Qwen3-0.6B qkv
+    (16, 4096, 1024): (_cfg(16, 16, 128, 1, 4), 6.23, 5.72),  # Qwen3-0.6B qkv
+    (1, 1024, 2048): (_cfg(1, 4, 2048, 1, 8), 3.98, 5.76),  # Qwen3-0.6B o
+    (16, 1024, 2048): (_cfg(16, 32, 128, 8, 4), 5.73, 5.78),  # Qwen3-0.6B o
+    (1, 6144, 1024): (_cfg(1, 2, 1024, 1, 4), 6.45, 7.08),  # Qwen3-0.6B gate_up
+    (16, 6144, 1024): (_cfg(16, 16, 128, 1, 4), 7.38, 7.16),  # Qwen3-0.6B gate_up
+    (1, 1024, 3072): (_cfg(1, 2, 1024, 1, 4), 5.28, 6.92),  # Qwen3-0.6B down
+    (16, 1024, 3072): (_cfg(16, 32, 128, 8, 4), 6.05, 7.14),  # Qwen3-0.6B down
+    (1, 151936, 1024): (_cfg(1, 4, 1024, 1, 4), 101.14, 111.27),  # Qwen3-0.6B lm_head
+    (16, 151936, 1024): (_cfg(16, 64, 128, 1, 4), 108.55, 115.77),  # Qwen3-0.6B lm_head
+}
+
+GEMV_TABLES = {GEMV_TABLE_DEVICE: GEMV_TABLE, GEMV_TABLE_H100_DEVICE: GEMV_TABLE_H100}   # GPU name -> its table
+
+
 def m_bucket(m: int) -> int:
     """The table's row bucket of m rows: 1, 2, 4, 8, 16 or 32."""
     return min(MAX_ROWS, next_pow2(max(1, m)))
 
 
+def device_table(device: torch.device) -> dict | None:
+    """The table measured on `device`'s GPU model (GEMV_TABLES), or None: a CPU, or a GPU no table was measured on."""
+    return GEMV_TABLES.get(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+
+
 def table_applies(device: torch.device) -> bool:
-    """Whether GEMV_TABLE's timings hold on `device`: a CUDA device of the model they were measured on."""
-    return device.type == "cuda" and torch.cuda.get_device_name(device) == GEMV_TABLE_DEVICE
+    """Whether a table's timings hold on `device`: a CUDA device of a model one was measured on."""
+    return device_table(device) is not None
 
 
 def fused_gemv_pays(m: int, shapes, device: torch.device) -> bool:
     """Whether the fused GEMVs, with the table's configurations, take no longer than cuBLAS's over the GEMVs of
     shapes [(N, K), ...] at m rows on `device`: False where a shape (or m's bucket) was not measured, or on a
     device the table was not measured on (table_applies)."""
-    if not table_applies(device):
+    table = device_table(device)
+    if table is None:
         return False
-    hits = [GEMV_TABLE.get((m_bucket(m), n, k)) for n, k in shapes]
+    hits = [table.get((m_bucket(m), n, k)) for n, k in shapes]
     if not hits or any(h is None for h in hits):
         return False
     return sum(h[1] for h in hits) <= sum(h[2] for h in hits)
@@ -106,7 +143,7 @@ def fused_gemv_pays(m: int, shapes, device: torch.device) -> bool:
 def table_config(m: int, n: int, k: int, device: torch.device) -> dict | None:
     """The table's configuration for [m, k] x [n, k]^T on `device` (a copy), or None: no entry for (m's bucket, n,
     k), a bucket of tl.dot tiles too small for m, or a device the table was not measured on."""
-    hit = GEMV_TABLE.get((m_bucket(m), n, k)) if table_applies(device) else None
+    hit = (device_table(device) or {}).get((m_bucket(m), n, k))
     if hit is None or (m > 4 and hit[0]["BLOCK_M"] < m):
         return None
     return dict(hit[0])

@@ -15,7 +15,7 @@ from ..bench.targets import DRAFT_ALPHA
 from ..bench.step import copy_bandwidth
 from .colocated import colocated_emulated_part, colocated_part, colocated_real_part
 from .common import (CONTEXT, CONTEXTS, DRAFT_K, GOALS, HOLDS, SERVER_ROWS, TARGET, Grid, allow_recompiles,
-                     build_fast, compiled, free)
+                     build_fast, compiled, draft_options, free)
 from .draftstep import draft_step, goal_check
 from .link import link_part
 from .remote import remote_part
@@ -41,7 +41,8 @@ def run_call(call: int, json_path: str, grid: Grid, drafts=("Qwen3-1.7B",), devi
            "settings": {"target": TARGET, "drafts": list(drafts), "alpha": {d: DRAFT_ALPHA.get(d, SSD_ALPHA) for d in drafts},
                         "weights": "random bf16 (runtime.randomweights)", "acceptance": "synthetic (coins, target side)",
                         "prompt": g.prompt, "context": g.context, "contexts": list(CONTEXTS), "draft_k": DRAFT_K,
-                        "server_rows": SERVER_ROWS, "compile": compiled(g), "quick": quick, "budget_s": budget_s,
+                        "server_rows": SERVER_ROWS, "compile": compiled(g),
+                        "draft_fast": draft_options(device, g.draft_fast) or "kernels=torch", "quick": quick, "budget_s": budget_s,
                         "grid": g.to_json(), "shapes": {n: shape(n) for n in (TARGET, *drafts, *g.big_targets)}},
            "goals": GOALS | {"step_ms": {str(c): v for c, v in GOALS["step_ms"].items()}}, "notes": NOTES,
            "draft_step": [], "target": {}, "colocated": [], "remote": {}, "goal_check": [], "skipped": []}
@@ -52,7 +53,7 @@ def run_call(call: int, json_path: str, grid: Grid, drafts=("Qwen3-1.7B",), devi
         res["wall_s"] = round(time.time() - t_start, 1)
         save()
         return res
-    dfast = build_fast(first, device, 1)
+    dfast = build_fast(first, device, 1, draft_options(device, g.draft_fast))
     res["draft_step"].append(draft_step(dfast, dfast.vocab, first, g.batches, CONTEXTS, reps=g.reps,
                                         compile_mode=g.models_compile))
     progress(draft_row(res["draft_step"][-1]))
@@ -88,7 +89,8 @@ def only_parts(res, first, device, g, t_end, progress, save) -> None:
     if g.only_ssd:                                                                    # calls only)
         res["settings"]["acceptance"] = "ranks (streambench.ranks: trace-driven or synthetic), target side"
     if g.colocated_emulated or g.colocated_real:   # the line the remote figures are held against: colocated SD in
-        dfast = build_fast(first, device, 1)        # the same harness; real targets beside their emulation
+        # the same harness; real targets beside their emulation
+        dfast = build_fast(first, device, 1, draft_options(device, g.draft_fast))
         if g.colocated_emulated:  # (own t_v None: the call measured no target; colocated reads bench targets')
             colocated_emulated_part(res, dfast, first, None, g, t_end, progress, save)
         if g.colocated_real:
@@ -124,7 +126,7 @@ def extras(res, dfast, first, tdec, g, device, t_end, progress, save) -> None:
         if time.time() + 60 > t_end:
             res["skipped"].append(f"{name}: out of time")
             continue
-        fast = build_fast(name, device, 2)
+        fast = build_fast(name, device, 2, draft_options(device, g.draft_fast))
         res["draft_step"].append(draft_step(fast, fast.vocab, name, g.batches, CONTEXTS, reps=g.reps,
                                             compile_mode=g.models_compile))
         progress(draft_row(res["draft_step"][-1]))
@@ -182,6 +184,7 @@ def grid_of(a) -> Grid:
         raise SystemExit(f"--ssd-hold {a.ssd_hold!r}: {bad or 'none given'}: give some of {', '.join(HOLDS)}, the "
                          "first the one the tables show")
     g.min_steps, g.max_s, g.read_while_stepping = a.min_steps, a.max_s, a.read_while_stepping
+    g.draft_fast = a.draft_fast
     if g.only_ssd and not a.verdict_cache:
         raise SystemExit("--only-ssd runs the verdict cache's part: give --verdict-cache, e.g. off,on")
     g.only_link, g.only_colocated = a.only_link, a.only_colocated
@@ -256,6 +259,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--colocated-s", type=float, default=Grid.colocated_s, help="seconds of each colocated point")
     ap.add_argument("--models-compile", default="", help="every BatchDecoder's torch.compile mode (target, "
                     "draft, draft server), e.g. default; '' (the default): eager kernels in CUDA graphs")
+    ap.add_argument("--draft-fast", default=None, help="the draft's FastOptions (draft step, colocated, draft "
+                    "servers), e.g. kernels=torch; default: kernels=auto on a GPU, torch's kernels on a CPU")
     ap.add_argument("--no-sync", action="store_true", help="leave out the remote sync-rounds points (the pipelined "
                     "streams still run)")
     ap.add_argument("--compile", default=None, help="comma-separated compile modes tried at the goal's rows when the "

@@ -43,6 +43,7 @@ TIMELINE = ("sent_to_read", "read_to_stepped", "stepped_to_arrived", "sent_to_ar
 class Grid:
     """One call's points: which B, N, k each part runs, and for how long (seconds per point)."""
     models_compile: str | None = None
+    draft_fast: str | None = None      # the draft's FastOptions spec (draft_options; None: kernels=auto on a GPU)
     batches: tuple = BATCHES
     reps: int = 10
     verify_ks: tuple = VERIFY_KS
@@ -162,9 +163,22 @@ def wait_until(deadline: float) -> None:
 
 
 
-def build_fast(name: str, device: str, seed: int) -> FastDecoder:
+def build_fast(name: str, device: str, seed: int, options: str = "") -> FastDecoder:
+    """A random-weights FastDecoder of shape `name` (options: its FastOptions spec, e.g. draft_options')."""
     from ...runtime.randomweights import fused_random
-    return FastDecoder(fused_random(name, device, "bf16", seed=seed), 8)
+    return FastDecoder(fused_random(name, device, "bf16", seed=seed), 8, options or None)
+
+
+DRAFT_FAST_GPU = "kernels=auto"   # the draft's FastOptions on a GPU (runtime.kernel_choice: the fused attention, and
+                                  # the fused GEMVs at one token where the table measured on that GPU model says so)
+
+
+def draft_options(device: str, spec: str | None) -> str:
+    """The draft's FastOptions spec (its model in the draft step, colocated and the draft servers): `spec` as given,
+    or None: DRAFT_FAST_GPU on a GPU, torch's kernels on a CPU (the fused kernels need CUDA)."""
+    if spec is not None:
+        return spec
+    return DRAFT_FAST_GPU if torch.device(device).type == "cuda" else ""
 
 
 def free() -> None:

@@ -9,7 +9,8 @@ from ...metrics import ratio_ci
 from ..bench.targets import DRAFT_ALPHA
 from .colocated import best_k
 from .common import (BATCHES, CONTEXT, PIPELINED_K, PIPELINED_LABEL, PIPELINED_WINDOW, PROMPT, REMOTE_KS,
-                     REQUEST_LEAST, REMOTE_LABEL, SERVER_ROWS, TARGETS_N, TIMELINE, compiled, mean, pct, pipelined_grid)
+                     REQUEST_LEAST, REMOTE_LABEL, SERVER_ROWS, TARGETS_N, TIMELINE, compiled, draft_options, mean, pct,
+                     pipelined_grid)
 from .emulated import Targets
 from .printout import pipelined_row, remote_row
 from .server import serve_random
@@ -301,7 +302,8 @@ def start_server(name: str, device: str, g, t_end: float):
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
     server = ctx.Process(target=serve_random, args=(name, device, addr, ready, max(t_end - time.time(), 60)),
-                         kwargs={"compile_mode": g.models_compile, "read_while_stepping": g.read_while_stepping},
+                         kwargs={"compile_mode": g.models_compile, "read_while_stepping": g.read_while_stepping,
+                                 "fast_options": draft_options(device, g.draft_fast)},
                          daemon=True, name="draft-server")
     server.start()
     return server, addr, ready

@@ -18,11 +18,11 @@ def serve_random(name: str, device: str, addr: str, ready, seconds: float, rows:
                  capacity: int = CONTEXT + SLACK, spin_s: float = 0.002, compile_mode: str | None = None,
                  verdict_cache: str = DraftServerConfig.verdict_cache,
                  read_while_stepping: bool = DraftServerConfig.read_while_stepping, report_s: float = REPORT_S,
-                 launch_ahead: str = DraftServerConfig.launch_ahead) -> None:
+                 launch_ahead: str = DraftServerConfig.launch_ahead, fast_options: str = "") -> None:
     """A draft server process: the named draft shape (random bf16 weights) on `device`, its graphs captured and
     a prompt's prefill run once before `ready` is told; serves `addr` for `seconds` (verdict_cache: the server's
     DraftServerConfig.verdict_cache; read_while_stepping, launch_ahead: its own; report_s: how often it logs
-    where its loop's time went, ms a step per part)."""
+    where its loop's time went, ms a step per part; fast_options: the draft's FastOptions spec)."""
     from ...runtime.randomweights import fused_random
     from ...wire.draft_server import ServerLimits, build_server
     try:
@@ -30,7 +30,7 @@ def serve_random(name: str, device: str, addr: str, ready, seconds: float, rows:
             torch.cuda.set_device(device)
         allow_recompiles()
         t0 = time.perf_counter()
-        fast = FastDecoder(fused_random(name, device, "bf16", seed=1), 8)
+        fast = FastDecoder(fused_random(name, device, "bf16", seed=1), 8, fast_options or None)
         server = build_server(fast, welcome(name, fast.vocab, rows), DraftServerConfig(
             rows, capacity, ttl_s=120, prefill_chunk=PREFILL_CHUNK, compile_mode=compile_mode or "none", warm=False,
             spin_s=spin_s, verdict_cache=verdict_cache, read_while_stepping=read_while_stepping, report_s=report_s,

@@ -30,7 +30,7 @@ from ...costmodel import Costs, simulate_pipelined, verdict_terms
 from ...runtime.verdictcache import VerdictSpec
 from ...wire.server_config import DraftServerConfig
 from ..bench.targets import DRAFT_ALPHA
-from .common import HOLDS, PIPELINED_K, PIPELINED_WINDOW, mean
+from .common import HOLDS, PIPELINED_K, PIPELINED_WINDOW, draft_options, mean
 from .ranks import TOP, Ranks
 from .remote import fed_period_ms, model_costs, model_one_way_ms, model_tokens, pipelined_record
 from .server import serve_random
@@ -147,7 +147,8 @@ def start_servers(name: str, device: str, caches, g, t_end: float) -> dict:
         addr, ready = f"tcp://127.0.0.1:{free_port()}", ctx.Queue()
         proc = ctx.Process(target=serve_random, args=(name, device, addr, ready, max(t_end - time.time(), 60)),
                            kwargs={"compile_mode": g.models_compile, "rows": g.ssd_rows,
-                                   "verdict_cache": server_spec(cache), "launch_ahead": launch_ahead_of(cache)},
+                                   "verdict_cache": server_spec(cache), "launch_ahead": launch_ahead_of(cache),
+                                   "fast_options": draft_options(device, g.draft_fast)},
                            daemon=True, name=f"draft-server-{cache}")
         proc.start()
         out[cache] = (proc, addr, ready)
