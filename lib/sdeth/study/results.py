@@ -55,6 +55,14 @@ def gpu_results() -> dict[str, dict]:
     return {f.stem: json.loads(f.read_text()) for f in sorted(d.glob("*.json"))} if d.exists() else {}
 
 
+def gpu_state() -> tuple:
+    """What reports/gpu holds now, as a key for what is read from it (each JSON's name, size and time): a reader that
+    caches by it reads again only when a result is added or rewritten."""
+    d = REPORTS / "gpu"
+    return (str(d),) + tuple((f.name, s.st_size, s.st_mtime_ns) for f in sorted(d.glob("*.json"))
+                             for s in [f.stat()]) if d.exists() else (str(d),)
+
+
 def vllm_study_results() -> dict | None:
     """The committed vLLM study (`python -m sdeth bench vllm`: reports/vllm_remote_cpu.json), or None."""
     path = REPORTS / "vllm_remote_cpu.json"

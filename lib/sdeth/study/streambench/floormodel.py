@@ -11,8 +11,6 @@ model of its best point under each step setting: whether the components this mac
 """
 from __future__ import annotations
 
-from functools import lru_cache
-
 from ...costmodel import simulate_pipelined
 from .ahead import SPEED_GOALS
 from .ranks import Ranks
@@ -35,14 +33,8 @@ def _off(run: dict) -> list[dict]:
     return [p for p in run["ssd"]["points"] if "tpot_ms" in p and p["verdict_cache"]["spec"] == "off"]
 
 
-@lru_cache(maxsize=None)
-def _tv(target: str, b: int, k: int) -> dict:
-    """big_tv for one target and B, read once (it parses every result in reports/gpu: ~0.1 s a read)."""
-    return big_tv(target, [b], k)
-
-
 def _model(p: dict, k: int) -> dict:
-    return model_cached(p, "off", Ranks("coins", p["alpha"], 0), _tv(p["target"], p["B"], k), k)
+    return model_cached(p, "off", Ranks("coins", p["alpha"], 0), big_tv(p["target"], [p["B"]], k), k)
 
 
 def policy_line(name: str, run: dict) -> str:
@@ -90,7 +82,7 @@ def goal_line(name: str, run: dict, target: str, b: int, n: int, goal: float) ->
     if not got:
         return None
     p, k = max(got, key=lambda p: p["speedup"]), run["ssd"]["k"]
-    c = fed_costs(p, _tv(target, b, k), k)
+    c = fed_costs(p, big_tv(target, [b], k), k)
     model = {pol: simulate_pipelined(p["alpha"], c, k, n_tokens=model_tokens(b), policy=pol, streams=b)["tokens_per_s"]
              * c.target_step / b for pol in ("policy", *CORNERS)}
     best = max(model, key=model.get)

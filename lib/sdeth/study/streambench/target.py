@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from functools import lru_cache
 
 import torch
 
@@ -49,7 +50,14 @@ def tv_table(points: list[dict]) -> dict:
 def big_tv(model: str, batches, k: int) -> dict:
     """(B, m) -> ms for m = 0..k of a bigger target (emulated): its t_v(B, m) from the newest `bench targets` call
     that measured it (graph replays, random weights), linear in m between the measured k and t_v(B, 0) = t(B)
-    (pareto.Tables), at each B in batches (linear between the measured B)."""
+    (pareto.Tables), at each B in batches (linear between the measured B). Read once per state of reports/gpu (the
+    pages read it for every point of every call: ~0.1 s a read)."""
+    from ..results import gpu_state
+    return dict(_big_tv(model, tuple(batches), k, gpu_state()))
+
+
+@lru_cache(maxsize=256)
+def _big_tv(model: str, batches: tuple, k: int, state: tuple) -> dict:
     from ..predict.pareto import Tables
     from ..results import gpu_results
     runs = sorted((n, g) for n, g in gpu_results().items() if g.get("bench") == "targets")
