@@ -182,6 +182,11 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated shapes (of {', '.join(MODELS)}); "
                     "the steps section takes the first two")
     a = ap.parse_args(argv)
+    models = [m for m in a.models.split(",") if m]
+    bad = [m for m in models if m not in MODELS]
+    if bad or not models:
+        print(f"--models {a.models!r}: give some of {','.join(MODELS)}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
@@ -192,7 +197,7 @@ def main(argv=None) -> int:
            "hardware": hardware.describe("cuda:0"), "torch": torch.__version__,
            "triton": __import__("triton").__version__, "measured": True,
            "weights": "random bf16 on Qwen3 shapes (timing does not depend on their values)",
-           "copy_bandwidth_Bps": bw,
+           "copy_bandwidth_Bps": bw, "models": models,
            "gemv_method": "each variant: back-to-back launches in one CUDA graph over enough weight copies "
                           "(>= 512 MB, at most 128) to defeat L2; us per call = replay time / launches, median of 3",
            "step_method": "sdeth.study.bench.kernelstep.kernel_chain (batch 1, context 512, capacity 0 = context + 128, or 4096) and "
@@ -204,11 +209,6 @@ def main(argv=None) -> int:
             json.dump(r, f, indent=1)
 
     sections = a.sections.split(",")
-    models = [m for m in a.models.split(",") if m]
-    bad = [m for m in models if m not in MODELS]
-    if bad:
-        print(f"--models {','.join(bad)}: not a swept shape; use some of {','.join(MODELS)}", file=sys.stderr)
-        return 2
     if "gemv" in sections:
         sweep_gemvs(res, bw, t0 + a.budget_s * (0.5 if "steps" in sections else 1.0), save, models)
     if "steps" in sections:

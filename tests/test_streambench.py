@@ -140,6 +140,21 @@ def test_the_grid_from_the_command_line():
         grid_of(parser().parse_args(["--json", "x.json", "--pipelined", "1x1"]))
 
 
+def test_the_draft_runs_the_fused_kernels_on_a_gpu_unless_told_and_a_bad_spec_stops_the_call_at_once():
+    """--draft-fast: none given, kernels=auto on a GPU and torch's on a CPU (the fused kernels need CUDA); a spec
+    the random-weights draft cannot take (a bad key, fp8 weights, a pruned head) exits before anything runs."""
+    from sdeth.study.streambench.call import grid_of, parser
+    from sdeth.study.streambench.common import draft_options
+    assert draft_options("cuda:0", None) == "kernels=auto" and draft_options("cpu", None) == ""
+    assert draft_options("cuda:0", "kernels=torch") == "kernels=torch"
+    assert grid_of(parser().parse_args(["--json", "x.json"])).draft_fast is None
+    g = grid_of(parser().parse_args(["--json", "x.json", "--draft-fast", "kernels=attn"]))
+    assert g.draft_fast == "scope=layer,weights=bf16,head=0,kernels=attn"
+    for bad, why in (("kernels=fast", "kernels"), ("weights=fp8", "bf16"), ("head=4096", "whole output layer")):
+        with pytest.raises(SystemExit, match=why):
+            grid_of(parser().parse_args(["--json", "x.json", "--draft-fast", bad]))
+
+
 def test_a_pipelined_point_carries_the_timeline_the_streams_held_and_the_model(fast):
     """Two emulated pipelined targets of two streams: every stream's timeline gap measured, the server held exactly
     the live streams, and the event model fed the point's measured step."""

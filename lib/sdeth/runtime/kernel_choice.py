@@ -13,8 +13,8 @@ def kernel_levers(kernels: str, rows: int, width: int, chain: bool = True, gemv_
     attention kernel for chains (each row's own slots up to its position) of up to 16 tokens a row, the GEMVs
     for up to 32 tokens in all; wider forwards (prefill) keep torch's kernels. 'auto': the fused GEMVs up to
     AUTO_GEMV_TOKENS tokens where runtime.gemv_table.fused_gemv_pays says so for the layer's GEMV shapes
-    gemv_shapes [(N, K), ...] on `device` (a table measured per shape and row count on one GPU model; a shape not
-    measured, or another device: cuBLAS's)."""
+    gemv_shapes [(N, K), ...] on `device` (a table measured per shape and row count on each GPU model it holds; a
+    shape not measured there, or a GPU model without a table: cuBLAS's)."""
     attn = kernels in ("attn", "all", "auto") and chain and width <= 16
     gemv = kernels in ("gemv", "all") and rows * width <= 32
     if kernels == "auto" and rows * width <= AUTO_GEMV_TOKENS and gemv_shapes and device is not None:

@@ -11,6 +11,7 @@ import torch
 from ... import hardware
 from ...costmodel import POLICIES
 from ...models.presets import shape
+from ...runtime.settings import FastOptions, FastOptionsError
 from ..bench.targets import DRAFT_ALPHA
 from ..bench.step import copy_bandwidth
 from .colocated import colocated_emulated_part, colocated_part, colocated_real_part
@@ -42,7 +43,8 @@ def run_call(call: int, json_path: str, grid: Grid, drafts=("Qwen3-1.7B",), devi
                         "weights": "random bf16 (runtime.randomweights)", "acceptance": "synthetic (coins, target side)",
                         "prompt": g.prompt, "context": g.context, "contexts": list(CONTEXTS), "draft_k": DRAFT_K,
                         "server_rows": SERVER_ROWS, "compile": compiled(g),
-                        "draft_fast": draft_options(device, g.draft_fast) or "kernels=torch", "quick": quick, "budget_s": budget_s,
+                        "draft_fast": FastOptions.parse(draft_options(device, g.draft_fast)).spec(),
+                        "quick": quick, "budget_s": budget_s,
                         "grid": g.to_json(), "shapes": {n: shape(n) for n in (TARGET, *drafts, *g.big_targets)}},
            "goals": GOALS | {"step_ms": {str(c): v for c, v in GOALS["step_ms"].items()}}, "notes": NOTES,
            "draft_step": [], "target": {}, "colocated": [], "remote": {}, "goal_check": [], "skipped": []}
@@ -162,6 +164,20 @@ def pairs(text: str) -> tuple:
         raise SystemExit(f"{text!r}: write (B, N) points as B:N,B:N, e.g. 1:4,4:4") from None
 
 
+def checked_fast(spec: str | None) -> str | None:
+    """--draft-fast as a FastOptions spec the bench's random-weights draft takes (bf16, its whole head), or exit."""
+    if spec is None:
+        return None
+    try:
+        o = FastOptions.parse(spec)
+    except FastOptionsError as e:
+        raise SystemExit(f"--draft-fast {spec!r}: {e}") from None
+    if o.weights != "bf16" or o.head:
+        raise SystemExit(f"--draft-fast {spec!r}: the bench's draft has random bf16 weights and its whole output "
+                         "layer; give kernels=... or scope=... only, e.g. kernels=auto")
+    return o.spec()
+
+
 def grid_of(a) -> Grid:
     """The command line's grid (--quick: the small one, then any point lists given)."""
     g = Grid(models_compile=a.models_compile or None, colocated_s=a.colocated_s, remote_s=a.remote_s, sync=not a.no_sync,
@@ -184,7 +200,7 @@ def grid_of(a) -> Grid:
         raise SystemExit(f"--ssd-hold {a.ssd_hold!r}: {bad or 'none given'}: give some of {', '.join(HOLDS)}, the "
                          "first the one the tables show")
     g.min_steps, g.max_s, g.read_while_stepping = a.min_steps, a.max_s, a.read_while_stepping
-    g.draft_fast = a.draft_fast
+    g.draft_fast = checked_fast(a.draft_fast)
     if g.only_ssd and not a.verdict_cache:
         raise SystemExit("--only-ssd runs the verdict cache's part: give --verdict-cache, e.g. off,on")
     g.only_link, g.only_colocated = a.only_link, a.only_colocated

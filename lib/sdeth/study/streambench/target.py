@@ -53,11 +53,15 @@ def big_tv(model: str, batches, k: int) -> dict:
     (pareto.Tables), at each B in batches (linear between the measured B). Read once per state of reports/gpu (the
     pages read it for every point of every call: ~0.1 s a read)."""
     from ..results import gpu_state
-    return dict(_big_tv(model, tuple(batches), k, gpu_state()))
+    tv = _big_tv(model, tuple(sorted(set(batches))), k, gpu_state())
+    if tv is None:
+        raise ValueError(f"no bench targets call in reports/gpu measured {model}'s t_v(B, k): run `python -m sdeth "
+                         f"bench targets` first")
+    return dict(tv)
 
 
 @lru_cache(maxsize=256)
-def _big_tv(model: str, batches: tuple, k: int, state: tuple) -> dict:
+def _big_tv(model: str, batches: tuple, k: int, state: tuple) -> dict | None:
     from ..predict.pareto import Tables
     from ..results import gpu_results
     runs = sorted((n, g) for n, g in gpu_results().items() if g.get("bench") == "targets")
@@ -71,5 +75,4 @@ def _big_tv(model: str, batches: tuple, k: int, state: tuple) -> dict:
                    {(p["B"], p["k"]): p["replay_ms"] / 1e3 for p in rows if p["k"]}, {}, 1,
                    source=f"measured: {name}")
         return {(b, m): round(t.t_v(b, m) * 1e3, 4) for b in batches for m in range(k + 1)}
-    raise ValueError(f"no bench targets call in reports/gpu measured {model}'s t_v(B, k): run `python -m sdeth "
-                     f"bench targets` first")
+    return None
