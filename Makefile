@@ -104,14 +104,14 @@ bench-branches-h200:
 		--ssd-rows 16 --ssd-ranks synthetic:0.9,synthetic:0.5,trace --ssd-s 8 --budget-s 540 \
 		--json reports/gpu/bench_streams_ssd_$(CALL).json
 
-# The remote path at its floor, on one GPU (about 6 minutes a call; twice, as above): the draft server's stream steps
-# launched ahead of their read (its default on a GPU) beside the same server stepping inline ("+inline"), under the
-# step policy and "offered", at B=1 N=1, B=1 N=4 and B=4 N=4 (16 rows) for the three emulated targets: the period,
-# the restart timeline and each speed goal (reports/gpu/bench_streams_ssd_<CALL>.json; 25_draft_server reads it).
+# The remote path at its floor, on one GPU (about 4 minutes a call; twice, as above): the draft server (its stream
+# steps launched ahead, its draft with the fused kernels) under the step policy and its two corners, "offered" and
+# sync, at B=1 N=4, B=4 N=4 (16 rows) and B=1 N=1 for the three emulated targets: the period, the restart timeline,
+# each speed goal and the event model of each point (reports/gpu/bench_streams_ssd_<CALL>.json; 25_draft_server).
 bench-floor-h200:
 	$(BENCH_PY) -m sdeth bench streams --call $(CALL) --only-ssd --models-compile default --compile "" --batches 1 \
-		--verdict-cache off,off+inline --ssd-targets Qwen3-8B,Qwen3-32B,Qwen2.5-72B --ssd-points 1:1,1:4,4:4 \
-		--ssd-rows 16 --ssd-ranks synthetic:0.9 --ssd-policy offered,policy --ssd-s 5 --budget-s 540 \
+		--verdict-cache off --ssd-targets Qwen3-32B,Qwen2.5-72B,Qwen3-8B --ssd-points 4:4,1:4,1:1 \
+		--ssd-rows 16 --ssd-ranks synthetic:0.9 --ssd-policy offered,policy,sync --ssd-s 5 --budget-s 400 \
 		--json reports/gpu/bench_streams_ssd_$(CALL).json
 
 # What Ethernet costs, and real colocated SD beside its emulation, on one GPU (about 7 minutes a call; twice, as

@@ -560,3 +560,14 @@ def test_a_handle_measures_the_links_round_trip_when_it_connects():
         assert h.bare_rtt_ms is not None and 0 < h.bare_rtt_ms < 1000 and h.link_ms == h.bare_rtt_ms
     finally:
         h.server.close()
+
+
+def test_a_bf16_draft_on_a_gpu_gets_the_fused_kernels_unless_told_and_any_other_keeps_torchs():
+    """fused_fast: the draft server's fast options where none are given (its step measured 15% shorter on an H100)."""
+    from types import SimpleNamespace
+    from sdeth.wire.draft_server import fused_fast
+
+    def model(device: str, dtype):
+        return SimpleNamespace(parameters=lambda: iter([SimpleNamespace(device=torch.device(device), dtype=dtype)]))
+    assert fused_fast(model("cuda:0", torch.bfloat16)) == "kernels=auto"
+    assert fused_fast(model("cuda:0", torch.float16)) is None and fused_fast(model("cpu", torch.bfloat16)) is None

@@ -70,7 +70,8 @@ class DraftServerConfig:
     prefill_budget: int = 0        # prompt tokens fed between two draft steps (0: one chunk)
     compile_mode: str = "auto"     # torch.compile mode of the batched block ('auto': 'default' on a GPU, eager on
                                    # a CPU; 'none': eager)
-    fast: str = ""                 # the fast decoder's options (runtime.fastmodel.FastOptions; '' its defaults)
+    fast: str = ""                 # the fast decoder's options (runtime.fastmodel.FastOptions; '': kernels=auto for a
+                                   # bf16 draft on a GPU, torch's kernels elsewhere: draft_server.fused_fast)
     warm: bool = True              # capture the step graphs before serving (a GPU)
     spin_s: float = 0.0            # busy-poll the socket this long after a message
     messages_per_s: int = 4000     # what one client (a connection, or a per-client CURVE key) may send a second
