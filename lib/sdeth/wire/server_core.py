@@ -63,7 +63,9 @@ class DraftServer(StreamSteps):
     # ------------------------------------------------------------------ messages
 
     def serve(self, bind: str, max_seconds: float = 0, keys=None) -> None:
-        self.log.line(f"{self.welcome.model_id} for up to {self.limits.sequences} sequences on {bind}")
+        kernels = getattr(self.drafter.dec, "kernels", None)     # (a batched fast decoder's FastOptions.kernels)
+        self.log.line(f"{self.welcome.model_id} for up to {self.limits.sequences} sequences on {bind}"
+                      + (f", kernels={kernels}" if kernels else ""))
         pump_to = self.overlap.start if self.cfg.read_while_stepping else None
         try:
             for sock, ident, msg, t1, peer in serve_requests(bind, DECODE, self.log, max_seconds, self.idle,
