@@ -43,7 +43,7 @@ TIMELINE = ("sent_to_read", "read_to_stepped", "stepped_to_arrived", "sent_to_ar
 class Grid:
     """One call's points: which B, N, k each part runs, and for how long (seconds per point)."""
     models_compile: str | None = None
-    draft_fast: str | None = None      # the draft's FastOptions spec (draft_options; None: kernels=auto on a GPU)
+    draft_fast: str | None = None      # the draft's FastOptions spec (draft_options; None: a draft server's default)
     batches: tuple = BATCHES
     reps: int = 10
     verify_ks: tuple = VERIFY_KS
@@ -169,16 +169,14 @@ def build_fast(name: str, device: str, seed: int, options: str = "") -> FastDeco
     return FastDecoder(fused_random(name, device, "bf16", seed=seed), 8, options or None)
 
 
-DRAFT_FAST_GPU = "kernels=auto"   # the draft's FastOptions on a GPU (runtime.kernel_choice: the fused attention, and
-                                  # the fused GEMVs at one token where the table measured on that GPU model says so)
-
-
 def draft_options(device: str, spec: str | None) -> str:
     """The draft's FastOptions spec (its model in the draft step, colocated and the draft servers): `spec` as given,
-    or None: DRAFT_FAST_GPU on a GPU, torch's kernels on a CPU (the fused kernels need CUDA)."""
+    or None: a draft server's own default for bf16 weights on this device (wire.draft_server.fused_options: the fused
+    kernels on a GPU, torch's on a CPU)."""
+    from ...wire.draft_server import fused_options
     if spec is not None:
         return spec
-    return DRAFT_FAST_GPU if torch.device(device).type == "cuda" else ""
+    return fused_options(torch.device(device).type, torch.bfloat16) or ""
 
 
 def free() -> None:
