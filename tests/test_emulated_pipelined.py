@@ -170,7 +170,8 @@ def test_a_sync_targets_first_sequences_end_at_staggered_lengths(monkeypatch):
 def test_a_batch_gives_up_its_wait_a_period_after_the_time_it_chose():
     """Four streams just restarted behind a long verify: the step policy's batch waits for each one's own choice, at
     the time those drafts are due. Drafts that never come hold the batch only a server period past that time (not
-    until each stream's restart is overdue, three times its due time): it goes with what is on offer."""
+    until each stream's restart is overdue, three times its due time): it goes with what is on offer. Planned from
+    the restarts' measured spread, the wait ends at the time it chose."""
     import time
 
     from sdeth import costmodel
@@ -190,3 +191,8 @@ def test_a_batch_gives_up_its_wait_a_period_after_the_time_it_chose():
     planned = t.est.batch_wait_s
     assert got == [0] * 4 and planned is not None and planned > 2 * d
     assert planned <= waited < planned + d + 0.5 * (costmodel.OVERDUE * planned - planned - d), (planned, waited)
+    t.est.restarts = tuple(0.0005 + d * (1 + i / 64) for i in range(64))    # (planned from the measured spread)
+    t0 = time.perf_counter()
+    got = t.chosen()
+    waited, planned = time.perf_counter() - t0, t.est.batch_wait_s
+    assert got == [0] * 4 and planned > 2 * d and planned <= waited < planned + d / 2, (planned, waited)

@@ -98,6 +98,31 @@ def test_a_batch_waits_for_one_restart_only_where_the_streams_gain_outweighs_it(
         assert got == [p.choose_m(K, K)] * 3 + [0], (tv_per_step, own, got)
 
 
+def test_a_batch_plans_its_wait_from_the_restarts_measured_spread():
+    """With the restarts measured, a batch weighs each restarted stream's drafts by the chance they come within the
+    wait, given none came yet. Four streams just restarted behind a 32B-like step (20 draft periods): restarts all at
+    their median time plan as the median does (within half a period, the same drafts). Half of them at 1.5 periods and
+    half at 12, and none come by 3: the median's plan (drafts due within half a period) waits a short while that, by
+    the measured spread, collects nothing; the spread's plan goes with what is on offer or waits for the tail."""
+    d, link = 0.001, 0.0001
+    fresh = [True] * 4
+    p = costmodel._policy(0.7, grid_costs(20, 0.1), K, "policy", None)
+    p.period, p.link = d, link
+    median = p.choose_batch([0] * 4, K, fresh, [0.0] * 4), p.batch_wait_s
+    p.restarts = (link + 1.5 * d,) * 64
+    spread = p.choose_batch([0] * 4, K, fresh, [0.0] * 4), p.batch_wait_s
+    assert median[1] > 0 and spread[0] == median[0] and abs(spread[1] - median[1]) <= d / 2, (median, spread)
+    late = link + 3 * d
+    p.restarts = tuple(sorted([link + 1.5 * d] * 32 + [link + 12 * d] * 32))
+    assert p.restart_by(late, late + 5 * d) == 0 and p.restart_by(late, link + 12 * d) == 1
+    p.restarts = ()
+    p.choose_batch([0] * 4, K, fresh, [late] * 4)
+    assert 0 < p.batch_wait_s < 12 * d - late
+    p.restarts = tuple(sorted([link + 1.5 * d] * 32 + [link + 12 * d] * 32))
+    got = p.choose_batch([0] * 4, K, fresh, [late] * 4)
+    assert p.batch_wait_s == 0 or p.batch_wait_s >= link + 12 * d - late, (got, p.batch_wait_s)
+
+
 def batch_rate(alpha: float, c: Costs, setting: str, streams: int) -> float:
     """Tokens/s per stream of the event model with `streams` verified in one batch (the same seeds throughout)."""
     return sum(simulate_pipelined(alpha, c, K, n_tokens=N_TOKENS * streams, seed=s, policy=setting,

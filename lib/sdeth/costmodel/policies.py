@@ -4,6 +4,7 @@ policies, and the step policy asks the event model for its rule."""
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 
 from .cacheterms import CacheTerms
 from .modeldraft import _ModelDraft
@@ -149,6 +150,8 @@ class StepPolicy(AdaptivePolicy):
     alpha_step = 0.01    # alpha is rounded to this before a rule is chosen (coarser: fewer distinct tables to score)
     _rule: tuple[int, int, WaitRule, float] | None = None   # (steps until chosen again, for k, the rule, its rate)
     batch_wait_s: float | None = None   # the newest batch's chosen wait (choose_batch; None: each stream's own rule)
+    restarts: tuple[float, ...] = ()    # measured restarts (a Commit sent to its first draft at the target), sorted,
+    #   seconds: a batch's wait for a restarted stream is planned from their spread (empty: from due_s, their median)
 
     def rule(self, m_max: int) -> WaitRule | None:
         """The rule for rounds of at most m_max drafts, chosen again every RULE_EVERY steps; None until the costs
@@ -202,31 +205,54 @@ class StepPolicy(AdaptivePolicy):
         then. A wait for one stream's drafts holds all B, so at B > 1 the batch waits only where the streams' gain
         outweighs it; at B = 1 it is choose_m. fresh: a stream restarted with nothing received since (its drafts due
         from the restart, since_s ago: due_s; one late but not overdue is given its next draft within half a
-        period); since_s: since each stream's restart. The wait chosen is kept in batch_wait_s (None where each
-        stream's own choice stands), so that a caller waiting for drafts that come late gives up a period after it."""
+        period); since_s: since each stream's restart. With the restarts measured (restarts), a restarted stream's
+        drafts are weighed by the chance each comes within the wait, given that none came so far (restart_by; a
+        long tail makes a short wait collect little), the waits tried every half period over their reach, and each
+        stream may verify whatever could come by then. The wait chosen is kept in batch_wait_s (None where each
+        stream's own choice stands), so that a caller waiting for drafts that come late gives up a period after it
+        (at once, where the restarts' spread planned it)."""
         wants = [self.choose_m(a, m_max, f, t) for a, f, t in zip(offers, fresh, since_s)]
         c = self.costs()
         self.batch_wait_s = None
         if len(offers) < 2 or c is None or self._rule is None or all(w <= a for w, a in zip(wants, offers)):
             return wants
         d, alpha, rate = self.period or c.draft_step, self.alpha, len(offers) * self._rule[3]
+        spread = [bool(self.restarts) and f and bisect_right(self.restarts, t) < len(self.restarts)
+                  for f, t in zip(fresh, since_s)]      # (a restart later than every one measured: due_s's rule)
 
-        def arrives(j: int, m: int) -> float:       # seconds from now until stream j holds m drafts
+        def arrives(j: int, m: int) -> float:       # seconds from now until stream j holds m drafts (planned)
             if fresh[j]:
                 return max(self.due_s(m, 0) - since_s[j], (m - 0.5) * d)
             return (m - offers[j]) * d                # (streaming: one a period)
 
-        def held(j: int, w: float) -> int:
+        et = [expected_tokens(alpha, m) for m in range(m_max + 1)]
+        step = [c.verify(m + 1) + c.overhead for m in range(m_max + 1)]
+
+        def chances(j: int, w: float) -> list[float]:    # P(stream j holds m drafts w from now), m = 1..wants[j]
             a = min(offers[j], wants[j])
-            return a + sum(1 for m in range(a + 1, wants[j] + 1) if w > 0 and arrives(j, m) <= w + 1e-9)
+            if spread[j]:                             # (its m-th draft comes m - 1 periods after its first)
+                return [self.restart_by(since_s[j], since_s[j] + w - (m - 1) * d) if m > a else 1.0
+                        for m in range(1, wants[j] + 1)]
+            return [1.0 if m <= a or (w > 0 and arrives(j, m) <= w + 1e-9) else 0.0 for m in range(1, wants[j] + 1)]
 
         def worth(w: float) -> float:
-            have = [held(j, w) for j in range(len(offers))]
-            return sum(expected_tokens(alpha, m) for m in have) - rate * (c.verify(max(have) + 1) + c.overhead + w)
-        waits = [0.0] + [arrives(j, m) for j, m in enumerate(wants) if m > offers[j]]
+            ps = [chances(j, w) for j in range(len(offers))]
+            gain = sum(et[0] + sum(p * (et[m] - et[m - 1]) for m, p in enumerate(q, 1)) for q in ps)
+            width = max(sum(1 for p in q if p >= 0.5) for q in ps)
+            return gain - rate * (step[width] + w)
+        waits = [0.0] + [arrives(j, m) for j, m in enumerate(wants) if m > offers[j] and not spread[j]]
+        if any(spread):                               # (a grid of half periods over the restarts' reach)
+            reach = max(self.restarts[-1] - t + (m - 1) * d for m, t, s in zip(wants, since_s, spread) if s)
+            waits += [i * d / 2 for i in range(1, min(int(2 * reach / d) + 2, 64))]
         w = max(sorted(waits), key=worth)
         self.batch_wait_s = w
-        return [held(j, w) for j in range(len(offers))]
+        return [sum(1 for p in chances(j, w) if p > 0) for j in range(len(offers))]
+
+    def restart_by(self, since_s: float, t: float) -> float:
+        """The chance that a restart with no draft in its first since_s has its first draft by t (both from its
+        Commit), from the measured restarts (their distribution given that none came by since_s)."""
+        n, lo = len(self.restarts), bisect_right(self.restarts, since_s)
+        return 0.0 if t <= since_s else (bisect_right(self.restarts, t) - lo) / (n - lo)
 
     def overdue(self, m: int, since_s: float, available: int = 0) -> bool:
         """m drafts this late (since_s: since the restart, or since the wait began with `available` on offer): the

@@ -203,19 +203,23 @@ class EmulatedPipelined:
     def measured(self) -> None:
         """What the policy plays from, as measured so far: the server's period and a commit's way to the first
         draft after it (its restart latency: the link and one and a half periods, as the policy models it:
-        costmodel.link_of_restart)."""
+        costmodel.link_of_restart); the step policy also gets the newest 64 restarts, whose spread plans a batch's
+        wait (StepPolicy.choose_batch)."""
         r, est = self.rec, self.est
         if r["period_ms"] and r["sent_to_arrived"]:
             period = sorted(r["period_ms"][-64:])[len(r["period_ms"][-64:]) // 2] / 1e3
             first = sorted(r["sent_to_arrived"][-64:])[len(r["sent_to_arrived"][-64:]) // 2] / 1e3
             est.draft_step = est.period = period
             est.rtt = est.link = link_of_restart(first, period)
+            if isinstance(est, StepPolicy):        # (a batch's wait planned from their spread)
+                est.restarts = tuple(sorted(x / 1e3 for x in r["sent_to_arrived"][-64:]))
 
     def chosen(self) -> list[int]:
         """Each stream's drafts to verify this step: the policy's choice from what it has on offer, waited for (the
         server keeps drafting) until every stream has its own, a restart's drafts are overdue, or DRAFT_WAIT_S; a
         batch's one wait (StepPolicy.choose_batch) is given up a server period after the time it chose, whatever
-        came late (the drafts a restart sends late hold no batch past its plan)."""
+        came late (the drafts a restart sends late hold no batch past its plan), or at that time where the plan
+        weighed the restarts' measured spread."""
         if self.est.draft_step is None or len(self.rec["step_ms"]) % 32 == 0:
             self.measured()
         t0 = time.perf_counter()
@@ -227,7 +231,7 @@ class EmulatedPipelined:
         else:
             wants = [self.est.choose_m(a, self.k, f, t) for a, f, t in zip(offers, fresh, since)]
         planned = self.est.batch_wait_s if holding else None
-        slack = self.est.period or self.est.draft_step or 0.0
+        slack = 0.0 if getattr(self.est, "restarts", ()) else self.est.period or self.est.draft_step or 0.0
         limit = DRAFT_WAIT_S if planned is None else min(planned + slack, DRAFT_WAIT_S)
         waited = False              # (a step that waits for nothing records no wait: not the host's own time)
         while time.perf_counter() - t0 < limit:
