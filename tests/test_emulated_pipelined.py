@@ -192,7 +192,9 @@ def test_a_batch_gives_up_its_wait_a_period_after_the_time_it_chose():
     assert got == [0] * 4 and planned is not None and planned > 2 * d
     assert planned <= waited < planned + d + 0.5 * (costmodel.OVERDUE * planned - planned - d), (planned, waited)
     t.est.restarts = tuple(0.0005 + d * (1 + i / 64) for i in range(64))    # (planned from the measured spread)
+    t.streams = [{"view": StreamView()} for _ in range(4)]                    # (restarted now)
     t0 = time.perf_counter()
     got = t.chosen()
     waited, planned = time.perf_counter() - t0, t.est.batch_wait_s
-    assert got == [0] * 4 and planned > 2 * d and planned <= waited < planned + d / 2, (planned, waited)
+    assert got == [0] * 4 and t.est.batch_spread and planned > 2 * d and planned <= waited < planned + d / 2, (
+        planned, waited)

@@ -115,6 +115,7 @@ def test_a_batch_plans_its_wait_from_the_restarts_measured_spread():
     late = link + 3 * d
     p.restarts = tuple(sorted([link + 1.5 * d] * 32 + [link + 12 * d] * 32))
     assert p.restart_by(late, late + 5 * d) == 0 and p.restart_by(late, link + 12 * d) == 1
+    assert p.restart_by(link + 13 * d, 1.0) == 0                 # (later than every restart measured)
     p.restarts = ()
     p.choose_batch([0] * 4, K, fresh, [late] * 4)
     assert 0 < p.batch_wait_s < 12 * d - late

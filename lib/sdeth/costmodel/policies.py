@@ -138,6 +138,15 @@ class SyncPolicy(AdaptivePolicy):
 # ---------------------------------------------------------------------------------------------
 # The step policy: how many drafts to verify and how long to wait for them, for long-run tokens/s.
 
+JUMPS = 24     # the most waits a batch's plan from the restarts' spread tries (each a time a draft could come)
+
+
+def _thinned(xs: list[float], most: int) -> list[float]:
+    """At most `most` of the sorted xs, evenly spaced, the last kept."""
+    stride = -(-len(xs) // most) if xs else 1
+    return xs[::-1][::stride][::-1]
+
+
 class StepPolicy(AdaptivePolicy):
     """The step policy ("policy", the default of every remote mode): each target step chooses how many drafts to
     verify and how long to wait for them, maximising long-run tokens/s from what it measures: alpha, t_v(m), the
@@ -150,8 +159,10 @@ class StepPolicy(AdaptivePolicy):
     alpha_step = 0.01    # alpha is rounded to this before a rule is chosen (coarser: fewer distinct tables to score)
     _rule: tuple[int, int, WaitRule, float] | None = None   # (steps until chosen again, for k, the rule, its rate)
     batch_wait_s: float | None = None   # the newest batch's chosen wait (choose_batch; None: each stream's own rule)
+    batch_spread = False                # ... chosen from the restarts' spread (its caller then gives it no slack)
     restarts: tuple[float, ...] = ()    # measured restarts (a Commit sent to its first draft at the target), sorted,
-    #   seconds: a batch's wait for a restarted stream is planned from their spread (empty: from due_s, their median)
+    #   seconds: a batch's wait for a restarted stream is planned from their spread (empty, at one stream, or later
+    #   than every one measured: from due_s, from their median, with the overdue rule)
 
     def rule(self, m_max: int) -> WaitRule | None:
         """The rule for rounds of at most m_max drafts, chosen again every RULE_EVERY steps; None until the costs
@@ -198,61 +209,62 @@ class StepPolicy(AdaptivePolicy):
 
     def choose_batch(self, offers: list[int], m_max: int, fresh: list[bool], since_s: list[float]) -> list[int]:
         """Drafts to verify for each of B streams stepped together (one verify, one wait for the batch): each
-        stream's own choice (choose_m), then the step's one wait, among none and each short stream's time to its
-        choice: the one whose expected tokens over the batch, less what the batch makes in the long run (B x the
+        stream's own choice (choose_m), then the step's one wait, among none and the times the short streams' drafts
+        come: the one whose expected tokens over the batch, less what the batch makes in the long run (B x the
         rule's renewal rate) in the step's verify and wait, is highest (renewal-reward's marginal test: a wait pays
         only where what it brings beats what its time brings elsewhere); each stream verifies what it will hold by
         then. A wait for one stream's drafts holds all B, so at B > 1 the batch waits only where the streams' gain
         outweighs it; at B = 1 it is choose_m. fresh: a stream restarted with nothing received since (its drafts due
         from the restart, since_s ago: due_s; one late but not overdue is given its next draft within half a
-        period); since_s: since each stream's restart. With the restarts measured (restarts), a restarted stream's
-        drafts are weighed by the chance each comes within the wait, given that none came so far (restart_by; a
-        long tail makes a short wait collect little), the waits tried every half period over their reach, and each
-        stream may verify whatever could come by then. The wait chosen is kept in batch_wait_s (None where each
-        stream's own choice stands), so that a caller waiting for drafts that come late gives up a period after it
-        (at once, where the restarts' spread planned it)."""
-        wants = [self.choose_m(a, m_max, f, t) for a, f, t in zip(offers, fresh, since_s)]
+        period); since_s: since each stream's restart. With the restarts measured (restarts), a restarted stream
+        whose wait is inside their reach is planned from their spread instead: each of its drafts weighed by the
+        chance it comes within the wait given that none came so far (restart_by), the waits tried at the times its
+        drafts could come (at most JUMPS of them, evenly over their span), the verify costed at its expected width, and no
+        overdue rule (the spread says how late they come). The wait chosen is kept in batch_wait_s (None where each
+        stream's own choice stands) and batch_spread says whether the spread chose it: a caller waiting for drafts
+        that come late gives up a period after a planned time, at once after a time the spread chose."""
         c = self.costs()
-        self.batch_wait_s = None
+        d = (self.period or c.draft_step or 0.0) if c is not None else 0.0
+        spread = [len(offers) > 1 and d > 0 and f and not a and bisect_right(self.restarts, t) < len(self.restarts)
+                  for a, f, t in zip(offers, fresh, since_s)]     # (beyond every restart measured: due_s's rule)
+        wants = [self.choose_m(a, m_max, f, 0.0 if s else t) for a, f, t, s in zip(offers, fresh, since_s, spread)]
+        self.batch_wait_s, self.batch_spread = None, False
         if len(offers) < 2 or c is None or self._rule is None or all(w <= a for w, a in zip(wants, offers)):
             return wants
-        d, alpha, rate = self.period or c.draft_step, self.alpha, len(offers) * self._rule[3]
-        spread = [bool(self.restarts) and f and bisect_right(self.restarts, t) < len(self.restarts)
-                  for f, t in zip(fresh, since_s)]      # (a restart later than every one measured: due_s's rule)
+        alpha, rate, top = self.alpha, len(offers) * self._rule[3], max(wants)
+        et = [expected_tokens(alpha, m) for m in range(top + 1)]
+        step = [c.verify(m + 1) + c.overhead for m in range(top + 1)]
 
         def arrives(j: int, m: int) -> float:       # seconds from now until stream j holds m drafts (planned)
             if fresh[j]:
                 return max(self.due_s(m, 0) - since_s[j], (m - 0.5) * d)
             return (m - offers[j]) * d                # (streaming: one a period)
 
-        et = [expected_tokens(alpha, m) for m in range(m_max + 1)]
-        step = [c.verify(m + 1) + c.overhead for m in range(m_max + 1)]
-
-        def chances(j: int, w: float) -> list[float]:    # P(stream j holds m drafts w from now), m = 1..wants[j]
-            a = min(offers[j], wants[j])
+        def chances(j: int, w: float) -> list[float]:    # P(stream j holds m drafts w from now), m = 1..top
+            a, t = min(offers[j], wants[j]), since_s[j]
             if spread[j]:                             # (its m-th draft comes m - 1 periods after its first)
-                return [self.restart_by(since_s[j], since_s[j] + w - (m - 1) * d) if m > a else 1.0
-                        for m in range(1, wants[j] + 1)]
-            return [1.0 if m <= a or (w > 0 and arrives(j, m) <= w + 1e-9) else 0.0 for m in range(1, wants[j] + 1)]
+                return [self.restart_by(t, t + w - (m - 1) * d + 1e-9) if m <= wants[j] else 0.0 for m in range(1, top + 1)]
+            return [1.0 if m <= a or (m <= wants[j] and w > 0 and arrives(j, m) <= w + 1e-9) else 0.0
+                    for m in range(1, top + 1)]
 
         def worth(w: float) -> float:
             ps = [chances(j, w) for j in range(len(offers))]
             gain = sum(et[0] + sum(p * (et[m] - et[m - 1]) for m, p in enumerate(q, 1)) for q in ps)
-            width = max(sum(1 for p in q if p >= 0.5) for q in ps)
-            return gain - rate * (step[width] + w)
-        waits = [0.0] + [arrives(j, m) for j, m in enumerate(wants) if m > offers[j] and not spread[j]]
-        if any(spread):                               # (a grid of half periods over the restarts' reach)
-            reach = max(self.restarts[-1] - t + (m - 1) * d for m, t, s in zip(wants, since_s, spread) if s)
-            waits += [i * d / 2 for i in range(1, min(int(2 * reach / d) + 2, 64))]
-        w = max(sorted(waits), key=worth)
-        self.batch_wait_s = w
+            wide = [1 - math.prod(1 - q[m - 1] for q in ps) for m in range(1, top + 1)]   # P(the verify's width >= m)
+            return gain - rate * (step[0] + sum(p * (step[m] - step[m - 1]) for m, p in enumerate(wide, 1)) + w)
+        planned = [arrives(j, m) for j, m in enumerate(wants) if m > offers[j] and not spread[j]]
+        jumps = _thinned(sorted({r - t + (m - 1) * d for j, (t, s) in enumerate(zip(since_s, spread)) if s
+                                 for r in self.restarts if r > t for m in range(1, wants[j] + 1)}), JUMPS)
+        w = max([0.0] + sorted(planned + list(jumps)), key=worth)
+        self.batch_wait_s, self.batch_spread = w, w in jumps and w not in planned
         return [sum(1 for p in chances(j, w) if p > 0) for j in range(len(offers))]
 
     def restart_by(self, since_s: float, t: float) -> float:
         """The chance that a restart with no draft in its first since_s has its first draft by t (both from its
-        Commit), from the measured restarts (their distribution given that none came by since_s)."""
+        Commit), from the measured restarts (their distribution given that none came by since_s); 0 where none of
+        them is later than since_s."""
         n, lo = len(self.restarts), bisect_right(self.restarts, since_s)
-        return 0.0 if t <= since_s else (bisect_right(self.restarts, t) - lo) / (n - lo)
+        return 0.0 if t <= since_s or lo == n else (bisect_right(self.restarts, t) - lo) / (n - lo)
 
     def overdue(self, m: int, since_s: float, available: int = 0) -> bool:
         """m drafts this late (since_s: since the restart, or since the wait began with `available` on offer): the

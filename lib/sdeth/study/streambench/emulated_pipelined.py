@@ -218,8 +218,8 @@ class EmulatedPipelined:
         """Each stream's drafts to verify this step: the policy's choice from what it has on offer, waited for (the
         server keeps drafting) until every stream has its own, a restart's drafts are overdue, or DRAFT_WAIT_S; a
         batch's one wait (StepPolicy.choose_batch) is given up a server period after the time it chose, whatever
-        came late (the drafts a restart sends late hold no batch past its plan), or at that time where the plan
-        weighed the restarts' measured spread."""
+        came late (the drafts a restart sends late hold no batch past its plan), or at that very time where the
+        restarts' measured spread chose it (batch_spread: the spread already says how late they come)."""
         if self.est.draft_step is None or len(self.rec["step_ms"]) % 32 == 0:
             self.measured()
         t0 = time.perf_counter()
@@ -230,14 +230,15 @@ class EmulatedPipelined:
             wants = self.est.choose_batch(offers, self.k, fresh, since)
         else:
             wants = [self.est.choose_m(a, self.k, f, t) for a, f, t in zip(offers, fresh, since)]
-        planned = self.est.batch_wait_s if holding else None
-        slack = 0.0 if getattr(self.est, "restarts", ()) else self.est.period or self.est.draft_step or 0.0
+        planned, spread = (self.est.batch_wait_s, self.est.batch_spread) if holding else (None, False)
+        slack = 0.0 if spread else self.est.period or self.est.draft_step or 0.0
         limit = DRAFT_WAIT_S if planned is None else min(planned + slack, DRAFT_WAIT_S)
         waited = False              # (a step that waits for nothing records no wait: not the host's own time)
         while time.perf_counter() - t0 < limit:
             short = [(s, m) for s, m in zip(self.streams, wants) if self.offered(s) < m]
-            if not short or (holding and all(self.est.overdue(m, time.perf_counter() - s["view"].t_epoch)
-                                             for s, m in short)):
+            late = holding and not spread and all(self.est.overdue(m, time.perf_counter() - s["view"].t_epoch)
+                                                  for s, m in short)
+            if not short or late:
                 break
             waited = True
             time.sleep(0.0002)
