@@ -4,7 +4,8 @@ nothing of sdeth outside itself), in rooms; their public names (and _policy) are
     rules        the step policy's wait rules and their long-run rate over a restart cycle
     cacheterms   the outcome and verdict caches as the event model sees them
     modeldraft   the event model's draft: its steps and what a Commit does to its run
-    policies     the policies that choose each round's drafts, and the event model that plays them
+    policies     the policies that choose each round's drafts
+    eventmodel   the event model that plays them against modelled drafts (simulate_pipelined)
 """
 from .rounds import (Costs, best_k, expected_tokens, predicted_run_tokens_per_s, round_time,  # noqa: F401
                      sd_tokens_per_s, speedup)
@@ -13,5 +14,6 @@ from .rules import (CORNER_MARGIN, CYCLE_ROUNDS, OVERDUE, PHASES, RULE_EVERY, Wa
 from .cacheterms import CacheTerms, cache_terms, fanouts, verdict_terms  # noqa: F401
 from .modeldraft import DraftStep  # noqa: F401
 from .policies import (POLICIES, SETTINGS,  # noqa: F401
-                        AdaptivePolicy, FixedPolicy, OfferedPolicy, StepPolicy, SyncPolicy, _policy,
-                       pipelined_speedup, setting_of, simulate_pipelined, step_setting)
+                       AdaptivePolicy, FixedPolicy, OfferedPolicy, StepPolicy, SyncPolicy, _policy, setting_of,
+                       step_setting)
+from .eventmodel import pipelined_speedup, simulate_pipelined  # noqa: F401

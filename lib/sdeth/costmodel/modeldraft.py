@@ -18,8 +18,10 @@ class _ModelDraft:
     """The draft side of simulate_pipelined: it steps every `period` seconds from the start of its current
     run; a Commit reaches it `one_way` seconds after the target sends it."""
 
-    def __init__(self, alpha: float, period: float, one_way: float, cache: CacheTerms, rng) -> None:
+    def __init__(self, alpha: float, period: float, one_way: float, cache: CacheTerms, rng,
+                 late: tuple[float, float] | None = None) -> None:
         self.alpha, self.period, self.one_way, self.cache, self.rng = alpha, period, one_way, cache, rng
+        self.late = late                # (probability, seconds): a restart that late (a server busy elsewhere)
         self.run: list[DraftStep] = []
         self.next_pos, self.last_end = 1, one_way   # the first Commit (position 0) reaches the draft at one_way
         self.acked = 1                  # positions < acked were committed when the last Commit arrived
@@ -55,6 +57,8 @@ class _ModelDraft:
                 self.t_first = mine.end + d + self.one_way
             else:
                 self.next_pos, self.last_end = p + 1, max(busy, arrive)
+                if self.late and self.rng.random() < self.late[0]:
+                    self.last_end += self.late[1]
                 self.t_restart, self.t_first = sent, self.last_end + d + self.one_way
 
     def arrived(self, out: int, t: float) -> tuple[list[DraftStep], int, bool]:

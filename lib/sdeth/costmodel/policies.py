@@ -1,13 +1,13 @@
 """The policies that choose each round's drafts (adaptive k; the pipelined step's named settings, the step policy
-among them) and the event model that plays them (simulate_pipelined). One room: the event model plays the
-policies, and the step policy asks the event model for its rule."""
+among them); the event model that plays them is eventmodel's (simulate_pipelined), the step policy's rules are
+rules'."""
 from __future__ import annotations
 
 import math
 from bisect import bisect_right
 
-from .cacheterms import CacheTerms
-from .modeldraft import _ModelDraft
+import numpy as np
+
 from .rounds import Costs, best_k, expected_tokens
 from .rules import OVERDUE, RULE_EVERY, WaitRule, _q, best_rule
 
@@ -138,7 +138,7 @@ class SyncPolicy(AdaptivePolicy):
 # ---------------------------------------------------------------------------------------------
 # The step policy: how many drafts to verify and how long to wait for them, for long-run tokens/s.
 
-JUMPS = 24     # the most waits a batch's plan from the restarts' spread tries (each a time a draft could come)
+JUMPS = 256    # the most waits a batch's plan from the restarts' spread tries (each a time a draft could come)
 
 
 def _thinned(xs: list[float], most: int) -> list[float]:
@@ -161,8 +161,8 @@ class StepPolicy(AdaptivePolicy):
     batch_wait_s: float | None = None   # the newest batch's chosen wait (choose_batch; None: each stream's own rule)
     batch_spread = False                # ... chosen from the restarts' spread (its caller then gives it no slack)
     restarts: tuple[float, ...] = ()    # measured restarts (a Commit sent to its first draft at the target), sorted,
-    #   seconds: a batch's wait for a restarted stream is planned from their spread (empty, at one stream, or later
-    #   than every one measured: from due_s, from their median, with the overdue rule)
+    #   seconds: a batch's wait for a restarted stream is planned from their spread (empty, or at one stream: from
+    #   due_s, from their median, with the overdue rule)
 
     def rule(self, m_max: int) -> WaitRule | None:
         """The rule for rounds of at most m_max drafts, chosen again every RULE_EVERY steps; None until the costs
@@ -217,47 +217,53 @@ class StepPolicy(AdaptivePolicy):
         outweighs it; at B = 1 it is choose_m. fresh: a stream restarted with nothing received since (its drafts due
         from the restart, since_s ago: due_s; one late but not overdue is given its next draft within half a
         period); since_s: since each stream's restart. With the restarts measured (restarts), a restarted stream
-        whose wait is inside their reach is planned from their spread instead: each of its drafts weighed by the
-        chance it comes within the wait given that none came so far (restart_by), the waits tried at the times its
-        drafts could come (at most JUMPS of them, evenly over their span), the verify costed at its expected width, and no
+        is planned from their spread instead (one later than every one of them: stalled, it goes with what is on
+        offer): each of its drafts weighed by the
+        chance it comes within the wait given that none came so far (restart_by, at every wait at once), the waits
+        tried at the times its drafts could come (at most JUMPS, evenly over their span), the verify costed at its
+        expected width (for every stream: one verify's width is the batch's widest), and no
         overdue rule (the spread says how late they come). The wait chosen is kept in batch_wait_s (None where each
         stream's own choice stands) and batch_spread says whether the spread chose it: a caller waiting for drafts
         that come late gives up a period after a planned time, at once after a time the spread chose."""
         c = self.costs()
         d = (self.period or c.draft_step or 0.0) if c is not None else 0.0
-        spread = [len(offers) > 1 and d > 0 and f and not a and bisect_right(self.restarts, t) < len(self.restarts)
-                  for a, f, t in zip(offers, fresh, since_s)]     # (beyond every restart measured: due_s's rule)
-        wants = [self.choose_m(a, m_max, f, 0.0 if s else t) for a, f, t, s in zip(offers, fresh, since_s, spread)]
+        measured = [len(offers) > 1 and d > 0 and f and not a and bool(self.restarts) for a, f in zip(offers, fresh)]
+        spread = [m and t < self.restarts[-1] for m, t in zip(measured, since_s)]
+        wants = [min(a, m_max) if m and not s else self.choose_m(a, m_max, f, 0.0 if s else t)   # (m, not s: later
+                 for a, f, t, m, s in zip(offers, fresh, since_s, measured, spread)]           # than every one: a stall)
         self.batch_wait_s, self.batch_spread = None, False
         if len(offers) < 2 or c is None or self._rule is None or all(w <= a for w, a in zip(wants, offers)):
             return wants
-        alpha, rate, top = self.alpha, len(offers) * self._rule[3], max(wants)
-        et = [expected_tokens(alpha, m) for m in range(top + 1)]
-        step = [c.verify(m + 1) + c.overhead for m in range(top + 1)]
+        alpha, rate, top, B = self.alpha, len(offers) * self._rule[3], max(wants), len(offers)
+        et = np.array([expected_tokens(alpha, m) for m in range(top + 1)])
+        step = np.array([c.verify(m + 1) + c.overhead for m in range(top + 1)])
+        ms, runs = np.arange(1, top + 1)[:, None], np.asarray(self.restarts)
 
         def arrives(j: int, m: int) -> float:       # seconds from now until stream j holds m drafts (planned)
             if fresh[j]:
                 return max(self.due_s(m, 0) - since_s[j], (m - 0.5) * d)
             return (m - offers[j]) * d                # (streaming: one a period)
 
-        def chances(j: int, w: float) -> list[float]:    # P(stream j holds m drafts w from now), m = 1..top
+        def chances(j: int, w: np.ndarray) -> np.ndarray:    # P(stream j holds m drafts w from now): [m - 1, wait]
             a, t = min(offers[j], wants[j]), since_s[j]
-            if spread[j]:                             # (its m-th draft comes m - 1 periods after its first)
-                return [self.restart_by(t, t + w - (m - 1) * d + 1e-9) if m <= wants[j] else 0.0 for m in range(1, top + 1)]
-            return [1.0 if m <= a or (m <= wants[j] and w > 0 and arrives(j, m) <= w + 1e-9) else 0.0
-                    for m in range(1, top + 1)]
-
-        def worth(w: float) -> float:
-            ps = [chances(j, w) for j in range(len(offers))]
-            gain = sum(et[0] + sum(p * (et[m] - et[m - 1]) for m, p in enumerate(q, 1)) for q in ps)
-            wide = [1 - math.prod(1 - q[m - 1] for q in ps) for m in range(1, top + 1)]   # P(the verify's width >= m)
-            return gain - rate * (step[0] + sum(p * (step[m] - step[m - 1]) for m, p in enumerate(wide, 1)) + w)
+            if spread[j]:                             # (restart_by at every wait; its m-th draft m - 1 periods on)
+                lo, first = np.searchsorted(runs, t, "right"), w[None, :] - (ms - 1) * d + 1e-9
+                p = np.where(first > 0, (np.searchsorted(runs, t + first, "right") - lo) / (len(runs) - lo), 0.0)
+            else:
+                due = np.array([arrives(j, m) for m in range(1, top + 1)])[:, None]
+                p = ((ms <= a) | ((w[None, :] > 0) & (due <= w[None, :] + 1e-9))).astype(float)
+            return np.where(ms <= wants[j], p, 0.0)
         planned = [arrives(j, m) for j, m in enumerate(wants) if m > offers[j] and not spread[j]]
         jumps = _thinned(sorted({r - t + (m - 1) * d for j, (t, s) in enumerate(zip(since_s, spread)) if s
                                  for r in self.restarts if r > t for m in range(1, wants[j] + 1)}), JUMPS)
-        w = max([0.0] + sorted(planned + list(jumps)), key=worth)
+        waits = np.array([0.0] + sorted(planned + jumps))
+        ps = np.stack([chances(j, waits) for j in range(B)])                  # [stream, m - 1, wait]
+        gain = B * et[0] + (ps * np.diff(et)[None, :, None]).sum(axis=(0, 1))
+        wide = 1 - np.prod(1 - ps, axis=0)                                    # P(the verify's width >= m)
+        i = int(np.argmax(gain - rate * (step[0] + (wide * np.diff(step)[:, None]).sum(axis=0) + waits)))
+        w = float(waits[i])
         self.batch_wait_s, self.batch_spread = w, w in jumps and w not in planned
-        return [sum(1 for p in chances(j, w) if p > 0) for j in range(len(offers))]
+        return [int(n) for n in (ps[:, :, i] > 0).sum(axis=1)]
 
     def restart_by(self, since_s: float, t: float) -> float:
         """The chance that a restart with no draft in its first since_s has its first draft by t (both from its
@@ -301,82 +307,3 @@ def _policy(alpha: float, c: Costs, k_max: int, adaptive: bool | str, period: fl
         est.draft_step = period
     est.link = c.link_rtt
     return est
-
-
-def simulate_pipelined(alpha: float, c: Costs, k_max: int, n_tokens: int = 20000, seed: int = 0,
-                       adaptive: bool = True, cache: tuple | None = None, policy: str = "", streams: int = 1) -> dict:
-    """Event model of the pipelined protocol (runtime.pipeline). Terms: a *step* is one draft token, one per
-    draft_period (its device step plus its host's work: read, send, launch) from the start of its current
-    run; a *transit* is link_rtt/2 (c.rtt/2 when link_rtt is None), a token's or a Commit's way over the link;
-    each draft token equals the target's choice with probability alpha (for greedy decoding: acceptance).
-
-    Per round the target applies the runtime's own policy (AdaptivePolicy.choose_m, fed the draft's device
-    step and the round trip as the target lives it, c.rtt), verifies and commits; the Commit reaches the
-    draft a transit later, between two of its steps: a mismatch there restarts the draft's run behind the
-    step it has in flight, a position not drafted yet is taken as given. adaptive=False plays FixedPolicy;
-    policy names one of POLICIES instead ("offered": verify what is on offer, never wait).
-    Deterministic for a seed.
-
-    streams: B sequences a target verifies in one batch (c's verify costs are the batch's): each has a draft of its
-    own on the server's period; every step waits for the batch's choice (the step policy's choose_batch; another
-    policy's choice per stream, the step waiting for the last) and verifies them all at once. At 1, one stream.
-
-    cache: a CacheTerms (or its 4-tuple; cache_terms makes it). A rejection at one of the first `forks`
-    positions past the last commit finds its correction on a branch with probability `hit`; the branch
-    drafted `depth` tokens from its fork's step on, so a hit costs no restart. Every step costs row_cost
-    plain ones unless draft_period, measured with the branches on, already holds them.
-
-    Returns tokens/s (over all streams), per stream and round: mean drafts verified and tokens, the shares of plain
-    rounds and of idle target time, the restarts and the hit rate after a rejection (None without restarts)."""
-    import random
-    terms = CacheTerms(*cache) if cache else CacheTerms(0, 0, 0.0, 1.0)
-    period = c.draft_period or c.draft_step * terms.row_cost
-    est = _policy(alpha, c, k_max, policy or adaptive, period if cache and not c.draft_period else None)
-    est.period = period                              # the draft's wall step, as the runtime measures it
-    one_way = (c.rtt if c.link_rtt is None else c.link_rtt) / 2
-    drafts = [_ModelDraft(alpha, period, one_way, terms, random.Random(seed + j * 1_000_003)) for j in range(streams)]
-    t, outs = 0.0, [1] * streams     # target clock (s); positions < outs[j] of stream j are committed
-    idle, rounds, verified, plain = 0.0, 0, 0, 0
-    while sum(outs) < n_tokens:
-        ms, ready = _step_choice(est, drafts, outs, t, k_max)
-        idle += ready - t
-        t = ready + c.verify(max(ms) + 1) + c.overhead
-        rounds, verified, plain = rounds + streams, verified + sum(ms), plain + ms.count(0)
-        for j, (d, m) in enumerate(zip(drafts, ms)):
-            run = [x for x in d.run if x.pos >= outs[j]]
-            n = next((i for i in range(m) if not run[i].match), m)      # accepted drafts
-            outs[j] += n + 1
-            d.commit(outs[j] - 1, t)
-            d.acked = outs[j]
-            d.run[:] = [x for x in d.run if x.pos >= outs[j]]
-    restarts, hits = sum(d.restarts for d in drafts), sum(d.hits for d in drafts)
-    return {"tokens_per_s": sum(outs) / t, "verified_per_round": verified / rounds,
-            "tokens_per_round": sum(outs) / rounds, "plain_step_share": plain / rounds, "target_idle_share": idle / t,
-            "restarts": restarts, "cache_hit_rate": hits / restarts if restarts else None}
-
-
-def _step_choice(est: AdaptivePolicy, drafts: list[_ModelDraft], outs: list[int], t: float,
-                 k_max: int) -> tuple[list[int], float]:
-    """simulate_pipelined's step at t: each stream's drafts to verify (one stream: choose_m; a batch: the step
-    policy's choose_batch, another policy's choose_m per stream) and when the last of them is at the target."""
-    seen = []
-    for d, out in zip(drafts, outs):
-        d.produce_until(t - d.one_way)
-        _, avail, fresh = d.arrived(out, t)
-        if getattr(est, "holds", False):
-            fresh = t < d.t_first                   # the step policy's fresh: nothing of this run has arrived
-        seen.append((avail, fresh, t - d.t_restart))
-    if len(drafts) > 1 and hasattr(est, "choose_batch"):
-        ms = est.choose_batch([a for a, _, _ in seen], k_max, [f for _, f, _ in seen], [s for _, _, s in seen])
-    else:
-        ms = [est.choose_m(a, k_max, f, s) for a, f, s in seen]
-    ready = t
-    for d, out, m, (avail, _, _) in zip(drafts, outs, ms, seen):
-        if m > avail:                               # wait for the m-th token
-            d.produce_until(-1, out + m - 1)
-            ready = max(ready, [x for x in d.run if x.pos >= out][m - 1].end + d.one_way)
-    return ms, ready
-
-
-def pipelined_speedup(alpha: float, c: Costs, k_max: int, **kw) -> float:
-    return simulate_pipelined(alpha, c, k_max, **kw)["tokens_per_s"] * c.target_step

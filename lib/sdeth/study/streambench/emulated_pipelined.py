@@ -218,33 +218,41 @@ class EmulatedPipelined:
         """Each stream's drafts to verify this step: the policy's choice from what it has on offer, waited for (the
         server keeps drafting) until every stream has its own, a restart's drafts are overdue, or DRAFT_WAIT_S; a
         batch's one wait (StepPolicy.choose_batch) is given up a server period after the time it chose, whatever
-        came late (the drafts a restart sends late hold no batch past its plan), or at that very time where the
-        restarts' measured spread chose it (batch_spread: the spread already says how late they come)."""
+        came late (the drafts a restart sends late hold no batch past its plan). Where the restarts' measured spread
+        chose it (batch_spread), the wait ends at that very time and the batch is planned again from what came and
+        how long it has been (the event model, costmodel.simulate_pipelined, does the same)."""
         if self.est.draft_step is None or len(self.rec["step_ms"]) % 32 == 0:
             self.measured()
-        t0 = time.perf_counter()
-        offers, views = [self.offered(s) for s in self.streams], [s["view"] for s in self.streams]
-        fresh, since = [v.received == 0 for v in views], [t0 - v.t_epoch for v in views]
-        holding = isinstance(self.est, StepPolicy)
-        if holding:                 # (B streams, one verify: one wait for the batch)
-            wants = self.est.choose_batch(offers, self.k, fresh, since)
-        else:
-            wants = [self.est.choose_m(a, self.k, f, t) for a, f, t in zip(offers, fresh, since)]
-        planned, spread = (self.est.batch_wait_s, self.est.batch_spread) if holding else (None, False)
-        slack = 0.0 if spread else self.est.period or self.est.draft_step or 0.0
-        limit = DRAFT_WAIT_S if planned is None else min(planned + slack, DRAFT_WAIT_S)
+        t0, holding = time.perf_counter(), isinstance(self.est, StepPolicy)
         waited = False              # (a step that waits for nothing records no wait: not the host's own time)
-        while time.perf_counter() - t0 < limit:
-            short = [(s, m) for s, m in zip(self.streams, wants) if self.offered(s) < m]
-            late = holding and not spread and all(self.est.overdue(m, time.perf_counter() - s["view"].t_epoch)
-                                                  for s, m in short)
-            if not short or late:
+        for _ in range(16):
+            t1, (wants, planned, spread) = time.perf_counter(), self.plan(holding)
+            slack = 0.0 if spread else self.est.period or self.est.draft_step or 0.0
+            limit = DRAFT_WAIT_S if planned is None else min(planned + slack, DRAFT_WAIT_S)
+            while time.perf_counter() - t1 < limit:
+                short = [(s, m) for s, m in zip(self.streams, wants) if self.offered(s) < m]
+                late = holding and not spread and all(self.est.overdue(m, time.perf_counter() - s["view"].t_epoch)
+                                                      for s, m in short)
+                if not short or late:
+                    break
+                waited = True
+                time.sleep(0.0002)
+                self.take()
+            if not spread or all(self.offered(s) >= m for s, m in zip(self.streams, wants)):
                 break
-            waited = True
-            time.sleep(0.0002)
-            self.take()
         self.rec["wait_ms"].append((time.perf_counter() - t0) * 1e3 if waited else 0.0)
         return [min(self.offered(s), m) for s, m in zip(self.streams, wants)]
+
+    def plan(self, holding: bool) -> tuple[list[int], float | None, bool]:
+        """The policy's choice from what is on offer now: each stream's drafts, the batch's planned wait (None: each
+        stream's own rule) and whether the restarts' spread chose it."""
+        now = time.perf_counter()
+        offers, views = [self.offered(s) for s in self.streams], [s["view"] for s in self.streams]
+        fresh, since = [v.received == 0 for v in views], [now - v.t_epoch for v in views]
+        if not holding:
+            return [self.est.choose_m(a, self.k, f, t) for a, f, t in zip(offers, fresh, since)], None, False
+        wants = self.est.choose_batch(offers, self.k, fresh, since)     # (B streams, one verify: one wait)
+        return wants, self.est.batch_wait_s, self.est.batch_spread
 
     def verify_wait(self, deadline: float) -> None:
         """The verify's wait, the socket read meanwhile (as a real target's receiving thread would: each draft
