@@ -142,6 +142,39 @@ def test_an_unknown_key_is_refused_by_the_draft_server_and_logged(tmp_path, caps
     assert "sdeth draft server peer=127.0.0.1: refused (auth): CURVE key refused" in log, log
 
 
+def test_a_client_refused_at_the_handshake_never_waits_past_its_timeout(tmp_path):
+    """An unknown CURVE key: the server drops each connection at its handshake, so a fresh socket may have no
+    connection to hand a message to (a draft client's Hello after a reopen once waited there for ever, ending a test
+    run). Every send ends within the client's timeout, a TimeoutError at worst."""
+    import dataclasses
+
+    from sdeth.wire.transport import Client
+    with _curve_server(tmp_path) as (server, addr, keys, target):
+        stranger = Keys.load(make_keys(tmp_path / "other", clients=("a",)) / "clients" / "a")
+        stranger = dataclasses.replace(stranger, server_public=keys["a"].server_public)
+        took, timeouts = [], []
+
+        def sends():
+            c = Client(addr, timeout_s=0.3, keys=stranger)
+            for i in range(24):
+                t0 = time.perf_counter()
+                try:
+                    c.send(HELLO)
+                except TimeoutError:
+                    timeouts.append(i)
+                took.append(time.perf_counter() - t0)
+                time.sleep(0.05)
+                if i % 2:
+                    c.reopen()
+            c.close()
+        t = threading.Thread(target=sends, daemon=True)
+        t.start()
+        t.join(30)
+        assert not t.is_alive(), f"a send waited past its timeout ({len(took)} of 24 done)"
+        assert not server.clients
+    assert len(took) == 24 and max(took) < 0.3 + 0.2, (max(took), timeouts)
+
+
 # ------------------------------------------------------------------ fairness: a flooder and huge prompts beside a client
 
 def test_a_flood_of_messages_does_not_starve_the_servers_background_work():

@@ -130,6 +130,9 @@ class Client:
     def _open(self):
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        # a send waits at most timeout_s: a DEALER with no connection to hand a message to (its handshake refused,
+        # e.g. an unknown CURVE key) would otherwise wait for ever
+        self.sock.setsockopt(zmq.SNDTIMEO, max(int(self.timeout_s * 1000), 1))
         # a fixed routing id per socket: after a dropped TCP connection (a relay restarted) zmq
         # reconnects and the server still knows this peer's handshake
         self.sock.setsockopt(zmq.ROUTING_ID, uuid.uuid4().bytes)
@@ -172,9 +175,16 @@ class Client:
             self.on_reopen()
 
     def send(self, msg, flags: int = 0) -> None:
-        """flags: zmq's (zmq.NOBLOCK: zmq.Again rather than a wait while the send queue is full)."""
+        """flags: zmq's (zmq.NOBLOCK: zmq.Again rather than a wait while the send queue is full). Without it a send
+        waits at most timeout_s for a connection to take it, then raises TimeoutError."""
         data = protocol.encode(msg)
-        self.sock.send(data, flags)
+        try:
+            self.sock.send(data, flags)
+        except zmq.Again:
+            if flags & zmq.NOBLOCK:
+                raise
+            raise TimeoutError(f"could not send to {self.addr} within {self.timeout_s:.1f} s: no connection took the "
+                               f"message (the server refused the handshake, or is not there)") from None
         self.sent += len(data)
 
     def recv(self, timeout_s: float):
