@@ -84,16 +84,20 @@ def _step_choice(est: AdaptivePolicy, drafts: list[_ModelDraft], outs: list[int]
         for d in drafts:
             d.produce_until(end - d.one_way)
         if all(d.arrived(out, end)[1] >= m for d, out, m in zip(drafts, outs, ms)):
-            return ms, max([t] + [[x for x in d.run if x.pos >= out][m - 1].end + d.one_way
-                                  for d, out, m in zip(drafts, outs, ms) if m])
+            return ms, max([t] + [_at_target(d, out, m) for d, out, m in zip(drafts, outs, ms) if m])
         t = end
         ms = _choose(est, drafts, outs, t, k_max)
     ready = t
     for d, out, m in zip(drafts, outs, ms):
         if m > d.arrived(out, t)[1]:                # wait for the m-th token
             d.produce_until(-1, out + m - 1)
-            ready = max(ready, [x for x in d.run if x.pos >= out][m - 1].end + d.one_way)
+            ready = max(ready, _at_target(d, out, m))
     return ms, ready
+
+
+def _at_target(d: _ModelDraft, out: int, m: int) -> float:
+    """When the m-th draft from position out (already produced) reaches the target."""
+    return [x for x in d.run if x.pos >= out][m - 1].end + d.one_way
 
 
 def _choose(est: AdaptivePolicy, drafts: list[_ModelDraft], outs: list[int], t: float, k_max: int) -> list[int]:

@@ -4,7 +4,6 @@ rules'."""
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
 
 import numpy as np
 
@@ -237,7 +236,7 @@ class StepPolicy(AdaptivePolicy):
         alpha, rate, top, B = self.alpha, len(offers) * self._rule[3], max(wants), len(offers)
         et = np.array([expected_tokens(alpha, m) for m in range(top + 1)])
         step = np.array([c.verify(m + 1) + c.overhead for m in range(top + 1)])
-        ms, runs = np.arange(1, top + 1)[:, None], np.asarray(self.restarts)
+        ms = np.arange(1, top + 1)[:, None]
 
         def arrives(j: int, m: int) -> float:       # seconds from now until stream j holds m drafts (planned)
             if fresh[j]:
@@ -246,9 +245,8 @@ class StepPolicy(AdaptivePolicy):
 
         def chances(j: int, w: np.ndarray) -> np.ndarray:    # P(stream j holds m drafts w from now): [m - 1, wait]
             a, t = min(offers[j], wants[j]), since_s[j]
-            if spread[j]:                             # (restart_by at every wait; its m-th draft m - 1 periods on)
-                lo, first = np.searchsorted(runs, t, "right"), w[None, :] - (ms - 1) * d + 1e-9
-                p = np.where(first > 0, (np.searchsorted(runs, t + first, "right") - lo) / (len(runs) - lo), 0.0)
+            if spread[j]:                             # (its m-th draft m - 1 periods after its first)
+                p = self.restart_by(t, t + w[None, :] - (ms - 1) * d + 1e-9)
             else:
                 due = np.array([arrives(j, m) for m in range(1, top + 1)])[:, None]
                 p = ((ms <= a) | ((w[None, :] > 0) & (due <= w[None, :] + 1e-9))).astype(float)
@@ -265,12 +263,15 @@ class StepPolicy(AdaptivePolicy):
         self.batch_wait_s, self.batch_spread = w, w in jumps and w not in planned
         return [int(n) for n in (ps[:, :, i] > 0).sum(axis=1)]
 
-    def restart_by(self, since_s: float, t: float) -> float:
-        """The chance that a restart with no draft in its first since_s has its first draft by t (both from its
-        Commit), from the measured restarts (their distribution given that none came by since_s); 0 where none of
-        them is later than since_s."""
-        n, lo = len(self.restarts), bisect_right(self.restarts, since_s)
-        return 0.0 if t <= since_s or lo == n else (bisect_right(self.restarts, t) - lo) / (n - lo)
+    def restart_by(self, since_s: float, t):
+        """The chance that a restart with no draft in its first since_s has its first draft by t (seconds, or an
+        array of them; both from its Commit), from the measured restarts (their distribution given that none came by
+        since_s); 0 where none of them is later than since_s."""
+        runs = np.asarray(self.restarts)
+        lo = np.searchsorted(runs, since_s, "right")
+        if lo == len(runs):
+            return np.zeros_like(np.asarray(t, dtype=float))
+        return np.where(np.asarray(t) > since_s, (np.searchsorted(runs, t, "right") - lo) / (len(runs) - lo), 0.0)
 
     def overdue(self, m: int, since_s: float, available: int = 0) -> bool:
         """m drafts this late (since_s: since the restart, or since the wait began with `available` on offer): the

@@ -208,11 +208,11 @@ class EmulatedPipelined:
         r, est = self.rec, self.est
         if r["period_ms"] and r["sent_to_arrived"]:
             period = sorted(r["period_ms"][-64:])[len(r["period_ms"][-64:]) // 2] / 1e3
-            first = sorted(r["sent_to_arrived"][-64:])[len(r["sent_to_arrived"][-64:]) // 2] / 1e3
+            restarts = tuple(x / 1e3 for x in sorted(r["sent_to_arrived"][-64:]))
             est.draft_step = est.period = period
-            est.rtt = est.link = link_of_restart(first, period)
+            est.rtt = est.link = link_of_restart(restarts[len(restarts) // 2], period)
             if isinstance(est, StepPolicy):        # (a batch's wait planned from their spread)
-                est.restarts = tuple(sorted(x / 1e3 for x in r["sent_to_arrived"][-64:]))
+                est.restarts = restarts
 
     def chosen(self) -> list[int]:
         """Each stream's drafts to verify this step: the policy's choice from what it has on offer, waited for (the
