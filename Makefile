@@ -21,7 +21,18 @@ STAMP  := $(VENV)/.installed-$(REQ)
 
 venv: $(STAMP)
 
+# The CPU environment takes about 4.5 GB in .venv (torch, vLLM) and pip unpacks wheels in TMPDIR on the way:
+# with less than NEED_GB GiB free in either place, stop before pip does, naming the folder and what it has.
+NEED_GB ?= 6
 $(STAMP): requirements/$(REQ)-deps.txt requirements/$(REQ)-nodeps.txt pyproject.toml
+	@for d in . "$${TMPDIR:-/tmp}"; do \
+	  free=$$(df -Pk "$$d" | awk 'NR==2 {print int($$4 / 1048576)}'); \
+	  if [ "$$free" -lt $(NEED_GB) ]; then \
+	    echo "make: $$(cd "$$d" && pwd) has $$free GiB free; setting up $(VENV) needs about $(NEED_GB) GiB there." \
+	      "Free some space (old clones, pip's cache), point TMPDIR elsewhere, or set NEED_GB=N to go on anyway." >&2; \
+	    exit 1; \
+	  fi; \
+	done
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip wheel
 	$(PIP) install -q $(if $(filter cpu,$(REQ)),$(TORCH_INDEX)) -r requirements/$(REQ)-deps.txt
