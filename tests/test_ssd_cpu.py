@@ -139,3 +139,26 @@ def test_a_small_cpu_run_of_the_embedded_pair_is_lossless_and_counted(pair):
         assert r["taken_by_the_loop_ms"]["p50"] > 0 and isinstance(r["met"], bool)
     check = M.model_check(cpu)
     assert len(check["points"]) == 2 and all("missing" not in r for r in check["points"])
+
+
+def test_the_cpu_policy_goals_read_every_repeat_and_judge_each_run(tmp_path, monkeypatch):
+    """cpu_lines: policy_cpu.json and each repeat beside it (policy_cpu_2.json) give a block of their own, each stream
+    count judged against its own run's better corner (within 5%)."""
+    from sdeth.study import results
+    from sdeth.study.streambench import policies as SP
+    src = REPO / results.POLICY_CPU
+    if not src.exists():
+        pytest.skip(f"{results.POLICY_CPU} not written yet (make bench-policy-cpu)")
+    doc = json.loads(src.read_text())
+    (tmp_path / "policy_cpu.json").write_text(json.dumps(doc))
+    for p in doc["measured_cpu"]["points"]:             # the repeat: the policy 10% below offered at every count
+        if p["step_policy"] == "offered":
+            p["tokens_per_s"] = 100.0
+        elif p["step_policy"] == "policy":
+            p["tokens_per_s"] = 90.0
+    (tmp_path / "policy_cpu_2.json").write_text(json.dumps(doc))
+    monkeypatch.setattr(results, "POLICY_CPU", str(tmp_path / "policy_cpu.json"))
+    text = "\n".join(SP.cpu_lines())
+    first, second = text.split("CPU testbed, policy_cpu_2.json")
+    assert first.startswith("CPU testbed, policy_cpu.json") and "stream(s)" in first
+    assert second.count("tokens/s policy 90.0") == 2 and second.count("less 5%: missed") == 2

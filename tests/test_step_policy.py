@@ -203,3 +203,28 @@ def test_a_run_names_its_step_policy_and_a_bad_one_says_the_choices():
     assert RunConfig(mode="sd").check().step_policy == ""
     with pytest.raises(ConfigError, match="policy 'wait'.*policy, sync, offered"):
         RunConfig(**pipe, policy="wait").check()
+
+
+def test_the_rule_is_chosen_again_once_alpha_moves_or_a_width_is_first_measured():
+    """A rule chosen on a request's first rounds (the prior's alpha, one verify width) does not hold for RULE_EVERY
+    steps once what it was chosen on has moved: alpha by alpha_move, or a width measured for the first time. A
+    steady alpha keeps the rule until RULE_EVERY."""
+    p = StepPolicy(alpha0=0.5)
+    p.observe_draft(0.001)
+    p.period, p.link = 0.001, 0.0005
+    for m in (1, 2, 1, 2):
+        p.observe_verify(m, 0.02 + 0.001 * m)      # (each width's first forward is not counted)
+    p.acc, p.rej = 9.0, 1.0                        # alpha 0.9: a big target (t_v 20 periods) waits after a restart
+    high = p.rule(K)
+    assert high.empty >= 2 and p._chosen_on == (0.9, 2)
+    p.acc, p.rej = 2.0, 8.0                        # alpha 0.2 a few rounds later: chosen again at once
+    low = p.rule(K)
+    assert low.cap < high.cap and low == costmodel.best_rule(*p.rule_key(K))[0]
+    assert p._chosen_on[0] == pytest.approx(0.2)
+    p.observe_verify(5, 0.025)
+    p.observe_verify(5, 0.025)                     # a third width measured: chosen again
+    p.rule(K)
+    assert p._chosen_on[1] == 3 and p._rule[0] == costmodel.RULE_EVERY - 1
+    p.acc, p.rej = 2.1, 8.0                        # alpha moved 0.01: the rule holds
+    p.rule(K)
+    assert p._rule[0] == costmodel.RULE_EVERY - 2

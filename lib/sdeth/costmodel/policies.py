@@ -157,6 +157,9 @@ class StepPolicy(AdaptivePolicy):
     holds = True     # the step's first choice stands while its drafts are on their way (runtime.pipeline.DraftFeed)
     alpha_step = 0.01    # alpha is rounded to this before a rule is chosen (coarser: fewer distinct tables to score)
     _rule: tuple[int, int, WaitRule, float] | None = None   # (steps until chosen again, for k, the rule, its rate)
+    _chosen_on: tuple[float, int] = (0.0, 0)   # alpha and the widths measured when the rule was chosen
+    alpha_move = 0.1    # alpha this far from the one the rule was chosen on: the rule is chosen again at once (a
+    #   request's first rounds move it that far; a steady alpha's estimate, over its ~50 rounds, seldom does)
     batch_wait_s: float | None = None   # the newest batch's chosen wait (choose_batch; None: each stream's own rule)
     batch_spread = False                # ... chosen from the restarts' spread (its caller then gives it no slack)
     restarts: tuple[float, ...] = ()    # measured restarts (a Commit sent to its first draft at the target), sorted,
@@ -164,15 +167,21 @@ class StepPolicy(AdaptivePolicy):
     #   due_s, from their median, with the overdue rule)
 
     def rule(self, m_max: int) -> WaitRule | None:
-        """The rule for rounds of at most m_max drafts, chosen again every RULE_EVERY steps; None until the costs
-        are measured. m_max below the run's k (the last tokens of a request) caps the rule."""
-        if self._rule is not None and self._rule[0] > 0 and self._rule[1] >= m_max:
-            self._rule = (self._rule[0] - 1, *self._rule[1:])
-            return self._rule[2]
+        """The rule for rounds of at most m_max drafts, chosen again every RULE_EVERY steps, and at once where what
+        it was chosen on has moved: alpha by alpha_move or more, or a verify width measured for the first time (a
+        rule chosen on a request's first rounds, on the prior's alpha and one width, would otherwise hold for the
+        next RULE_EVERY steps, a short request's whole length); None until the costs are measured. m_max below the
+        run's k (the last tokens of a request) caps the rule."""
+        r, (alpha, widths) = self._rule, self._chosen_on
+        if (r is not None and r[0] > 0 and r[1] >= m_max and abs(self.alpha - alpha) < self.alpha_move
+                and len(self.verify_s) == widths):
+            self._rule = (r[0] - 1, *r[1:])
+            return r[2]
         key = self.rule_key(m_max)
         if key is None:
             return None
         self._rule = (RULE_EVERY - 1, len(key[1]) - 1, *best_rule(*key))
+        self._chosen_on = (self.alpha, len(self.verify_s))
         return self._rule[2]
 
     def rule_key(self, m_max: int) -> tuple | None:
@@ -199,8 +208,8 @@ class StepPolicy(AdaptivePolicy):
 
     def choose_m(self, available: int, m_max: int, fresh: bool = False, since_s: float = 0.0) -> int:
         rule = self.rule(m_max)
-        if rule is None:
-            return min(max(available, 1), m_max)
+        if rule is None:                        # costs not measured yet: wait for one draft (alpha and the verify's
+            return min(max(available, 1), m_max)   # widths are measured only by verifying drafts)
         m = rule.m(available, m_max)
         if fresh and m > available and self.overdue(m, since_s):
             return min(available, m_max)       # stalled: go with what is on offer

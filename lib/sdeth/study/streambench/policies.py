@@ -123,20 +123,25 @@ CPU_WITHIN = 0.05        # the CPU goal: the policy's tokens/s >= the better cor
 
 
 def cpu_lines() -> list[str]:
-    """The CPU goals of the step policy from reports/policy_cpu.json (`bench ssd-cpu --specs off --policies
-    policy,sync,offered --draft-core 1`): at each stream count, the policy's tokens/s against the better corner's,
-    and the restart (at the target: the draft's step, one clock, plus a transit) in server periods."""
-    import json
-
+    """The CPU goals of the step policy from reports/policy_cpu.json and its repeats (policy_cpu_2.json, ...; `bench
+    ssd-cpu --specs off --policies policy,sync,offered --draft-core 1`), one block a run: at each stream count, the
+    policy's tokens/s against the better corner's, and the restart (at the target: the draft's step, one clock, plus
+    a transit) in server periods."""
     from ..results import POLICY_CPU
     from ...paths import REPO
-    path = REPO / POLICY_CPU
-    if not path.exists():
+    first = REPO / POLICY_CPU
+    if not first.exists():
         return [f"no {POLICY_CPU} (python -m sdeth bench ssd-cpu --specs off --policies policy,sync,offered)"]
+    return [line for path in [first, *sorted(first.parent.glob(first.stem + "_*.json"))] for line in _cpu_run(path)]
+
+
+def _cpu_run(path) -> list[str]:
+    """One CPU run's block of cpu_lines."""
+    import json
     doc = json.loads(path.read_text())
     cpu = doc["measured_cpu"]
-    out = [f"CPU testbed ({doc['hardware']['label']}, {doc['created'][:16]}; {doc['models']['target']} with "
-           f"{doc['models']['draft']}, the draft server on core {cpu['config']['draft_core']}, greedy, real "
+    out = [f"CPU testbed, {path.name} ({doc['hardware']['label']}, {doc['created'][:16]}; {doc['models']['target']} "
+           f"with {doc['models']['draft']}, the draft server on core {cpu['config']['draft_core']}, greedy, real "
            f"acceptance, {cpu['config']['prompts']} x {cpu['config']['max_tokens']} tokens, k {cpu['config']['k']}):"]
     for n in sorted({p["streams"] for p in cpu["points"]}):
         pts = {p["step_policy"]: p for p in cpu["points"] if p["streams"] == n and p["cache"] == "off"}
