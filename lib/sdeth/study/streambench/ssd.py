@@ -294,6 +294,9 @@ def goal_lines(runs: dict) -> list[str]:
             out.append(f"{call}: {target} B={b} N={n} {ranks}, {what} {fig} with {best['cache']} (goal >= {least}: "
                        f"{'met' if fig is not None and fig >= least else 'missed'}; hit rate {best['hit rate']}, "
                        f"branch rows/step {best['branch rows/step']})")
+    if out:
+        out.insert(0, "The verdict cache's first goals (a hit's drafts sent in the reply to the Commits; branches "
+                      "sent ahead have their own goals below):")
     for name, run in runs.items():
         rows_ = run["ssd"].get("server_rows")
         full = on[(on["call"] == name) & (on["B"] * on["N"] == rows_)]
