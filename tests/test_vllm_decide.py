@@ -198,7 +198,8 @@ def test_policy_mode_scores_a_piece_a_step_and_once_it_holds_a_rule_looks_at_the
         monkeypatch):
     """A step's host work stays small: with no time budget each step scores one piece of the rule (one restart
     cycle of one rule: 2 x 31 for k = 3), and once a rule is held the costs (medians, the rule's key) are taken again
-    only every RULE_EVERY steps, so a change of costs reaches the rule within RULE_EVERY steps plus a scoring."""
+    only every RULE_EVERY steps, so a change of costs reaches the rule within RULE_EVERY steps plus a scoring (at once
+    where alpha has moved by 0.1)."""
     monkeypatch.setattr(VP, "SCORE_BUDGET_S", 0.0)
     p = VP.PolicyDraftProposer(vllm_config(3), addr="tcp://127.0.0.1:1", deadline_ms=500)
     p.steps_s.extend([0.3] * VP.STEP_WINDOW)
@@ -214,6 +215,12 @@ def test_policy_mode_scores_a_piece_a_step_and_once_it_holds_a_rule_looks_at_the
     for _ in range(3 * VP.RULE_EVERY):
         assert p._rule() == first
     assert len(feeds) == 4                                           # at steps RULE_EVERY, 2x and 3x after the first
+    for _ in range(40):                                              # alpha falls by more than 0.1: the costs
+        p.policy.observe_round(0, 3)                                 # are taken again at once, not RULE_EVERY on
+    p._rule()
+    assert len(feeds) == 5 and p.rule_due == VP.RULE_EVERY - 1
+    while p.scoring is not None:                                     # (that scoring finished)
+        p._rule()
     p.steps_s.extend([0.001] * VP.STEP_WINDOW)                        # a fast target, a slow draft: another rule
     p.draft_steps_s.extend([0.5] * 64)
     for _ in range(VP.RULE_EVERY + 2 * 31):

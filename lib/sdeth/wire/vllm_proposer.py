@@ -46,7 +46,8 @@ t_v(m) for every m (one vLLM step verifies m drafts for every row at about the c
 it per m), the draft period, and the restart less 1.5 periods as the link; until the target's step and the draft
 period are measured it takes what is on offer, and so while the first rule is scored (SCORE_BUDGET_S of it a step:
 one to a few dozen steps at k = 3; a later scoring keeps the last rule meanwhile). Once it holds a rule, it takes the
-costs again and looks for their rule every RULE_EVERY steps (the medians move slowly; each look costs the host). Its
+costs again and looks for their rule every RULE_EVERY steps (the medians move slowly; each look costs the host), and
+at once where alpha has moved by 0.1 since (StepPolicy.alpha_move: an early rule, on few verdicts, would hold). Its
 rule (costmodel.WaitRule) is applied to the row with the fewest drafts on offer: the step waits until every row has
 the rule's m (or all its room), at most OVERDUE times as long as they are due and never past the deadline. Each
 step's decision (drafts waited for beyond those on offer, the longest wait) and the time it waited go in the step
@@ -121,6 +122,7 @@ class RemoteDraftProposer(ProposerLink):
         self.scoring: tuple | None = None              # ... (the costs being scored, the scoring: in pieces)
         self.rule_now: WaitRule | None = None          # ... the rule of the last costs scored
         self.rule_due = 0                              # ... steps before the costs are taken again
+        self.rule_alpha = 0.0                          # ... alpha when they were taken last
         self.steplog = StepLog(os.environ.get(STEPS_LOG_ENV, ""))
         self.bounds = Bounds.of(self.k, self.max_len, None)    # within the server's limits once it says them
         self.log = Log("vllm proposer")
@@ -210,16 +212,18 @@ class RemoteDraftProposer(ProposerLink):
         """The step policy's wait rule for the costs now (StepPolicy.rule_key), scored SCORE_BUDGET_S a step
         (costmodel.best_rule_steps: a whole scoring costs 0.3 to 10 ms at k = 3, too much for one step); meanwhile,
         the rule of the last costs scored (None before the first: take what is on offer). The costs are taken
-        (_feed) at every step until a rule is held, then every RULE_EVERY steps. A scoring once begun is finished,
+        (_feed) at every step until a rule is held, then every RULE_EVERY steps, and at once where alpha has moved by
+        StepPolicy.alpha_move since (as the step policy chooses its rule again). A scoring once begun is finished,
         whatever the costs do meanwhile."""
         if self.scoring is None:
-            if self.rule_now is not None and self.rule_due > 0:
+            est = self.policy
+            if self.rule_now is not None and self.rule_due > 0 and abs(est.alpha - self.rule_alpha) < est.alpha_move:
                 self.rule_due -= 1
                 return self.rule_now
-            key = self.policy.rule_key(self.bounds.k) if self._feed() else None
+            key = est.rule_key(self.bounds.k) if self._feed() else None
             if key is None:
                 return self.rule_now
-            self.rule_due = RULE_EVERY - 1
+            self.rule_due, self.rule_alpha = RULE_EVERY - 1, est.alpha
             if key in self.rules:
                 self.rule_now = self.rules[key]
                 return self.rule_now
