@@ -27,6 +27,7 @@ NEED_GB ?= 6
 $(STAMP): requirements/$(REQ)-deps.txt requirements/$(REQ)-nodeps.txt pyproject.toml
 	@for d in . "$${TMPDIR:-/tmp}"; do \
 	  free=$$(df -Pk "$$d" | awk 'NR==2 {print int($$4 / 1048576)}'); \
+	  [ -n "$$free" ] || { echo "make: cannot read the free space of $$d (df -Pk failed): check TMPDIR" >&2; exit 1; }; \
 	  if [ "$$free" -lt $(NEED_GB) ]; then \
 	    echo "make: $$(cd "$$d" && pwd) has $$free GiB free; setting up $(VENV) needs about $(NEED_GB) GiB there." \
 	      "Free some space (old clones, pip's cache), point TMPDIR elsewhere, or set NEED_GB=N to go on anyway." >&2; \
@@ -149,10 +150,14 @@ bench-batch16-h200:
 bench-h200-open: bench-floor-h200 bench-link-h200 bench-branches-h200 bench-batch16-h200
 
 # The step policies on the CPU testbed (about 1 minute): the embedded pair through the real draft server on a core of
-# its own, 1 and 4 streams, policy against sync and offered, and the restart in server periods (reports/policy_cpu.json)
+# its own, 1 and 4 streams, policy against sync and offered, and the restart in server periods (reports/policy_cpu.json;
+# its repeats of an older run removed). Then `make bench-policy-cpu REPEAT=2` (3, ...): the same again, beside it
+# (reports/policy_cpu_2.json); 25_draft_server reads each run.
+REPEAT ?=
 bench-policy-cpu: prepare
+	$(if $(REPEAT),,rm -f reports/policy_cpu_[0-9]*.json)
 	$(PY) -m sdeth bench ssd-cpu --specs off --streams 1,4 --policies policy,sync,offered --draft-core 1 --no-model \
-		--json reports/policy_cpu.json
+		--json reports/policy_cpu$(if $(REPEAT),_$(REPEAT)).json
 
 # What Ethernet costs on the CPU testbed: the link curve through the real draft server at 0.02-40 ms (reports/link_cpu.json, ~5 min)
 bench-link-cpu: prepare

@@ -215,17 +215,17 @@ def test_policy_mode_scores_a_piece_a_step_and_once_it_holds_a_rule_looks_at_the
     for _ in range(3 * VP.RULE_EVERY):
         assert p._rule() == first
     assert len(feeds) == 4                                           # at steps RULE_EVERY, 2x and 3x after the first
-    for _ in range(40):                                              # alpha falls by more than 0.1: the costs
-        p.policy.observe_round(0, 3)                                 # are taken again at once, not RULE_EVERY on
-    p._rule()
-    assert len(feeds) == 5 and p.rule_due == VP.RULE_EVERY - 1
-    while p.scoring is not None:                                     # (that scoring finished)
-        p._rule()
     p.steps_s.extend([0.001] * VP.STEP_WINDOW)                        # a fast target, a slow draft: another rule
     p.draft_steps_s.extend([0.5] * 64)
     for _ in range(VP.RULE_EVERY + 2 * 31):
         p._rule()
     assert p.rule_now != first and p.scoring is None
+    assert p.rule_due > 0
+    taken = len(feeds)
+    for _ in range(40):                                              # alpha falls by more than 0.1: the costs
+        p.policy.observe_round(0, 3)                                 # are taken again at once, not RULE_EVERY on
+    p._rule()
+    assert len(feeds) == taken + 1 and p.rule_due == VP.RULE_EVERY - 1
 
 
 def test_policy_mode_logs_its_decisions_and_waits_only_as_long_as_the_drafts_take(tmp_path, monkeypatch):

@@ -14,7 +14,8 @@ PHASES = (0.25, 0.75)  # where in its step the draft is when a Commit restarts i
 OVERDUE = 3.0          # a restart's drafts this many times later than due: the draft is stalled; step alone
 CORNER_MARGIN = 0.01   # a rule between the corners (sync, offered) is played only where the model puts it this much
                        # above the better corner: the model's own error is about that (against the event model)
-RULE_EVERY = 32        # steps between two choices of the rule (the estimates move; a choice costs ~5 ms uncached)
+RULE_EVERY = 32        # the most steps between two choices of the rule (the estimates move; a choice costs ~5 ms
+                       # uncached); StepPolicy chooses sooner where alpha or the widths measured have moved
 
 
 class WaitRule(NamedTuple):

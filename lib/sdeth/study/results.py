@@ -22,7 +22,8 @@ POLICY_STREAMS = tuple(f"reports/gpu/bench_streams_server_{n}.json" for n in (9,
 # the verdict cache measured on the CPU (embedded pair) and modelled on H200 components (`bench ssd-cpu`)
 SSD_CPU = "reports/ssd_cpu.json"
 # the step policies on the CPU testbed (embedded pair, the draft server on a core of its own; `bench ssd-cpu --specs
-# off --policies policy,sync,offered`): tokens/s per policy, and the restart in server periods
+# off --policies policy,sync,offered`): tokens/s per policy, and the restart in server periods; its repeats beside it,
+# policy_cpu_2.json, ... (`make bench-policy-cpu REPEAT=N`)
 POLICY_CPU = "reports/policy_cpu.json"
 REPORTS = REPO / "reports"
 

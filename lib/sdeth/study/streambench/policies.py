@@ -3,6 +3,8 @@ emulated targets play each policy in turn; the restart (a Commits sent to the fi
 target) in server periods; the floor goals read from those calls (study.results.POLICY_STREAMS)."""
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 
 TARGETS = {"8B": "Qwen3-8B", "32B": "Qwen3-32B", "72B fp8": "Qwen2.5-72B"}
@@ -123,8 +125,8 @@ CPU_WITHIN = 0.05        # the CPU goal: the policy's tokens/s >= the better cor
 
 
 def cpu_lines() -> list[str]:
-    """The CPU goals of the step policy from reports/policy_cpu.json and its repeats (policy_cpu_2.json, ...; `bench
-    ssd-cpu --specs off --policies policy,sync,offered --draft-core 1`), one block a run: at each stream count, the
+    """The CPU goals of the step policy from reports/policy_cpu.json and its numbered repeats (policy_cpu_2.json, ...,
+    in order; `make bench-policy-cpu [REPEAT=N]`), one block a run: at each stream count, the
     policy's tokens/s against the better corner's, and the restart (at the target: the draft's step, one clock, plus
     a transit) in server periods."""
     from ..results import POLICY_CPU
@@ -132,7 +134,9 @@ def cpu_lines() -> list[str]:
     first = REPO / POLICY_CPU
     if not first.exists():
         return [f"no {POLICY_CPU} (python -m sdeth bench ssd-cpu --specs off --policies policy,sync,offered)"]
-    return [line for path in [first, *sorted(first.parent.glob(first.stem + "_*.json"))] for line in _cpu_run(path)]
+    repeats = sorted((int(m[1]), path) for path in first.parent.glob(first.stem + "_*.json")
+                     if (m := re.fullmatch(re.escape(first.stem) + r"_(\d+)\.json", path.name)))
+    return [line for path in [first, *(path for _, path in repeats)] for line in _cpu_run(path)]
 
 
 def _cpu_run(path) -> list[str]:
