@@ -173,7 +173,7 @@ class StepPolicy(AdaptivePolicy):
         next RULE_EVERY steps, a short request's whole length); None until the costs are measured. m_max below the
         run's k (the last tokens of a request) caps the rule."""
         r, (alpha, widths) = self._rule, self._chosen_on
-        if (r is not None and r[0] > 0 and r[1] >= m_max and abs(self.alpha - alpha) < self.alpha_move
+        if (r is not None and r[0] > 0 and r[1] >= m_max and not self.alpha_moved(alpha)
                 and len(self.verify_s) == widths):
             self._rule = (r[0] - 1, *r[1:])
             return r[2]
@@ -183,6 +183,11 @@ class StepPolicy(AdaptivePolicy):
         self._rule = (RULE_EVERY - 1, len(key[1]) - 1, *best_rule(*key))
         self._chosen_on = (self.alpha, len(self.verify_s))
         return self._rule[2]
+
+    def alpha_moved(self, since: float) -> bool:
+        """Whether alpha has moved by alpha_move or more from `since` (the alpha a rule was chosen on): the rule is
+        then chosen again at once (rule here; the vLLM proposer's policy mode alike)."""
+        return abs(self.alpha - since) >= self.alpha_move
 
     def rule_key(self, m_max: int) -> tuple | None:
         """best_rule's arguments for rounds of at most m_max drafts, from the estimates now (alpha rounded to
@@ -226,19 +231,19 @@ class StepPolicy(AdaptivePolicy):
         from the restart, since_s ago: due_s; one late but not overdue is given its next draft within half a
         period); since_s: since each stream's restart. With the restarts measured (restarts), a restarted stream
         is planned from their spread instead (one later than every one of them: stalled, it goes with what is on
-        offer): each of its drafts weighed by the
-        chance it comes within the wait given that none came so far (restart_by, at every wait at once), the waits
-        tried at the times its drafts could come (at most JUMPS, evenly over their span), the verify costed at its
-        expected width (for every stream: one verify's width is the batch's widest), and no
-        overdue rule (the spread says how late they come). The wait chosen is kept in batch_wait_s (None where each
-        stream's own choice stands) and batch_spread says whether the spread chose it: a caller waiting for drafts
-        that come late gives up a period after a planned time, at once after a time the spread chose."""
+        offer): each of its drafts weighed by the chance it comes within the wait given that none came so far
+        (restart_by, at every wait at once), the waits tried at the times its drafts could come (at most JUMPS,
+        evenly over their span), the verify costed at its expected width (for every stream: one verify's width is
+        the batch's widest), and no overdue rule (the spread says how late they come). The wait chosen is kept in
+        batch_wait_s (None where each stream's own choice stands) and batch_spread says whether the spread chose it: a
+        caller waiting for drafts that come late gives up a period after a planned time, at once after a time the
+        spread chose."""
         c = self.costs()
         d = (self.period or c.draft_step or 0.0) if c is not None else 0.0
         measured = [len(offers) > 1 and d > 0 and f and not a and bool(self.restarts) for a, f in zip(offers, fresh)]
         spread = [m and t < self.restarts[-1] for m, t in zip(measured, since_s)]
-        wants = [min(a, m_max) if m and not s else self.choose_m(a, m_max, f, 0.0 if s else t)   # (m, not s: later
-                 for a, f, t, m, s in zip(offers, fresh, since_s, measured, spread)]           # than every one: a stall)
+        wants = [min(a, m_max) if m and not s else self.choose_m(a, m_max, f, 0.0 if s else t)   # (measured, not
+                 for a, f, t, m, s in zip(offers, fresh, since_s, measured, spread)]    # spread: a stall, what is on offer)
         self.batch_wait_s, self.batch_spread = None, False
         if len(offers) < 2 or c is None or self._rule is None or all(w <= a for w, a in zip(wants, offers)):
             return wants

@@ -217,7 +217,7 @@ class RemoteDraftProposer(ProposerLink):
         whatever the costs do meanwhile."""
         if self.scoring is None:
             est = self.policy
-            if self.rule_now is not None and self.rule_due > 0 and abs(est.alpha - self.rule_alpha) < est.alpha_move:
+            if self.rule_now is not None and self.rule_due > 0 and not est.alpha_moved(self.rule_alpha):
                 self.rule_due -= 1
                 return self.rule_now
             key = est.rule_key(self.bounds.k) if self._feed() else None
