@@ -242,8 +242,9 @@ class StepPolicy(AdaptivePolicy):
         d = (self.period or c.draft_step or 0.0) if c is not None else 0.0
         measured = [len(offers) > 1 and d > 0 and f and not a and bool(self.restarts) for a, f in zip(offers, fresh)]
         spread = [m and t < self.restarts[-1] for m, t in zip(measured, since_s)]
-        wants = [min(a, m_max) if m and not s else self.choose_m(a, m_max, f, 0.0 if s else t)   # (measured, not
-                 for a, f, t, m, s in zip(offers, fresh, since_s, measured, spread)]    # spread: a stall, what is on offer)
+        # (measured but later than every restart measured: a stall, what is on offer)
+        wants = [min(a, m_max) if m and not s else self.choose_m(a, m_max, f, 0.0 if s else t)
+                 for a, f, t, m, s in zip(offers, fresh, since_s, measured, spread)]
         self.batch_wait_s, self.batch_spread = None, False
         if len(offers) < 2 or c is None or self._rule is None or all(w <= a for w, a in zip(wants, offers)):
             return wants
